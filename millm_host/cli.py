@@ -1,0 +1,97 @@
+"""The ``millm`` command: serve, plugins, settings, db upgrade."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .plugins import build_plugin_manager
+from .settings import Settings
+
+log = logging.getLogger("millm")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    environ = dict(os.environ)
+    if getattr(args, "model", None):
+        environ["MILLM_MODEL"] = args.model
+    if getattr(args, "engine", None):
+        environ["MILLM_ENGINE"] = args.engine
+    return Settings(environ=environ)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import build
+
+    settings = _settings(args)
+    app, host = build(settings, build_plugin_manager(settings))
+    if args.engine and args.engine not in {e.name for e in host.engines}:
+        print(f"millm: no engine named {args.engine!r} is installed", file=sys.stderr)
+        return 2
+    start = host.registry.start_model
+    log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", args.host, args.port,
+             start.id if start else "none")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    settings = Settings()
+    pm = build_plugin_manager(settings)
+    for record in pm.millm_report.records:  # type: ignore[attr-defined]
+        line = f"{record.name:24} {record.version or '-':10} {record.status}"
+        if record.error:
+            line += f"  {record.error}"
+        print(line)
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    settings = Settings()
+    build_plugin_manager(settings)
+    for setting in settings.declared:
+        print(f"{setting.name}={settings[setting.name]!r}  ({setting.type.__name__}, default {setting.default!r})")
+        print(f"    {setting.help}")
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from .app import Host
+
+    settings = Settings()
+    host = Host(settings, build_plugin_manager(settings))
+    host.db.upgrade(host.migrations())
+    print(f"database at head: {host.db.url}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="millm", description="OpenAI-compatible LLM server with plugins")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="start the server")
+    serve.add_argument("--model", help="a local HF checkpoint directory, a .gguf file or a model id")
+    serve.add_argument("--engine", help="engine for .gguf files: transformers (default) or gguf")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+    sub.add_parser("plugins", help="list installed plugins").set_defaults(func=cmd_plugins)
+    sub.add_parser("settings", help="list settings").set_defaults(func=cmd_settings)
+    db = sub.add_parser("db", help="database commands")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser("upgrade", help="apply every plugin's migrations").set_defaults(func=cmd_db)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(getattr(args, "log_level", "info")).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The per-request object passed down the hook chain."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .engine import Engine, ModelDescriptor, SamplingParams
+    from .errors import MillmError
+    from .settings import Settings
+
+Endpoint = Literal["chat.completions", "completions", "embeddings"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+@dataclass
+class SequenceOutput:
+    """One generated sequence (a choice)."""
+
+    index: int
+    prompt_index: int
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    #: Fields a plugin adds to this choice's message (e.g. ``tool_calls``); a value
+    #: of ``None`` for ``content`` replaces the text.
+    message_extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestContext:
+    """Everything about one request, from parsing to the response.
+
+    Set by the host: ``endpoint``, ``body`` (the parsed JSON, as sent), ``params``
+    (the validated protocol model), ``headers`` (lower-cased request headers),
+    ``model`` (the descriptor of the requested model, known before any load),
+    ``engine_name``, ``streaming``, ``scoring`` (a scoring request: feature plugins
+    that steer or monitor stand aside), then after load ``engine``, ``prompts``
+    (token ids per prompt or conversation) and after generation ``outputs``.
+
+    ``state`` is per-plugin scratch space: each plugin keeps its own key
+    (``ctx.state["steering"]``) and never reads another's. Facts one plugin needs
+    about another's work belong on the context as named attributes, set by the host.
+    """
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    params: Any
+    headers: dict[str, str]
+    model: ModelDescriptor
+    engine_name: str
+    settings: Settings
+    streaming: bool = False
+    scoring: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+    engine: Engine | None = None
+    prompts: list[list[int]] = field(default_factory=list)
+    #: For chat: the messages each prompt was rendered from (extra_messages add rows).
+    conversations: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: Tools passed to the chat template (set by a plugin that honours ``tools``).
+    chat_tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    sampling: SamplingParams | None = None
+    #: Number of choices per prompt (``n``).
+    n: int = 1
+    outputs: list[SequenceOutput] = field(default_factory=list)
+    #: Index of the sequence the engine is generating now (for layer-hook callbacks).
+    current_sequence: int = 0
+    #: True once generation ended (headers rendered after this are post-generation).
+    finished: bool = False
+    #: Why generation ended early: ``client_disconnected``, ``cancelled``,
+    #: ``generation_error``; None when it completed.
+    interrupted: str | None = None
+    error: MillmError | None = None
+    #: Set when the client went away or the request was cancelled.
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    state: dict[str, Any] = field(default_factory=dict)
+    #: Field locations the request sent that nothing used (``X-miLLM-Ignored-Fields``).
+    unused_fields: list[str] = field(default_factory=list)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint == "chat.completions"

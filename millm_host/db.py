@@ -1,0 +1,72 @@
+"""The database: one SQLAlchemy engine, and each plugin's own Alembic migrations.
+
+SQLite in the data directory by default; any SQLAlchemy URL through
+``MILLM_DATABASE_URL``. Every plugin migrates only its own tables, tracked in its
+own version table (``alembic_version_<plugin>``), so installing or removing one
+plugin never disturbs another's history.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.orm import Session, sessionmaker
+
+from .settings import Settings
+
+log = logging.getLogger("millm.db")
+
+_ENV_DIR = Path(__file__).parent / "migrations"
+
+
+def database_url(settings: Settings) -> str:
+    url = settings["MILLM_DATABASE_URL"]
+    if url:
+        return url
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{data_dir / 'millm.sqlite3'}"
+
+
+class Database:
+    """The engine and a session factory for plugins."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        kwargs = {}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        self.engine = sa.create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def session(self) -> Session:
+        return self.sessions()
+
+    def upgrade(self, migrations: list[tuple[str, str]]) -> None:
+        """Apply each plugin's migrations up to its head."""
+        for name, versions in migrations:
+            cfg = Config()
+            cfg.set_main_option("script_location", str(_ENV_DIR))
+            cfg.set_main_option("version_locations", str(versions))
+            cfg.set_main_option("path_separator", "os")
+            with self.engine.begin() as connection:
+                cfg.attributes["connection"] = connection
+                cfg.attributes["version_table"] = f"alembic_version_{name}"
+                command.upgrade(cfg, "heads")
+            log.info("database: %s migrations at head", name)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()

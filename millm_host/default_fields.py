@@ -1,0 +1,43 @@
+"""Built-in plugin: the fields the host itself honours and the headers it renders."""
+
+from __future__ import annotations
+
+from .context import RequestContext
+from .fields import ignored_fields_header
+from .headers import serialize_item
+from .hookspecs import hookimpl
+
+_SAMPLING = (
+    "model", "stream", "stream_options", "stream_options.include_usage",
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop",
+    "frequency_penalty", "presence_penalty",
+)
+_MESSAGE = ("role", "content", "content[].type", "content[].text")
+
+CHAT_FIELDS = (
+    *_SAMPLING,
+    "messages",
+    *(f"messages[].{f}" for f in _MESSAGE),
+    "extra_messages",
+    *(f"extra_messages[][].{f}" for f in _MESSAGE),
+)
+COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens")
+
+
+@hookimpl(trylast=True)
+def register_request_fields(register) -> None:
+    register("chat.completions", CHAT_FIELDS)
+    register("completions", COMPLETION_FIELDS)
+    register("embeddings", ("model",))
+
+
+@hookimpl(trylast=True)
+def render_headers(ctx: RequestContext) -> dict[str, str]:
+    headers = {"X-miLLM-Model": ctx.model.id}
+    if ctx.unused_fields:
+        limit = ctx.settings["IGNORED_FIELDS_HEADER_MAX_BYTES"]
+        headers["X-miLLM-Ignored-Fields"] = ignored_fields_header(ctx.unused_fields, limit)
+    seed = getattr(ctx.params, "seed", None)
+    if seed is not None:
+        headers["X-miLLM-Seed"] = serialize_item(seed, {"scope": "request"})
+    return headers

@@ -1,0 +1,282 @@
+"""The engine interface: what the host asks of a loaded model.
+
+An engine plugin registers an ``EngineSpec`` (by ``"module:Class"`` strings, so
+discovering it never imports torch or llama.cpp). The host's model registry asks
+the spec to *describe* model files (cheap, no weights read) and to *load* one,
+which returns an ``Engine``: a resident model. All ``Engine`` methods run on the
+engine thread (see ``millm_host.scheduler``); none is called from the event loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import importlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import FieldNotHonoured, MillmError
+
+HookPointName = Literal["resid_pre", "resid_post"]
+
+# Orders for LayerHook.order. A read that must see the pre-steering residual runs
+# before a write on the same point; a post-steering read runs after it.
+ORDER_READ_PRE_STEERING = 0
+ORDER_WRITE_STEERING = 100
+ORDER_READ_POST_STEERING = 200
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """A hookable residual point: ``resid_pre`` (input) or ``resid_post`` (output) of a decoder layer."""
+
+    layer: int
+    point: HookPointName
+
+
+@dataclass
+class LayerHook:
+    """A per-request callback the engine calls at one residual point on every forward pass.
+
+    ``callback(hidden, start)`` receives the residual stream as the engine's native
+    tensor, shaped ``[batch, seq, d_model]``, and ``start``, the absolute position of
+    ``hidden[:, 0]`` within the sequence (0 for the prompt pass, then one per
+    generated token). It returns a replacement tensor (a write) or ``None`` (a read).
+    Callbacks at one point run in ascending ``order``; ties keep registration order.
+    """
+
+    layer: int
+    point: HookPointName
+    callback: Callable[[Any, int], Any | None]
+    order: int = ORDER_READ_PRE_STEERING
+    owner: str = ""
+
+
+@dataclass
+class LogitsProcessorFactory:
+    """Supplies a next-token logits processor for each generated sequence.
+
+    ``make(sequence_index)`` returns ``process(generated_ids, logits) -> logits``,
+    called once per generated token with the ids generated so far in that sequence
+    and the engine-native 1-D float logits for the next token. ``n > 1`` and
+    multi-prompt requests get one processor per sequence.
+    """
+
+    make: Callable[[int], Callable[[Sequence[int], Any], Any]]
+    owner: str = ""
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token. ``temperature == 0`` is greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelDescriptor:
+    """A model on disk, as an engine spec describes it without loading it."""
+
+    id: str
+    path: str
+    format: str  # "hf" (checkpoint directory) or "gguf" (one file)
+    engine: str
+    hf_id: str | None = None
+    revision: str | None = None
+    quantization: str | None = None
+    repo: str | None = None  # the repository part of a "repo:QUANT" GGUF name
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelInfo:
+    """What a loaded model is. Unknown values are ``None`` and rendered ``unrecorded``."""
+
+    id: str
+    engine: str
+    hf_id: str | None
+    revision: str | None
+    dtype: str | None
+    quantization: str | None
+    context_window: int | None
+    vocab_size: int
+    d_model: int | None
+    n_layers: int | None
+    chat_template: str | None
+    bos_token: str | None
+    bos_token_id: int | None
+    eos_token_ids: frozenset[int]
+    device: str = "cpu"
+    load_id: str = ""
+
+    @property
+    def chat_template_sha256(self) -> str | None:
+        """Hex SHA-256 of the chat template string (UTF-8), as probe identities use it."""
+        if self.chat_template is None:
+            return None
+        return hashlib.sha256(self.chat_template.encode("utf-8")).hexdigest()
+
+    @property
+    def system_fingerprint(self) -> str:
+        """``millm:<model>@<revision>:<dtype>/<quantization>:<engine>``."""
+
+        def part(value: str | None) -> str:
+            return value if value else "unrecorded"
+
+        return (
+            f"millm:{self.id}@{part(self.revision)}:{part(self.dtype)}/"
+            f"{part(self.quantization)}:{self.engine}"
+        )
+
+
+class NoChatTemplate(MillmError):
+    """The model has no chat template (scoring refuses; generation falls back)."""
+
+    status, code = 400, "no_chat_template"
+
+
+def fallback_chat_render(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
+    """The generic render used for generation on a model with no chat template."""
+    text = "".join(f"{m['role']}: {m.get('content') or ''}\n" for m in messages)
+    return text + ("assistant:" if add_generation_prompt else "")
+
+
+class Engine(abc.ABC):
+    """A resident model. Every method runs on the engine thread."""
+
+    #: The registered engine name (``"transformers"``, ``"gguf"``).
+    name: str = ""
+    info: ModelInfo
+    #: Residual points a LayerHook may name. Empty for an engine with no module tree.
+    hook_points: Sequence[HookPoint] = ()
+
+    # --- text -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; special-token text (``<|im_start|>``) maps to its id."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens left out."""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes a token stands for (partial characters included)."""
+        return self.decode([token_id]).encode("utf-8")
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The chat template rendered to text. Raises ``NoChatTemplate`` when there is none."""
+        raise NoChatTemplate(f"model {self.info.id!r} has no chat template")
+
+    def chat_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        fallback: bool = True,
+    ) -> list[int]:
+        """Token ids of a chat, the one way every chat path tokenizes.
+
+        A trailing assistant message is continued: everything before it is rendered
+        with a generation prompt and its content appended raw. If the render begins
+        with the tokenizer's BOS no special tokens are added (one BOS, never two);
+        otherwise the tokenizer adds what it normally adds. ``fallback`` allows the
+        generic render on a model with no template (generation does, scoring does not).
+        """
+        text = self.chat_text(messages, tools=tools, template_kwargs=template_kwargs, fallback=fallback)
+        bos = self.info.bos_token
+        add_special = not (bos and text.startswith(bos))
+        return self.tokenize(text, add_special_tokens=add_special)
+
+    def chat_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        fallback: bool = True,
+    ) -> str:
+        """The text ``chat_ids`` tokenizes (see there)."""
+        continuing = bool(messages) and messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
+        head = list(messages[:-1]) if continuing else list(messages)
+        try:
+            text = self.render_chat(head, add_generation_prompt=True, tools=tools, template_kwargs=template_kwargs)
+        except NoChatTemplate:
+            if not fallback:
+                raise
+            text = fallback_chat_render(head, add_generation_prompt=True)
+        if continuing:
+            text += messages[-1].get("content") or ""
+        return text
+
+    # --- compute --------------------------------------------------------------------
+    @abc.abstractmethod
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        hooks: Sequence[LayerHook] = (),
+        logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
+    ) -> Iterator[int]:
+        """Yield generated token ids one at a time, EOS included, until closed.
+
+        The caller decides when to stop (EOS, ``max_tokens``, a stop string) and
+        closes the generator; the engine stops by itself only at its context window.
+        ``hooks`` are installed for this call and removed when it ends.
+        """
+
+    def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
+        """One forward pass over ``ids`` with ``hooks`` installed, nothing generated."""
+        raise FieldNotHonoured(f"the {self.name} engine cannot run hooked forward passes", param=None)
+
+    def close(self) -> None:
+        """Release the model's memory. Called once, on unload."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine as a plugin registers it. No heavy import happens until ``load``.
+
+    ``factory`` is ``"module:Class"``: a class with ``load(descriptor, settings,
+    progress) -> Engine`` (a classmethod or staticmethod). ``describe`` is
+    ``"module:function"``: ``describe(path) -> ModelDescriptor | None`` for a
+    checkpoint directory or .gguf file this engine can serve (None if it cannot).
+    ``formats`` are the model formats it serves, ``"hf"`` and/or ``"gguf"``.
+    """
+
+    name: str
+    factory: str
+    describe: str
+    formats: frozenset[str]
+    has_hooks: bool = True
+
+    def describe_path(self, path: str) -> ModelDescriptor | None:
+        return resolve(self.describe)(path)
+
+    def load(self, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> Engine:
+        return resolve(self.factory).load(descriptor, settings, progress)
+
+
+def resolve(ref: str | Any) -> Any:
+    """Import ``"module:attr"``; anything else is returned as is."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attr = ref.partition(":")
+    obj = importlib.import_module(module)
+    for name in attr.split("."):
+        obj = getattr(obj, name)
+    return obj

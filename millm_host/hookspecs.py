@@ -1,0 +1,200 @@
+"""Hook specifications: the whole surface a millm plugin can use.
+
+A plugin is a module (or object) with functions marked ``@hookimpl`` whose names
+and argument names match the specs below, registered under the ``millm``
+entry-point group. An implementation may take any subset of a spec's arguments,
+and must not rely on a default argument value (pluggy passes none).
+
+Threads: startup hooks run on the main thread before the server accepts
+connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
+a worker thread off the event loop (they may touch the database),
+``before_forward`` and ``after_generate`` run on the engine thread, and
+``render_headers`` and ``response_extras`` run on the event loop and must not block.
+
+Each request-path hook is called a fixed number of times per request, never per
+token or per layer: per-token and per-layer work goes into the plain callbacks
+``before_forward`` returns, which the engine calls directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .app import Host
+    from .context import RequestContext
+    from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
+    from .output import OutputFilterFactory, ResponseExtra
+    from .settings import Setting
+
+hookspec = pluggy.HookspecMarker("millm")
+hookimpl = pluggy.HookimplMarker("millm")
+
+
+# --- startup -------------------------------------------------------------------------
+
+
+@hookspec
+def register_settings(register: Callable[[Setting], None]) -> None:
+    """Declare the environment settings this plugin reads.
+
+    Called once while the plugin manager is built, before any other hook. Call
+    ``register(Setting(name, type, default, help))`` for each; a name declared twice
+    is refused. ``millm settings`` lists them; read values with
+    ``host.settings[name]``.
+    """
+
+
+@hookspec
+def register_engines(register: Callable[[EngineSpec], None]) -> None:
+    """Offer model engines.
+
+    Called once at startup. Call ``register(EngineSpec(...))`` with ``"module:Class"``
+    strings so that discovering the plugin imports nothing heavy. A duplicate
+    engine name is refused.
+    """
+
+
+@hookspec
+def register_request_fields(register: Callable[..., None]) -> None:
+    """Declare the request fields this plugin honours.
+
+    Called once at startup. ``register(endpoint, fields, engines=None)``: endpoint is
+    ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each field is a
+    location pattern (``"steering"``, ``"messages[].name"``,
+    ``"stream_options.include_usage"``); ``engines`` limits the claim to those engine
+    names (None: every engine). A sent field that no plugin claims for the request's
+    endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
+    ``400 field_not_honoured`` when it is one of the output-changing fields of the
+    spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).
+    """
+
+
+@hookspec
+def register_migrations(register: Callable[[str, str], None]) -> None:
+    """Offer this plugin's Alembic migrations.
+
+    Called by ``millm db upgrade`` and by ``millm serve`` at start.
+    ``register(name, script_location)``: the plugin's name (its branch label, and
+    its version table ``alembic_version_<name>``) and the directory holding its
+    ``env.py``-less ``versions/``. Each plugin migrates only its own tables.
+    """
+
+
+@hookspec
+def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
+    """Add HTTP routes: ``add_route(uri_template, falcon_asgi_resource)``.
+
+    Called once while the app is built. Keep ``host`` to reach settings, the model
+    registry, the database and the engine queue. Errors raised as ``MillmError``
+    are rendered in OpenAI's shape.
+    """
+
+
+@hookspec
+def startup(host: Host) -> None:
+    """The app is built and the database migrated; load persisted state here.
+
+    Called once, on the main thread, before the server accepts connections.
+    """
+
+
+@hookspec
+def shutdown(host: Host) -> None:
+    """The server is stopping. Called once."""
+
+
+@hookspec
+def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
+    """Narrow what ``/v1/models`` lists: return the ids of ``model_ids`` to keep.
+
+    Called on the event loop for each listing; None keeps everything. A model is
+    listed only if every plugin that answers keeps it (e.g. a steering lock).
+    """
+
+
+# --- model lifecycle -----------------------------------------------------------------
+
+
+@hookspec
+def model_loaded(host: Host, engine: Engine) -> None:
+    """A model became resident. Called on the engine thread after the load."""
+
+
+@hookspec
+def model_unloading(host: Host, engine: Engine) -> None:
+    """A model is about to be unloaded (no request is running on it).
+
+    Called on the engine thread before its memory is released; plugins drop
+    what they attached to it (SAEs detach, probes disarm).
+    """
+
+
+# --- the request path ----------------------------------------------------------------
+
+
+@hookspec
+def validate_request(ctx: RequestContext) -> None:
+    """Refuse what this plugin cannot honour, before any model load.
+
+    Called once per request in a worker thread after the host validated the
+    protocol and the fields. Raise a ``MillmError`` (400 with the field as
+    ``param``) to refuse; return nothing otherwise. ``ctx.engine`` is not set.
+    """
+
+
+@hookspec
+def after_tokenize(ctx: RequestContext) -> None:
+    """The model is resident and ``ctx.prompts`` holds the token ids.
+
+    Called once per request in a worker thread, before the request queues and
+    before a stream's ``200``: the last point to refuse with an HTTP status.
+    """
+
+
+@hookspec
+def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFactory | OutputFilterFactory] | None:
+    """Prepare per-request state and return what the engine should install.
+
+    Called once per request on the engine thread, once the request holds the
+    generation slot and before the first forward pass. Return ``LayerHook``s
+    (residual callbacks), ``LogitsProcessorFactory``s (next-token constraints) and
+    ``OutputFilterFactory``s (text rewriting, e.g. tool-call parsing), or None.
+    A request for which every plugin returns nothing installs no layer hook.
+    Raising a ``MillmError`` fails the request (an error event on a stream).
+    """
+
+
+@hookspec
+def after_generate(ctx: RequestContext) -> None:
+    """Generation ended: ``ctx.outputs`` holds every sequence.
+
+    Called once per request on the engine thread, also when the request was
+    interrupted (``ctx.interrupted`` names why) or failed (``ctx.error``). Score,
+    record and release per-request state here.
+    """
+
+
+@hookspec
+def render_headers(ctx: RequestContext) -> dict[str, str] | None:
+    """Return this plugin's ``X-miLLM-*`` response headers.
+
+    Non-streaming: called once after generation (``ctx.finished`` is True).
+    Streaming: called once before the stream opens (``ctx.finished`` is False);
+    what is known only after generation goes in ``response_extras`` instead.
+    Values must already be serialised (RFC 8941 through ``millm_host.headers``).
+    """
+
+
+@hookspec
+def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
+    """Return body fields to add to the response.
+
+    Called once after generation (also after an interrupted stream, which cannot
+    deliver them). Non-streaming: each extra's fields are merged into the body.
+    Streaming: each extra becomes one terminal chunk with ``choices: []``, sent in
+    ascending ``order`` after the usage chunk and before ``[DONE]``.
+    """

@@ -1,0 +1,331 @@
+"""The model registry: which models exist, which one is resident, loading and unloading.
+
+The host owns this, never an engine. One model is resident at a time. A request
+for another known model loads it first; during a load or an unload, requests that
+would need a different model are refused with ``503 model_busy``. An unload is
+graceful: from its start new requests are refused, and it waits (up to
+``GRACEFUL_UNLOAD_TIMEOUT``) for running requests before moving anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .default_model import default_model_path, describe_default
+from .engine import Engine, EngineSpec, ModelDescriptor
+from .errors import (
+    InsufficientMemory,
+    MillmError,
+    ModelBusy,
+    ModelLoadFailed,
+    ModelNotFound,
+    ModelNotLoaded,
+)
+
+if TYPE_CHECKING:
+    from .app import Host
+
+log = logging.getLogger("millm.models")
+
+
+class ModelState(str, enum.Enum):
+    READY = "READY"
+    LOADING = "LOADING"
+    LOADED = "LOADED"
+    UNLOADING = "UNLOADING"
+    FAILED = "FAILED"
+
+
+@dataclass
+class ModelEntry:
+    descriptor: ModelDescriptor
+    spec: EngineSpec
+    state: ModelState = ModelState.READY
+    error: str | None = None
+    created: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.descriptor.id
+
+
+def model_format(path: Path) -> str | None:
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf"
+    return None
+
+
+class Lease:
+    """A running request's hold on the resident model; the unload waits for it."""
+
+    def __init__(self, registry: ModelRegistry, engine: Engine, entry: ModelEntry) -> None:
+        self.registry, self.engine, self.entry = registry, engine, entry
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.registry._leases -= 1
+            if self.registry._leases == 0:
+                self.registry._idle.set()
+
+
+class ModelRegistry:
+    """Known models and the resident one."""
+
+    def __init__(self, host: Host, engines: Sequence[EngineSpec]) -> None:
+        self.host = host
+        self.engines = list(engines)
+        self.entries: dict[str, ModelEntry] = {}
+        self.engine: Engine | None = None
+        self.resident: ModelEntry | None = None
+        self._transition: tuple[str, ModelEntry, asyncio.Future] | None = None
+        self._leases = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.start_model: ModelEntry | None = None
+
+    # --- discovery ----------------------------------------------------------------
+    def engine_for(self, fmt: str) -> list[EngineSpec]:
+        preferred = self.host.settings["MILLM_ENGINE"]
+        specs = [s for s in self.engines if fmt in s.formats]
+        return sorted(specs, key=lambda s: s.name != preferred)
+
+    def describe(self, path: str | Path) -> tuple[ModelDescriptor, EngineSpec] | None:
+        path = Path(path)
+        fmt = model_format(path)
+        if fmt is None:
+            return None
+        for spec in self.engine_for(fmt):
+            descriptor = spec.describe_path(str(path))
+            if descriptor is not None:
+                return descriptor, spec
+        return None
+
+    def add(self, descriptor: ModelDescriptor, spec: EngineSpec) -> ModelEntry:
+        """Register a model; an id already taken by another path gets its quantization tag."""
+        existing = self.entries.get(descriptor.id)
+        if existing is not None and existing.descriptor.path == descriptor.path:
+            return existing
+        if existing is not None and descriptor.quantization:
+            descriptor = replace(descriptor, id=f"{descriptor.id}:{descriptor.quantization}")
+        try:
+            created = int(os.stat(descriptor.path).st_mtime)
+        except OSError:
+            created = int(time.time())
+        entry = ModelEntry(descriptor, spec, created=created)
+        self.entries[descriptor.id] = entry
+        return entry
+
+    def discover(self) -> None:
+        """Find the bundled default model and everything in ``MILLM_MODELS_DIR``."""
+        settings = self.host.settings
+        default = default_model_path()
+        if default is not None:
+            described = self.describe(default)
+            if described:
+                self.add(describe_default(described[0]), described[1])
+        models_dir = settings["MILLM_MODELS_DIR"]
+        if models_dir:
+            for child in sorted(Path(models_dir).iterdir()):
+                described = self.describe(child)
+                if described:
+                    self.add(*described)
+        start = settings["MILLM_MODEL"]
+        if start:
+            self.start_model = self._start_entry(start)
+        elif default is not None:
+            self.start_model = next(
+                (e for e in self.entries.values() if e.descriptor.path == str(default)), None
+            )
+
+    def _start_entry(self, name: str) -> ModelEntry:
+        if name in self.entries:
+            return self.entries[name]
+        path = Path(name).expanduser()
+        described = self.describe(path) if path.exists() else None
+        if described is None:
+            raise SystemExit(f"--model {name!r} is neither a known model id nor a checkpoint directory or .gguf file")
+        for entry in self.entries.values():
+            if entry.descriptor.path == str(path) and entry.spec is described[1]:
+                return entry
+        return self.add(*described)
+
+    # --- lookup -------------------------------------------------------------------
+    def resolve(self, name: str) -> ModelEntry:
+        """The entry a request's ``model`` names, or the error a client should see."""
+        entry = self.entries.get(name)
+        if entry is not None:
+            return entry
+        tagged = sorted(e.id for e in self.entries.values() if e.descriptor.repo == name)
+        if len(tagged) == 1:
+            raise ModelNotFound(
+                f"model {name!r} names a repository, not a model; use {tagged[0]!r}", param="model"
+            )
+        if len(tagged) > 1:
+            raise MillmError(
+                f"model {name!r} is ambiguous: name one quantization: " + ", ".join(tagged),
+                param="model",
+                code="AMBIGUOUS_MODEL_NAME",
+            )
+        raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+
+    def listed(self) -> list[ModelEntry]:
+        return [
+            e for e in self.entries.values()
+            if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)
+        ]
+
+    # --- residency ----------------------------------------------------------------
+    async def acquire(self, entry: ModelEntry) -> Lease:
+        """A lease on ``entry`` as the resident model, loading it first if needed."""
+        while True:
+            if self._transition is not None:
+                kind, target, future = self._transition
+                if kind == "load" and target is entry:
+                    await asyncio.shield(future)
+                    continue
+                raise ModelBusy(
+                    f"model {target.id!r} is {'loading' if kind == 'load' else 'unloading'}; retry once it finishes",
+                    param="model",
+                )
+            if self.resident is entry and self.engine is not None:
+                self._leases += 1
+                self._idle.clear()
+                return Lease(self, self.engine, entry)
+            if not self.host.settings["MILLM_AUTOLOAD"]:
+                raise ModelNotLoaded(
+                    f"model {entry.id!r} is not loaded and this server does not load models on demand",
+                    param="model",
+                )
+            await self.load(entry)
+
+    def current(self) -> tuple[Engine, ModelEntry]:
+        """The resident engine, for management routes; 503 model_not_loaded without one."""
+        if self.engine is None or self.resident is None or self._transition is not None:
+            if self._transition is not None:
+                kind, target, _ = self._transition
+                raise ModelBusy(f"model {target.id!r} is {kind}ing; retry once it finishes")
+            raise ModelNotLoaded("no model is loaded")
+        return self.engine, self.resident
+
+    async def load(self, entry: ModelEntry) -> None:
+        """Make ``entry`` resident (unloading the current model first)."""
+        if self.resident is entry:
+            return
+        if self._transition is not None:
+            _, target, future = self._transition
+            if target is entry:
+                await asyncio.shield(future)
+                return
+            raise ModelBusy(f"model {target.id!r} is in transition; retry once it finishes")
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._transition = ("load", entry, future)
+        try:
+            self._check_memory(entry)  # a refusal here leaves the resident model in place
+            if self.resident is not None:
+                await self._unload_resident()
+            entry.state, entry.error = ModelState.LOADING, None
+            try:
+                engine = await self.host.scheduler.run(self._load_on_engine_thread, entry)
+            except MillmError as exc:
+                entry.state, entry.error = ModelState.FAILED, exc.message
+                raise
+            except Exception as exc:
+                log.exception("loading %s failed", entry.id)
+                entry.state, entry.error = ModelState.FAILED, f"{type(exc).__name__}: {exc}"
+                raise ModelLoadFailed(f"loading model {entry.id!r} failed: {type(exc).__name__}: {exc}") from exc
+            self.engine, self.resident = engine, entry
+            entry.state = ModelState.LOADED
+            future.set_result(None)
+        except BaseException as exc:
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            self._transition = None
+
+    def _check_memory(self, entry: ModelEntry) -> None:
+        need = _disk_size(Path(entry.descriptor.path))
+        if entry.descriptor.format == "gguf" and entry.spec.name != "gguf":
+            need *= 8  # dequantized to float32
+        available = _available_memory()
+        if available is not None and self.resident is not None:
+            available += _disk_size(Path(self.resident.descriptor.path))  # freed by the unload
+        if available is not None and need > available:
+            raise InsufficientMemory(
+                f"model {entry.id!r} needs about {need / 2**30:.1f} GiB; "
+                f"{available / 2**30:.1f} GiB of memory is free (cpu)",
+                param="model",
+            )
+
+    def _load_on_engine_thread(self, entry: ModelEntry) -> Engine:
+        started = time.monotonic()
+        log.info("loading model %s (%s engine) from %s", entry.id, entry.spec.name, entry.descriptor.path)
+        engine = entry.spec.load(entry.descriptor, self.host.settings, lambda msg: log.info("%s: %s", entry.id, msg))
+        engine.info.load_id = uuid.uuid4().hex[:16]
+        log.info("model %s loaded in %.1f s", entry.id, time.monotonic() - started)
+        self.host.call_each("model_loaded", host=self.host, engine=engine)
+        return engine
+
+    async def unload(self, entry: ModelEntry) -> None:
+        """Unload ``entry`` if resident: refuse new requests, let running ones finish."""
+        if self.resident is not entry:
+            return
+        if self._transition is not None:
+            raise ModelBusy(f"model {self._transition[1].id!r} is in transition; retry once it finishes")
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._transition = ("unload", entry, future)
+        try:
+            await self._unload_resident()
+            future.set_result(None)
+        finally:
+            self._transition = None
+
+    async def _unload_resident(self) -> None:
+        entry, engine = self.resident, self.engine
+        assert entry is not None and engine is not None
+        entry.state = ModelState.UNLOADING
+        timeout = self.host.settings["GRACEFUL_UNLOAD_TIMEOUT"]
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("unloading %s: %d requests still running after %.0f s", entry.id, self._leases, timeout)
+
+        def close() -> None:
+            self.host.call_each("model_unloading", host=self.host, engine=engine)
+            engine.close()
+
+        await self.host.scheduler.run(close)
+        self.engine = self.resident = None
+        entry.state = ModelState.READY
+        log.info("model %s unloaded", entry.id)
+
+
+def _disk_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf"))
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

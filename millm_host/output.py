@@ -1,0 +1,49 @@
+"""What plugins add to a response: body extras and output text filters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# Terminal-chunk order on a stream (ascending), after the usage chunk.
+ORDER_PROBE_VERDICTS = 100
+ORDER_SAE_ACTIVATIONS = 200
+ORDER_STEERING = 300
+
+
+@dataclass
+class ResponseExtra:
+    """Fields a plugin adds to a response body (or one terminal stream chunk)."""
+
+    fields: dict[str, Any]
+    order: int = 500
+
+
+@dataclass
+class FilterResult:
+    """What an output filter makes of a finished sequence."""
+
+    text: str = ""
+    finish_reason: str | None = None  # replaces the sequence's finish_reason when set
+    message_extras: dict[str, Any] = field(default_factory=dict)
+    #: Extra delta fields to stream before the final chunk (e.g. ``{"tool_calls": [...]}``).
+    stream_delta: dict[str, Any] | None = None
+
+
+class OutputFilter(Protocol):
+    """Rewrites one sequence's text as it is generated (e.g. parses tool calls)."""
+
+    def feed(self, text: str) -> str:
+        """Take newly generated text; return the part that may be sent now."""
+
+    def finish(self, finish_reason: str) -> FilterResult:
+        """The sequence ended: return the held-back text and any rewrite."""
+
+
+@dataclass
+class OutputFilterFactory:
+    """``make(sequence_index)`` returns the ``OutputFilter`` for one sequence."""
+
+    make: Callable[[int], OutputFilter]
+    owner: str = ""

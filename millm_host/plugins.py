@@ -1,0 +1,119 @@
+"""Builds the plugin manager: the hookspecs, the built-ins and the installed plugins."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import traceback
+from dataclasses import dataclass, field
+
+import pluggy
+
+from . import hookspecs
+from .settings import Settings
+
+log = logging.getLogger("millm.plugins")
+
+ENTRY_POINT_GROUP = "millm"
+
+# The host's own behaviour, written as plugins (registered before the installed
+# ones, their hookimpls marked trylast where a plugin should be able to override).
+BUILTIN_PLUGINS = (
+    "millm_host.default_fields",
+)
+
+
+@dataclass
+class PluginRecord:
+    """What ``millm plugins`` and ``/api/health`` report about one plugin."""
+
+    name: str
+    version: str | None
+    module: str
+    status: str  # "loaded", "disabled", "failed"
+    error: str | None = None
+
+
+@dataclass
+class PluginReport:
+    records: list[PluginRecord] = field(default_factory=list)
+
+    @property
+    def loaded(self) -> list[PluginRecord]:
+        return [r for r in self.records if r.status == "loaded"]
+
+    @property
+    def failed(self) -> list[PluginRecord]:
+        return [r for r in self.records if r.status == "failed"]
+
+
+def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) -> pluggy.PluginManager:
+    """A new plugin manager with every enabled plugin loaded and its settings declared.
+
+    A plugin that fails to import or register is logged and reported on
+    ``pm.millm_report``; it never stops the others. ``MILLM_PLUGINS`` (an allow-list)
+    and ``MILLM_DISABLE_PLUGINS`` decide which entry points load.
+    """
+    pm = pluggy.PluginManager("millm")
+    pm.add_hookspecs(hookspecs)
+    report = PluginReport()
+    pm.millm_report = report  # type: ignore[attr-defined]
+
+    for module_name in BUILTIN_PLUGINS:
+        pm.register(importlib.import_module(module_name), name=module_name)
+
+    if load_entry_points:
+        allow = settings["MILLM_PLUGINS"]
+        deny = set(settings["MILLM_DISABLE_PLUGINS"] or ())
+        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            version = ep.dist.version if ep.dist else None
+            if ep.name in deny or (allow is not None and ep.name not in allow):
+                report.records.append(PluginRecord(ep.name, version, ep.value, "disabled"))
+                continue
+            if pm.get_plugin(ep.name) is not None:
+                continue  # the same distribution seen twice on sys.path
+            try:
+                plugin = ep.load()
+                pm.register(plugin, name=ep.name)
+            except Exception as exc:  # a broken plugin is reported, never fatal
+                log.error("plugin %s failed to load: %s", ep.name, exc)
+                report.records.append(
+                    PluginRecord(ep.name, version, ep.value, "failed", f"{type(exc).__name__}: {exc}")
+                )
+                log.debug("%s", traceback.format_exc())
+                continue
+            report.records.append(PluginRecord(ep.name, version, ep.value, "loaded"))
+
+    pm.check_pending()
+    for impl in pm.hook.register_settings.get_hookimpls():
+        try:
+            impl.function(register=settings.declare)
+        except Exception as exc:
+            _fail(pm, report, impl.plugin_name, exc)
+    return pm
+
+
+def _fail(pm: pluggy.PluginManager, report: PluginReport, name: str, exc: Exception) -> None:
+    """Unregister a plugin whose startup hook raised, and report it."""
+    log.error("plugin %s failed: %s", name, exc)
+    plugin = pm.get_plugin(name)
+    if plugin is not None:
+        pm.unregister(plugin)
+    for record in report.records:
+        if record.name == name:
+            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            return
+    report.records.append(PluginRecord(name, None, name, "failed", f"{type(exc).__name__}: {exc}"))
+
+
+def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs) -> None:
+    """Call a startup hook plugin by plugin, isolating one plugin's failure."""
+    hook = getattr(pm.hook, hook_name)
+    for impl in hook.get_hookimpls():
+        try:
+            impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
+        except Exception as exc:
+            if impl.plugin_name.startswith("millm_host."):
+                raise
+            _fail(pm, pm.millm_report, impl.plugin_name, exc)  # type: ignore[attr-defined]

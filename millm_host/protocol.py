@@ -1,0 +1,213 @@
+"""Request models for the OpenAI-compatible endpoints (protocol only, no serving).
+
+Validation is strict: a string where a number belongs, ``true`` for a seed or an
+out-of-range value is a ``400 invalid_parameter`` naming the parameter. Fields
+the host does not read are allowed through (``extra="allow"``) so the field
+registry can report or refuse them; plugins validate their own fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InvalidParameter, MillmError
+
+MAX_SEED = 2**32 - 1
+
+Temperature = Annotated[float, Field(ge=0, le=2, description="0 = greedy. Range 0-2")]
+TopP = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class SamplingFields(_Strict):
+    """Fields chat and text completions share."""
+
+    model: str
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: PositiveInt | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: Seed | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 16:
+            raise ValueError("at most 16 stop sequences")
+        return value
+
+    @model_validator(mode="after")
+    def _combinations(self) -> SamplingFields:
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise MillmError(
+                f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                f"({self.max_completion_tokens}) differ; send one of them",
+                param="max_tokens, max_completion_tokens",
+                code="invalid_parameter",
+            )
+        if self.stream and (self.n or 1) > 1:
+            raise InvalidParameter("n > 1 cannot be streamed; send stream: false", param="n")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidParameter("stream_options needs stream: true", param="stream_options")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+
+
+PromptIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``."""
+
+    prompt: str | Annotated[list[str], Field(min_length=1)] | PromptIds | Annotated[list[PromptIds], Field(min_length=1)]
+    add_special_tokens: bool | None = True
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]  # one prompt of token ids
+        return list(p)
+
+
+def message_text(message: ChatMessage, index: int) -> str | None:
+    """A message's content as text; text parts are joined, other parts are refused."""
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            from .errors import FieldNotHonoured
+
+            raise FieldNotHonoured(
+                f"content parts of type {part.type!r} are not supported; only text",
+                param=f"messages[{index}].content[{j}]",
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+# --- body parsing ----------------------------------------------------------------
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidParameter(f"{name} is not valid JSON; numbers must be finite", param=None)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidParameter(f"number {text[:40]} is out of range", param=None)
+    return value
+
+
+def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """Parse a request body: UTF-8 JSON object, finite numbers, bounded nesting."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidParameter(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    _check_depth(text, max_depth)
+    try:
+        body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise InvalidParameter(f"the request body nests deeper than {max_depth} levels") from None
+    if not isinstance(body, dict):
+        raise InvalidParameter("the request body must be a JSON object")
+    return body
+
+
+_STRUCTURAL = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _check_depth(text: str, max_depth: int) -> None:
+    """Refuse deep nesting before json.loads recurses (brackets inside strings skipped)."""
+    depth = 0
+    for match in _STRUCTURAL.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise InvalidParameter(f"the request body nests deeper than {max_depth} levels")
+        elif token in "]}":
+            depth -= 1
+
+
+def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
+    """Validate ``body`` against ``model``; the first error names its parameter."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = loc_to_param(err["loc"])
+        if err["type"] == "missing":
+            raise InvalidParameter(f"{param} is required", param=param) from None
+        raise InvalidParameter(f"{param}: {err['msg']}", param=param) from None
+
+
+def loc_to_param(loc: tuple[Any, ...]) -> str:
+    """``("messages", 2, "content")`` → ``"messages[2].content"`` (type tags dropped)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and (part.startswith(("list[", "str", "int", "float", "bool", "function-")) or "[" in part):
+            continue  # pydantic's union-member tags
+        else:
+            out += f".{part}" if out else part
+    return out or "body"

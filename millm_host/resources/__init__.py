@@ -1,0 +1,1 @@
+"""Thin Falcon resources: parse, call serving code, render."""

@@ -1,0 +1,113 @@
+"""``/v1/models`` (OpenAI) and ``/api/models`` (management)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import falcon
+
+from ..errors import ModelNotFound
+from ..models import ModelEntry, ModelState
+from .common import read_json
+
+if TYPE_CHECKING:
+    from ..app import Host
+
+
+def openai_model(entry: ModelEntry) -> dict[str, Any]:
+    d = entry.descriptor
+    owner = (d.hf_id or "").split("/")[0] or "millm"
+    return {"id": entry.id, "object": "model", "created": entry.created, "owned_by": owner}
+
+
+def _listed(host: Host, entry: ModelEntry) -> bool:
+    return entry in host.registry.listed() and host.models_filter(entry)
+
+
+class OpenAIModels:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def on_get(self, req, resp) -> None:
+        resp.media = {
+            "object": "list",
+            "data": [openai_model(e) for e in self.host.registry.entries.values() if _listed(self.host, e)],
+        }
+
+
+class OpenAIModel:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def on_get(self, req, resp, model_id: str) -> None:
+        entry = self.host.registry.entries.get(model_id)
+        if entry is None or not _listed(self.host, entry):
+            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+        resp.media = openai_model(entry)
+
+
+def model_detail(host: Host, entry: ModelEntry) -> dict[str, Any]:
+    """A model's state and the identity probes are checked against."""
+    d = entry.descriptor
+    detail: dict[str, Any] = {
+        "id": entry.id,
+        "state": entry.state.value,
+        "engine": entry.spec.name,
+        "format": d.format,
+        "path": d.path,
+        "quantization": d.quantization,
+        "hf_id": d.hf_id or entry.id,
+        "revision": d.revision,
+        "error": entry.error,
+    }
+    engine = host.registry.engine
+    if host.registry.resident is entry and engine is not None:
+        info = engine.info
+        detail.update(
+            hf_id=info.hf_id or entry.id,
+            revision=info.revision,
+            d_model=info.d_model,
+            n_layers=info.n_layers,
+            chat_template_sha256=info.chat_template_sha256,
+            context_window=info.context_window,
+            dtype=info.dtype,
+            device=info.device,
+            load_id=info.load_id,
+            system_fingerprint=info.system_fingerprint,
+        )
+    return detail
+
+
+class ManagedModels:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def on_get(self, req, resp) -> None:
+        resp.media = {"data": [model_detail(self.host, e) for e in self.host.registry.entries.values()]}
+
+
+class ManagedModel:
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def _entry(self, model_id: str) -> ModelEntry:
+        entry = self.host.registry.entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+        return entry
+
+    async def on_get(self, req, resp, model_id: str) -> None:
+        resp.media = model_detail(self.host, self._entry(model_id))
+
+    async def on_post_load(self, req, resp, model_id: str) -> None:
+        entry = self._entry(model_id)
+        await self.host.registry.load(entry)
+        resp.media = model_detail(self.host, entry)
+
+    async def on_post_unload(self, req, resp, model_id: str) -> None:
+        entry = self._entry(model_id)
+        await self.host.registry.unload(entry)
+        resp.media = model_detail(self.host, entry)
+
+
+__all__ = ["OpenAIModels", "OpenAIModel", "ManagedModels", "ManagedModel", "ModelState", "read_json", "falcon"]

@@ -1,0 +1,1 @@
+"""Serving: request handling with no HTTP in it."""

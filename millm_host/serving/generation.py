@@ -1,0 +1,149 @@
+"""The engine-thread half of a generation request.
+
+``GenerationJob`` runs once per request on the engine thread: it asks plugins for
+their hooks (``before_forward``), generates every sequence, enforcing EOS,
+``max_tokens`` and stop sequences, and tells plugins it ended (``after_generate``),
+also when it was cut short. Streaming requests pass ``emit`` to receive events as
+they happen; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..context import RequestContext, SequenceOutput
+from ..engine import LayerHook, LogitsProcessorFactory
+from ..errors import InternalError, MillmError, RequestCancelled
+from ..output import OutputFilter, OutputFilterFactory
+from .text import TextAssembler
+
+if TYPE_CHECKING:
+    from ..app import Host
+
+log = logging.getLogger("millm.generation")
+
+Emit = Callable[[tuple[Any, ...]], None]
+
+
+def flatten(results: Iterable[Any]) -> list[Any]:
+    """pluggy returns one result per plugin; each may be a list."""
+    items: list[Any] = []
+    for result in results:
+        if result is None:
+            continue
+        if isinstance(result, (list, tuple)):
+            items.extend(result)
+        else:
+            items.append(result)
+    return items
+
+
+def derive_seed(seed: int | None, choice: int) -> int | None:
+    """Choice ``k`` of a seeded request draws from its own, reproducible seed."""
+    if seed is None or choice == 0:
+        return seed
+    return (seed + choice * 0x9E3779B97F4A7C15) % 2**64
+
+
+class GenerationJob:
+    """Generates every sequence of one request (call it on the engine thread)."""
+
+    def __init__(self, host: Host, ctx: RequestContext, emit: Emit | None = None) -> None:
+        self.host = host
+        self.ctx = ctx
+        self.emit = emit
+
+    def __call__(self) -> None:
+        ctx, pm = self.ctx, self.host.pm
+        try:
+            contributions = flatten(pm.hook.before_forward(ctx=ctx))
+            hooks = [c for c in contributions if isinstance(c, LayerHook)]
+            processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
+            filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
+            for prompt_index, prompt in enumerate(ctx.prompts):
+                for choice in range(ctx.n):
+                    self._sequence(prompt_index, prompt, choice, hooks, processors, filters)
+        except RequestCancelled:
+            ctx.interrupted = ctx.interrupted or "client_disconnected"
+        except MillmError as exc:
+            ctx.error, ctx.interrupted = exc, "generation_error"
+        except Exception as exc:
+            log.exception("generation failed")
+            ctx.error, ctx.interrupted = InternalError(f"generation failed: {type(exc).__name__}: {exc}"), "generation_error"
+        finally:
+            ctx.finished = True
+            try:
+                pm.hook.after_generate(ctx=ctx)
+            except Exception:
+                log.exception("after_generate failed")
+        if ctx.error is not None:
+            raise ctx.error
+
+    def _sequence(
+        self,
+        prompt_index: int,
+        prompt: list[int],
+        choice: int,
+        hooks: list[LayerHook],
+        processors: list[LogitsProcessorFactory],
+        filters: list[OutputFilterFactory],
+    ) -> None:
+        ctx = self.ctx
+        engine = ctx.engine
+        assert engine is not None and ctx.sampling is not None
+        out = SequenceOutput(index=len(ctx.outputs), prompt_index=prompt_index, prompt_ids=prompt)
+        ctx.outputs.append(out)
+        ctx.current_sequence = out.index
+        params = replace(ctx.sampling, seed=derive_seed(ctx.sampling.seed, choice))
+        seq_filters = [f.make(out.index) for f in filters]
+        assembler = TextAssembler(engine.decode, ctx.params.stop_list)
+        eos = engine.info.eos_token_ids
+        finish = "length"
+        tokens = engine.generate(
+            prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors]
+        )
+        try:
+            for token in tokens:
+                if ctx.cancel_event.is_set():
+                    raise RequestCancelled()
+                if token in eos:
+                    finish = "stop"
+                    break
+                out.token_ids.append(token)
+                delta = assembler.add(token)
+                if delta:
+                    self._send(out, delta, seq_filters)
+                if assembler.stopped:
+                    finish = "stop"
+                    break
+                if len(out.token_ids) >= params.max_tokens:
+                    break
+        finally:
+            tokens.close()
+        tail = assembler.finish()
+        if tail:
+            self._send(out, tail, seq_filters)
+        out.finish_reason = finish
+        for position, seq_filter in enumerate(seq_filters):
+            result = seq_filter.finish(out.finish_reason)
+            if result.text:
+                self._send(out, result.text, seq_filters[position + 1:])
+            if result.finish_reason:
+                out.finish_reason = result.finish_reason
+            out.message_extras.update(result.message_extras)
+            if result.stream_delta and self.emit:
+                self.emit(("delta_extra", out.index, result.stream_delta))
+        if self.emit:
+            self.emit(("finish", out.index, out.finish_reason))
+
+    def _send(self, out: SequenceOutput, text: str, filters: list[OutputFilter]) -> None:
+        for seq_filter in filters:
+            text = seq_filter.feed(text)
+            if not text:
+                return
+        out.text += text
+        if self.emit:
+            self.emit(("delta", out.index, text))

@@ -1,0 +1,206 @@
+"""A request's walk up to the engine: validate, resolve, load, tokenize, check.
+
+No HTTP here: resources hand in the parsed body and headers, and get back a
+``RequestContext`` that holds a model lease and a queue ticket, or a typed
+``MillmError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..context import RequestContext
+from ..engine import SamplingParams
+from ..errors import ContextLengthExceeded, InvalidParameter, MillmError
+from ..fields import check_fields, strict_mode
+from ..models import Lease
+from ..protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, message_text, validate
+from ..scheduler import Ticket
+
+if TYPE_CHECKING:
+    from ..app import Host
+
+PROTOCOLS = {
+    "chat.completions": ChatCompletionRequest,
+    "completions": CompletionRequest,
+}
+
+
+def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
+    """Scoring mode: next-token log-probabilities instead of generation.
+
+    Completions: ``logprobs`` (an integer) or ``allowed_token_ids``. Chat:
+    ``logprobs: true``, ``top_logprobs`` or ``allowed_token_ids``.
+    """
+    if body.get("allowed_token_ids") is not None:
+        return True
+    logprobs = body.get("logprobs")
+    if endpoint == "completions":
+        return logprobs is not None and logprobs is not False
+    if endpoint == "chat.completions":
+        return logprobs is True or body.get("top_logprobs") is not None
+    return False
+
+
+@dataclass
+class Admission:
+    """What a prepared request holds until it finishes: a queue place and a model lease."""
+
+    ticket: Ticket
+    lease: Lease | None = None
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+        self.ticket.release()
+
+
+class Pipeline:
+    """Turns a request body into a context ready for the engine."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def build_context(
+        self, endpoint: str, body: dict[str, Any], headers: dict[str, str], protocol: type | None = None
+    ) -> RequestContext:
+        """Validate the protocol and the fields; no plugin or model work yet."""
+        host = self.host
+        params = validate(protocol or PROTOCOLS[endpoint], body)
+        strict = strict_mode(headers)
+        entry = host.registry.resolve(params.model)
+        ctx = RequestContext(
+            endpoint=endpoint,  # type: ignore[arg-type]
+            body=body,
+            params=params,
+            headers=headers,
+            model=entry.descriptor,
+            engine_name=entry.spec.name,
+            settings=host.settings,
+            streaming=bool(getattr(params, "stream", False)),
+            scoring=is_scoring_request(endpoint, body),
+        )
+        ctx.unused_fields = check_fields(host.fields, endpoint, entry.spec.name, body, strict)
+        if isinstance(params, ChatCompletionRequest):
+            ctx.conversations = [_conversation(params.messages, "messages")]
+            for i, rows in enumerate(body.get("extra_messages") or ()):
+                ctx.conversations.append(_conversation(_extra_messages(rows, i), f"extra_messages[{i}]"))
+            ctx.chat_template_kwargs = body.get("chat_template_kwargs")
+            if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
+                raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        if hasattr(params, "n"):
+            ctx.n = params.n or 1
+            if ctx.n > host.settings["MILLM_MAX_N"]:
+                raise InvalidParameter(f"n is at most {host.settings['MILLM_MAX_N']}", param="n")
+        if isinstance(params, CompletionRequest) and len(params.prompts) > host.settings["MILLM_MAX_PROMPTS"]:
+            raise InvalidParameter(
+                f"at most {host.settings['MILLM_MAX_PROMPTS']} prompts per request", param="prompt"
+            )
+        return ctx
+
+    async def prepare(self, ctx: RequestContext, tokenize: Callable[[RequestContext], None] | None = None) -> Admission:
+        """Plugins validate, the model is made resident, prompts tokenized and checked.
+
+        Returns the request's admission (queue place and model lease); the caller
+        releases it when the request ends.
+        """
+        host = self.host
+        await asyncio.to_thread(host.pm.hook.validate_request, ctx=ctx)
+        admission = Admission(host.scheduler.reserve())
+        try:
+            entry = host.registry.entries[ctx.model.id]
+            admission.lease = await host.registry.acquire(entry)
+            ctx.engine = admission.lease.engine
+            await host.scheduler.run(tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            if ctx.endpoint in PROTOCOLS and not ctx.scoring:
+                self.check_context(ctx)
+            await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
+        except BaseException:
+            admission.release()
+            raise
+        return admission
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""
+        engine = ctx.engine
+        assert engine is not None
+        if ctx.is_chat:
+            ctx.prompts = [
+                engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs, fallback=not ctx.scoring)
+                for conv in ctx.conversations
+            ]
+        elif ctx.endpoint == "completions":
+            add_special = ctx.params.add_special_tokens is not False
+            ctx.prompts = [
+                list(p) if isinstance(p, list) else engine.tokenize(p, add_special_tokens=add_special)
+                for p in ctx.params.prompts
+            ]
+            vocab = engine.info.vocab_size
+            for i, ids in enumerate(ctx.prompts):
+                bad = [t for t in ids if t >= vocab]
+                if bad:
+                    raise InvalidParameter(f"token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt")
+
+    def check_context(self, ctx: RequestContext) -> None:
+        """Refuse prompt + max_tokens over the window; settle the sampling parameters."""
+        engine = ctx.engine
+        assert engine is not None
+        params = ctx.params
+        window = engine.info.context_window
+        requested = params.requested_max_tokens
+        longest = max((len(p) for p in ctx.prompts), default=0)
+        if longest == 0:
+            raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
+        if window is not None:
+            room = window - longest
+            if requested is not None and longest + requested > window:
+                raise ContextLengthExceeded(
+                    f"this model's maximum context length is {window} tokens; you requested "
+                    f"{longest + requested} tokens ({longest} in the prompt, {requested} for the completion)",
+                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
+                )
+            if room <= 0:
+                raise ContextLengthExceeded(
+                    f"this model's maximum context length is {window} tokens; the prompt has {longest} tokens",
+                    param="messages" if ctx.is_chat else "prompt",
+                )
+        max_tokens = requested or self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
+        if window is not None and requested is None:
+            max_tokens = min(max_tokens, window - longest)
+        ctx.sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if params.temperature is None else params.temperature,
+            top_p=1.0 if params.top_p is None else params.top_p,
+            frequency_penalty=params.frequency_penalty or 0.0,
+            presence_penalty=params.presence_penalty or 0.0,
+            seed=params.seed,
+        )
+
+
+def _conversation(messages: list[ChatMessage], where: str) -> list[dict[str, Any]]:
+    """Messages as the chat template sees them: role and text content."""
+    rendered = []
+    for i, message in enumerate(messages):
+        rendered.append({"role": message.role, "content": message_text(message, i)})
+    return rendered
+
+
+def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:
+    if not isinstance(rows, list) or not rows:
+        raise InvalidParameter("each extra_messages entry must be a non-empty list of messages", param=f"extra_messages[{index}]")
+    try:
+        return [ChatMessage.model_validate(m) for m in rows]
+    except Exception:
+        raise InvalidParameter("extra_messages holds an invalid message", param=f"extra_messages[{index}]") from None
+
+
+def raise_for(exc: BaseException) -> MillmError:
+    """A MillmError for any exception (internal errors are not leaked verbatim)."""
+    if isinstance(exc, MillmError):
+        return exc
+    from ..errors import InternalError
+
+    return InternalError(f"internal error: {type(exc).__name__}")

@@ -1,0 +1,68 @@
+"""OpenAI-shaped bodies and chunks for chat and text completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..context import RequestContext
+
+
+def response_id(ctx: RequestContext) -> str:
+    prefix = "chatcmpl" if ctx.is_chat else "cmpl"
+    return f"{prefix}-{ctx.request_id}"
+
+
+def usage(ctx: RequestContext) -> dict[str, int]:
+    prompt = sum(len(p) for p in ctx.prompts)
+    completion = sum(len(o.token_ids) for o in ctx.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def completion_body(ctx: RequestContext) -> dict[str, Any]:
+    """The non-streaming response for a chat or text completion."""
+    assert ctx.engine is not None
+    choices: list[dict[str, Any]] = []
+    for out in ctx.outputs:
+        if ctx.is_chat:
+            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            message.update(out.message_extras)
+            choices.append({"index": out.index, "message": message, "logprobs": None, "finish_reason": out.finish_reason})
+        else:
+            choices.append({"text": out.text, "index": out.index, "logprobs": None, "finish_reason": out.finish_reason})
+    return {
+        "id": response_id(ctx),
+        "object": "chat.completion" if ctx.is_chat else "text_completion",
+        "created": ctx.created,
+        "model": ctx.model.id,
+        "system_fingerprint": ctx.engine.info.system_fingerprint,
+        "choices": choices,
+        "usage": usage(ctx),
+    }
+
+
+def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """One streamed chunk."""
+    body = {
+        "id": response_id(ctx),
+        "object": "chat.completion.chunk" if ctx.is_chat else "text_completion",
+        "created": ctx.created,
+        "model": ctx.model.id,
+        "choices": choices,
+    }
+    body.update(extra)
+    return body
+
+
+def delta_choice(ctx: RequestContext, index: int, text: str | None = None, *, role: bool = False,
+                 extra: dict[str, Any] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+    if ctx.is_chat:
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+            delta["content"] = ""
+        if text is not None:
+            delta["content"] = text
+        if extra:
+            delta.update(extra)
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"text": text or "", "index": index, "logprobs": None, "finish_reason": finish_reason}

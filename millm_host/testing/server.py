@@ -1,0 +1,125 @@
+"""A real ``millm serve`` process on 127.0.0.1, for black-box tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cache_dir() -> Path:
+    """Shared across tests and runs: converted models, tokenizers, tiny models."""
+    root = Path(os.environ.get("MILLM_TEST_CACHE", Path.home() / ".cache" / "millm-tests"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+class ServerProcess:
+    """``millm serve`` in a subprocess; ``start()`` waits until the model is loaded."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        model: str | None = None,
+        env: Mapping[str, str] | None = None,
+        args: list[str] | None = None,
+        python: str | None = None,
+        wait_for: str | None = "ok",
+    ) -> None:
+        self.port = free_port()
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / f"server-{self.port}.log"
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.wait_for = wait_for
+        cmd = [python or sys.executable, "-m", "millm_host.cli", "serve", "--port", str(self.port), "--log-level", "info"]
+        if model:
+            cmd += ["--model", str(model)]
+        self.cmd = cmd + list(args or [])
+        self.env = {
+            **os.environ,
+            "MILLM_DATA_DIR": str(self.data_dir),
+            "MILLM_CACHE_DIR": str(test_cache_dir() / "model-cache"),
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
+        }
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> ServerProcess:
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"millm serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                health = httpx.get(f"{self.base_url}/api/health", timeout=2).json()
+                last = health
+                if self.wait_for is None or health["status"] == self.wait_for:
+                    return self
+                if health["status"] == "failed":
+                    raise RuntimeError(f"model failed to load:\n{self.log()}")
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"server not ready after {timeout} s (last health {last}):\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-20000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def restart(self, timeout: float = 300) -> ServerProcess:
+        """Stop and start again on the same port and data directory."""
+        self.stop()
+        self.cmd[self.cmd.index("--port") + 1] = str(self.port)
+        return self.start(timeout)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- clients --------------------------------------------------------------------
+    @property
+    def v1(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def openai(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.v1, api_key="not-needed", max_retries=0, **kwargs)
+
+    def http(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=kwargs.pop("timeout", 120), **kwargs)

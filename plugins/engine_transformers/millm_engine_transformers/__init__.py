@@ -1,0 +1,1 @@
+"""millm's HuggingFace transformers engine."""

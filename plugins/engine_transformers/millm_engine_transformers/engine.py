@@ -1,0 +1,178 @@
+"""The transformers engine: a resident HuggingFace causal LM."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import transformers
+
+from millm_host.engine import (
+    Engine,
+    HookPoint,
+    LayerHook,
+    ModelDescriptor,
+    ModelInfo,
+    NoChatTemplate,
+    SamplingParams,
+)
+
+from . import hooks as layer_hooks
+from .loader import load_model
+from .sampling import Penalties, choose, generator_for
+from .spec import ENGINE_NAME
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+class TransformersEngine(Engine):
+    """A HuggingFace model and tokenizer, with per-call forward hooks."""
+
+    name = ENGINE_NAME
+
+    def __init__(self, model: Any, tokenizer: Any, descriptor: ModelDescriptor, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.descriptor = descriptor
+        self.device = device
+        self.dtype = dtype
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        n_layers = getattr(text_config, "num_hidden_layers", None)
+        self.layers = layer_hooks.decoder_layers(model, n_layers)
+        n_layers = len(self.layers)
+        self.hook_points = tuple(
+            HookPoint(layer, point) for layer in range(n_layers) for point in ("resid_pre", "resid_post")
+        )
+        self.info = ModelInfo(
+            id=descriptor.id,
+            engine=ENGINE_NAME,
+            hf_id=descriptor.hf_id,
+            revision=descriptor.revision,
+            dtype=_DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+            quantization=descriptor.quantization,
+            context_window=getattr(text_config, "max_position_embeddings", None),
+            vocab_size=self._vocab_size(text_config),
+            d_model=getattr(text_config, "hidden_size", None),
+            n_layers=n_layers,
+            chat_template=tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None,
+            bos_token=tokenizer.bos_token,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_ids=self._eos_ids(model, tokenizer),
+            device=str(device),
+        )
+        self._position = layer_hooks.Position()
+
+    @classmethod
+    def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
+        model, tokenizer, device, dtype = load_model(descriptor, settings, progress)
+        return cls(model, tokenizer, descriptor, device, dtype)
+
+    def _vocab_size(self, text_config: Any) -> int:
+        embeddings = self.model.get_input_embeddings()
+        return int(embeddings.weight.shape[0]) if embeddings is not None else int(text_config.vocab_size)
+
+    @staticmethod
+    def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(model, "generation_config", None), model.config):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    # --- text -------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        if self.info.chat_template is None:
+            raise NoChatTemplate(f"model {self.info.id!r} has no chat template")
+        return self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **dict(template_kwargs or {}),
+        )
+
+    # --- compute ----------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, cache: Any, start: int, keep_last: bool) -> Any:
+        self._position.start = start
+        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": cache is not None}
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        if keep_last:
+            kwargs["logits_to_keep"] = 1
+        return self.model(**kwargs)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        hooks: Sequence[LayerHook] = (),
+        logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
+    ) -> Iterator[int]:
+        handles = layer_hooks.install(self.layers, hooks, self._position) if hooks else []
+        try:
+            yield from self._generate(prompt_ids, params, logits_processors)
+        finally:
+            layer_hooks.remove(handles)
+
+    @torch.inference_mode()
+    def _generate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                  processors: Sequence[Callable[[Sequence[int], Any], Any]]) -> Iterator[int]:
+        generator = generator_for(params, self.device)
+        penalties = Penalties(params, self.info.vocab_size, self.device)
+        cache = transformers.DynamicCache()
+        window = self.info.context_window
+        position = len(prompt_ids)
+        output = self._forward(torch.tensor([list(prompt_ids)], device=self.device), cache, 0, keep_last=True)
+        generated: list[int] = []
+        while True:
+            logits = output.logits[0, -1].float()
+            logits = penalties.apply(logits)
+            for process in processors:
+                logits = process(generated, logits)
+            token = choose(logits, params, generator)
+            yield token
+            generated.append(token)
+            penalties.record(token)
+            if window is not None and position >= window:
+                return
+            output = self._forward(torch.tensor([[token]], device=self.device), cache, position, keep_last=True)
+            position += 1
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
+        handles = layer_hooks.install(self.layers, hooks, self._position) if hooks else []
+        try:
+            self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
+        finally:
+            layer_hooks.remove(handles)
+
+    def close(self) -> None:
+        self.model = None
+        self.layers = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

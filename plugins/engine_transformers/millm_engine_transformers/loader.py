@@ -1,0 +1,109 @@
+"""Loading checkpoints: HF directories directly, .gguf files through a cached conversion.
+
+transformers dequantizes a .gguf file on every load (tens of seconds on a CPU).
+The first load saves the result as a safetensors checkpoint in the cache
+directory, keyed by the file's path, size and mtime; later loads read that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+from millm_host.engine import ModelDescriptor
+
+log = logging.getLogger("millm.engine.transformers")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def choose_device(setting: str) -> torch.device:
+    if setting in ("", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+def choose_dtype(setting: str, device: torch.device, config: Any) -> torch.dtype:
+    if setting in ("", "auto"):
+        if device.type == "cpu":
+            return torch.float32
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(stored, str):
+            stored = _DTYPES.get(stored)
+        return stored if isinstance(stored, torch.dtype) else torch.float32
+    try:
+        return _DTYPES[setting]
+    except KeyError:
+        raise ValueError(f"MILLM_DTYPE={setting!r}: expected auto, float32, float16 or bfloat16") from None
+
+
+def gguf_cache_dir(cache_root: Path, gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_root / "transformers-gguf" / f"{gguf_path.stem}-{key}"
+
+
+def convert_gguf(gguf_path: Path, target: Path, progress: Callable[[str], None]) -> None:
+    """Dequantize a .gguf file once and save it as a float32 safetensors checkpoint."""
+    progress(f"converting {gguf_path.name} (first load; cached afterwards in {target})")
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    progress("tokenizer read; dequantizing weights")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # save_pretrained refuses a model still marked as GGUF-quantized; it is plain float32 now.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process converted it first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress("conversion saved")
+
+
+def checkpoint_dir(descriptor: ModelDescriptor, cache_root: Path, progress: Callable[[str], None]) -> Path:
+    """The HF checkpoint directory to load ``descriptor`` from (converting a .gguf once)."""
+    path = Path(descriptor.path)
+    if descriptor.format != "gguf":
+        return path
+    target = gguf_cache_dir(cache_root, path)
+    if not (target / "config.json").is_file():
+        convert_gguf(path, target, progress)
+    else:
+        progress(f"reading cached conversion {target}")
+    return target
+
+
+def load_model(
+    descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]
+) -> tuple[Any, Any, torch.device, torch.dtype]:
+    """(model, tokenizer, device, dtype), the model in eval mode on its device."""
+    folder = checkpoint_dir(descriptor, settings.cache_dir, progress)
+    device = choose_device(settings["MILLM_DEVICE"])
+    config = transformers.AutoConfig.from_pretrained(folder)
+    dtype = choose_dtype(settings["MILLM_DTYPE"], device, config)
+    progress(f"loading tokenizer and weights ({dtype}, {device})")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.to(device)
+    model.eval()
+    return model, tokenizer, device, dtype

@@ -1,0 +1,52 @@
+"""Choosing the next token: penalties, temperature, nucleus, a per-request generator."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from millm_host.engine import SamplingParams
+
+
+def generator_for(params: SamplingParams, device: torch.device) -> torch.Generator:
+    """A generator of this request's own: seeded when a seed was sent, random otherwise."""
+    seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+class Penalties:
+    """OpenAI's frequency and presence penalties over the tokens generated so far."""
+
+    def __init__(self, params: SamplingParams, vocab: int, device: torch.device) -> None:
+        self.frequency = params.frequency_penalty
+        self.presence = params.presence_penalty
+        self.active = bool(self.frequency or self.presence)
+        self.counts = torch.zeros(vocab, device=device) if self.active else None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return logits
+        return logits - self.frequency * self.counts - self.presence * (self.counts > 0).float()
+
+    def record(self, token: int) -> None:
+        if self.active:
+            self.counts[token] += 1
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """The next token from 1-D float logits."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    logits = logits / params.temperature
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cumulative > params.top_p
+        drop[1:] = drop[:-1].clone()
+        drop[0] = False  # always keep the most likely token
+        logits = logits.scatter(0, order[drop], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

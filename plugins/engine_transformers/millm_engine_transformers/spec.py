@@ -1,0 +1,51 @@
+"""The engine as registered: describing model files imports no torch."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from millm_host.engine import EngineSpec, ModelDescriptor
+from millm_host.naming import split_gguf_name
+
+ENGINE_NAME = "transformers"
+
+SPEC = EngineSpec(
+    name=ENGINE_NAME,
+    factory="millm_engine_transformers.engine:TransformersEngine",
+    describe="millm_engine_transformers.spec:describe",
+    formats=frozenset({"hf", "gguf"}),
+    has_hooks=True,
+)
+
+_HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{7,40})/?$")
+
+
+def describe(path: str) -> ModelDescriptor | None:
+    """A checkpoint directory or .gguf file as this engine would serve it."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        repo, quant = split_gguf_name(p)
+        return ModelDescriptor(id=repo, path=str(p), format="gguf", engine=ENGINE_NAME,
+                               quantization=quant, repo=None)
+    if p.is_dir() and (p / "config.json").is_file():
+        hf_id = revision = None
+        match = _HF_CACHE_SNAPSHOT.search(str(p.resolve()))
+        if match:
+            hf_id, revision = f"{match['org']}/{match['name']}", match["rev"]
+        quant = None
+        try:
+            config = json.loads((p / "config.json").read_text())
+            qc = config.get("quantization_config") or {}
+            quant = qc.get("quant_method") or _dtype_label(config.get("torch_dtype") or config.get("dtype"))
+        except (OSError, ValueError):
+            pass
+        name = hf_id.split("/")[-1] if hf_id else p.name
+        return ModelDescriptor(id=name, path=str(p), format="hf", engine=ENGINE_NAME,
+                               hf_id=hf_id, revision=revision, quantization=quant)
+    return None
+
+
+def _dtype_label(dtype: str | None) -> str | None:
+    return {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}.get(dtype or "")
