@@ -243,6 +243,14 @@ class Engine(abc.ABC):
         """One forward pass over ``ids`` with ``hooks`` installed, nothing generated."""
         raise FieldNotHonoured(f"the {self.name} engine cannot run hooked forward passes", param=None)
 
+    def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
+        """One input's vector: the last hidden layer pooled (``mean``, ``last`` or ``cls``).
+
+        Runs with no layer hook installed (embeddings are never steered); the host
+        normalises and checks the values.
+        """
+        raise FieldNotHonoured(f"the {self.name} engine cannot embed", param="model")
+
     def close(self) -> None:
         """Release the model's memory. Called once, on unload."""
 
