@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -64,6 +65,9 @@ class TransformersEngine(Engine):
             device=str(device),
         )
         self._position = layer_hooks.Position()
+        # transformers 5 renamed past_key_values to cache.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
@@ -120,7 +124,7 @@ class TransformersEngine(Engine):
         self._position.start = start
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": cache is not None}
         if cache is not None:
-            kwargs["past_key_values"] = cache
+            kwargs[self._cache_arg] = cache
         if keep_last:
             kwargs["logits_to_keep"] = 1
         return self.model(**kwargs)
