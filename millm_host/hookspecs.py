@@ -174,7 +174,9 @@ def after_generate(ctx: RequestContext) -> None:
 
     Called once per request on the engine thread, also when the request was
     interrupted (``ctx.interrupted`` names why) or failed (``ctx.error``). Score,
-    record and release per-request state here.
+    record and release per-request state here. Raising a ``MillmError`` fails a
+    request that had not failed yet (e.g. an output that breaks its contract);
+    every implementation still runs.
     """
 
 

@@ -77,6 +77,8 @@ class GenerationJob:
             ctx.finished = True
             try:
                 pm.hook.after_generate(ctx=ctx)
+            except MillmError as exc:  # a plugin refuses the finished output
+                ctx.error = ctx.error or exc
             except Exception:
                 log.exception("after_generate failed")
         if ctx.error is not None:
