@@ -75,12 +75,13 @@ class GenerationJob:
             ctx.error, ctx.interrupted = InternalError(f"generation failed: {type(exc).__name__}: {exc}"), "generation_error"
         finally:
             ctx.finished = True
-            try:
-                pm.hook.after_generate(ctx=ctx)
-            except MillmError as exc:  # a plugin refuses the finished output
-                ctx.error = ctx.error or exc
-            except Exception:
-                log.exception("after_generate failed")
+            for impl in pm.hook.after_generate.get_hookimpls():  # each runs, whatever another raised
+                try:
+                    impl.function(ctx=ctx)
+                except MillmError as exc:  # a plugin refuses the finished output
+                    ctx.error = ctx.error or exc
+                except Exception:
+                    log.exception("after_generate failed in %s", impl.plugin_name)
         if ctx.error is not None:
             raise ctx.error
 
