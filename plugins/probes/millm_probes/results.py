@@ -45,9 +45,9 @@ class ProbeView:
         return [self.definition.scope]
 
     @property
-    def group(self) -> str:
-        """The behaviour a probe's results are listed under (a probe naming none is its own)."""
-        return self.behaviour if self.behaviour is not None else f"\x00{self.name}"
+    def group(self) -> tuple[str, bool]:
+        """Where a probe's results are listed: under its behaviour (a probe naming none is its own)."""
+        return (self.behaviour if self.behaviour is not None else self.name, self.behaviour is None)
 
 
 @dataclass(frozen=True)

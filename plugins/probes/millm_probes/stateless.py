@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm_host.engine import NoChatTemplate
-from millm_host.errors import ContextLengthExceeded, InvalidParameter
+from millm_host.errors import ContextLengthExceeded, InvalidParameter, ModelBusy, ModelNotLoaded
 from millm_host.protocol import ChatMessage, message_text, validate
 
 from . import store
@@ -183,25 +183,29 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     served = Served.of(engine, "stateless")
     compiled: dict[str, Any] = {}
     outputs: list[dict[str, Any]] = []
+    changed = False
     for index, item in enumerate(prepared):
         output: dict[str, Any] = {"index": index, "n_tokens": len(item.ids), "prompt_tokens": item.prompt_len}
         outputs.append(output)
-        if host.registry.engine is not engine or engine.info.load_id != load_id:
+        changed = changed or host.registry.engine is not engine or engine.info.load_id != load_id
+        if not changed and views:
+            with host.scheduler.reserve():
+                try:
+                    lease = await host.registry.acquire(entry)
+                except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
+                    changed = True
+                else:
+                    try:
+                        readings = await host.scheduler.run(_score_one, runtime, engine, views, windows, item, compiled)
+                    finally:
+                        lease.release()
+        if changed:
             output["error"] = ModelChanged(
                 "the model changed during this request; no input is scored on a different model from the first",
                 param=f"inputs[{index}]").to_dict()
             continue
-        if not views:
-            output["results"] = []
-            continue
-        with host.scheduler.reserve():
-            lease = await host.registry.acquire(entry)
-            try:
-                readings = await host.scheduler.run(_score_one, runtime, engine, views, windows, item, compiled)
-            finally:
-                lease.release()
         output["results"] = [result_object(view, window, reading, served, trace, request_id, "not_persisted")
-                             for (view, window), reading in readings]
+                             for (view, window), reading in (readings if views else [])]
     return {
         "object": "probe.score",
         "request_id": request_id,

@@ -51,6 +51,7 @@ class Lab:
         self.d_model = self.model.config.hidden_size
         self.n_layers = self.model.config.num_hidden_layers
         self.eos = self.tokenizer.eos_token_id
+        self.saes: dict[str, dict[str, Any]] = {}
 
     # --- ids -------------------------------------------------------------------------
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -94,6 +95,46 @@ class Lab:
         end = ids.index(end_id, start) + 2
         return start, end
 
+    # --- SAEs (SAELens layout) --------------------------------------------------------
+    def make_sae(self, folder: Path, sae_id: str, *, architecture: str = "standard", d_sae: int = 96,
+                 k: int | None = None, layer: int = 1, seed: int = 0) -> None:
+        """Write ``folder/sae_id`` (cfg.json, sae_weights.safetensors) and remember its arrays."""
+        from safetensors.numpy import save_file
+
+        rng = np.random.default_rng(seed)
+        d = self.d_model
+        arrays = {
+            "W_enc": rng.normal(scale=0.3, size=(d, d_sae)).astype(np.float32),
+            "b_enc": rng.normal(scale=0.1, size=d_sae).astype(np.float32),
+            "W_dec": rng.normal(scale=0.3, size=(d_sae, d)).astype(np.float32),
+            "b_dec": rng.normal(scale=0.1, size=d).astype(np.float32),
+        }
+        if architecture == "jumprelu":
+            arrays["threshold"] = rng.uniform(0.0, 0.5, size=d_sae).astype(np.float32)
+        cfg = {"d_in": d, "d_sae": d_sae, "hook_name": f"blocks.{layer}.hook_resid_post",
+               "architecture": architecture, "apply_b_dec_to_input": True, "model_name": "tests", "dtype": "float32"}
+        if k is not None:
+            cfg["k"] = k
+        target = folder / sae_id
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "cfg.json").write_text(json.dumps(cfg))
+        save_file(arrays, str(target / "sae_weights.safetensors"))
+        self.saes[sae_id] = {"cfg": cfg, **{name: a.astype(np.float64) for name, a in arrays.items()}}
+
+    def encode(self, sae_id: str, h: np.ndarray) -> np.ndarray:
+        """FORMATS.md's encode(x) over every feature."""
+        sae = self.saes[sae_id]
+        cfg = sae["cfg"]
+        x = h - sae["b_dec"] if cfg["apply_b_dec_to_input"] else h
+        pre = x @ sae["W_enc"] + sae["b_enc"]
+        if cfg["architecture"] == "jumprelu":
+            return pre * (pre > sae["threshold"])
+        acts = np.maximum(pre, 0.0)
+        if cfg["architecture"] == "topk":
+            cut = np.sort(acts, axis=1)[:, -cfg["k"]][:, None]
+            acts = np.where(acts >= cut, acts, 0.0)
+        return acts
+
     # --- the math --------------------------------------------------------------------
     def hidden(self, ids: list[int], layer: int, point: str) -> np.ndarray:
         assert point == "resid_pre" or layer < self.n_layers - 1, "the last hidden state is normed"
@@ -106,9 +147,13 @@ class Lab:
         """(s_t, attention logits) for every position of ``ids``, in float64 from float32 hidden states."""
         h = self.hidden(ids, doc["read"]["layer"], doc["read"]["hook_point"]).astype(np.float64)
         head = doc["head"]
-        mean = np.asarray(head.get("norm_mean") or np.zeros(self.d_model))
-        std = np.asarray(head.get("norm_std") or np.ones(self.d_model))
-        s = ((h - mean) / std) @ np.asarray(head["weights"]) + head.get("bias", 0.0)
+        x = h
+        if doc["basis"] == "sae":
+            x = self.encode(doc["sae"]["sae_id"], h)[:, doc["sae"]["feature_indices"]]
+        width = len(head["weights"])
+        mean = np.asarray(head.get("norm_mean") or np.zeros(width))
+        std = np.asarray(head.get("norm_std") or np.ones(width))
+        s = ((x - mean) / std) @ np.asarray(head["weights"]) + head.get("bias", 0.0)
         query = head.get("attention_query")
         return s, (h @ np.asarray(query) if query is not None else np.zeros(len(ids)))
 
@@ -139,16 +184,19 @@ class Lab:
                    skip_prefix: bool | None = None, threshold: float | None = 0.0, rung: int = 2,
                    scope: str = "all", behaviour: str | None = None, seed: int = 0, vectors: int = 2,
                    bands: list[dict[str, Any]] | None = None, digests: bool = True,
-                   vector_layer: int | None = None) -> dict[str, Any]:
-        """A probe for the resident model, its test vectors scored here (``vector_layer``: on another layer)."""
+                   vector_layer: int | None = None, sae: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A probe for the resident model, its test vectors scored here (``vector_layer``: on another layer).
+
+        ``sae`` (``{"sae_id", "feature_indices"}``) makes a k-sparse probe over that SAE's features.
+        """
         rng = np.random.default_rng(seed)
-        d = self.d_model
+        d = len(sae["feature_indices"]) if sae else self.d_model
         head: dict[str, Any] = {
             "weights": [round(float(x), 6) for x in rng.normal(size=d)],
             "bias": round(float(rng.normal()), 6),
             "norm_mean": [round(float(x), 6) for x in rng.normal(scale=0.1, size=d)],
             "norm_std": [round(float(x), 6) for x in rng.uniform(0.5, 2.0, size=d)],
-            "attention_query": [round(float(x), 6) for x in rng.normal(size=d)] if rule == "attention" else None,
+            "attention_query": [round(float(x), 6) for x in rng.normal(size=self.d_model)] if rule == "attention" else None,
         }
         aggregation: dict[str, Any] = {"rule": rule, "params": {"k": k} if k is not None else {}}
         if skip_prefix is not None:
@@ -168,8 +216,8 @@ class Lab:
             "model": {k2: identity[k2] for k2 in ("hf_id", "revision", "d_model", "n_layers", "chat_template_sha256")},
             "read": {"layer": layer, "hook_point": point},
             "scope": scope,
-            "basis": "residual",
-            "sae": None,
+            "basis": "sae" if sae else "residual",
+            "sae": sae,
             "head": head,
             "aggregation": aggregation,
             "decision": decision,
@@ -205,9 +253,15 @@ def lab(probe_model_dir) -> Lab:
 
 
 @pytest.fixture(scope="session")
-def probes_server(server_factory, probe_model_dir):
+def sae_dir(tmp_path_factory) -> Path:
+    """Where the shared server reads k-sparse probes' SAEs (tests write them as they need them)."""
+    return tmp_path_factory.mktemp("saes")
+
+
+@pytest.fixture(scope="session")
+def probes_server(server_factory, probe_model_dir, sae_dir):
     """The probes plugin's own server (tests arm and import here; each cleans up after itself)."""
-    return server_factory(probe_model_dir)
+    return server_factory(probe_model_dir, env={"PROBE_SAE_DIR": str(sae_dir)})
 
 
 @pytest.fixture(scope="session")
