@@ -54,13 +54,10 @@ def detail(engine: Any, ids: Sequence[int], reading: Reading) -> dict[str, Any] 
     if top is None or top >= len(ids):
         return None
     start, end = max(0, top - CONTEXT_TOKENS), min(len(ids), top + CONTEXT_TOKENS + 1)
-    def text(tokens: Sequence[int]) -> str:  # special tokens shown: they are positions too
-        return b"".join(engine.token_bytes(t) for t in tokens).decode("utf-8", "replace")
-
     return {
         "top_position": top,
-        "top_token": text([ids[top]]),
+        "top_token": engine.token_bytes(ids[top]).decode("utf-8", "replace"),  # special tokens shown too
         "context_start": start,
         "context_end": end,
-        "context_text": text(ids[start:end]),
+        "context_text": engine.decode(list(ids[start:end])),
     }

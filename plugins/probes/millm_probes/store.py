@@ -177,18 +177,16 @@ def recalibrations(db: Any, probe_id: str) -> list[dict[str, Any]]:
 
 
 def write_events(db: Any, results: Sequence[dict[str, Any]], details: Sequence[dict[str, Any] | None]) -> None:
-    """Store a request's results in one transaction."""
+    """Store a request's results in one transaction (a Core insert: this runs on the request path)."""
     stamp = now()
-    with db.session() as session:
-        session.add_all(
-            ProbeEvent(
-                result_id=r["result_id"], probe_id=r["probe_id"], request_id=r["request_id"],
-                trace_id=r["trace_id"], window=r["window"], outcome=r["outcome"], fired=r["fires"],
-                result=r, detail=detail, created_at=stamp,
-            )
-            for r, detail in zip(results, details, strict=True)
-        )
-        session.commit()
+    rows = [
+        {"result_id": r["result_id"], "probe_id": r["probe_id"], "request_id": r["request_id"],
+         "trace_id": r["trace_id"], "window": r["window"], "outcome": r["outcome"], "fired": r["fires"],
+         "result": r, "detail": detail, "created_at": stamp}
+        for r, detail in zip(results, details, strict=True)
+    ]
+    with db.engine.begin() as connection:
+        connection.execute(sa.insert(ProbeEvent), rows)
 
 
 def list_events(db: Any, *, probe_id: str | None, result_id: str | None, trace_id: str | None,

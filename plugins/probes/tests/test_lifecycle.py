@@ -100,7 +100,10 @@ def test_a_model_change_mid_request_fails_the_remaining_inputs(http, server, lab
 
     worker = threading.Thread(target=scoring)
     worker.start()
-    time.sleep(0.4)
+    deadline = time.monotonic() + 30
+    while http.get("/api/health").json()["queue"]["admitted"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the scoring request holds a place in the queue
+    time.sleep(0.3)  # past tokenizing, into the forward passes
     assert http.post(f"/api/models/{identity['id']}/unload").status_code == 200
     assert http.post(f"/api/models/{identity['id']}/load").status_code == 200
     worker.join(300)

@@ -83,6 +83,15 @@ def test_boundaries_are_never_guessed(api, lab, probe_doc):
     assert windows_of(agreeing)["response"]["outcome"] == "completed"
 
 
+def test_a_conversation_without_a_user_turn(api, probe_doc):
+    probe_id, _ = probe_doc
+    result = score(api, {"probe_ids": [probe_id], "windows": ["last_user", "all"],
+                         "inputs": [{"messages": [{"role": "system", "content": "Only a system prompt."}]}]})
+    windows = windows_of(result["results"][0])
+    assert (windows["last_user"]["outcome"], windows["last_user"]["reason"]) == ("skipped", "no_user_turn")
+    assert windows["all"]["outcome"] == "completed"
+
+
 def test_windows_may_be_chosen(api, probe_doc):
     probe_id, _ = probe_doc
     result = score(api, {"probe_ids": [probe_id], "windows": ["prompt"], "inputs": [{"text": "hi"}]})
