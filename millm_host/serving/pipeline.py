@@ -114,7 +114,7 @@ class Pipeline:
             entry = host.registry.entries[ctx.model.id]
             admission.lease = await host.registry.acquire(entry)
             ctx.engine = admission.lease.engine
-            await host.scheduler.run(tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            await host.scheduler.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
             await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
@@ -122,6 +122,11 @@ class Pipeline:
             admission.release()
             raise
         return admission
+
+    def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
+        """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
+        self.host.pm.hook.before_tokenize(ctx=ctx)
+        tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
         """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""
