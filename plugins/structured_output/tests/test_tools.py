@@ -308,3 +308,15 @@ def test_completions_refuse_tools(http):
     body = {"model": "tiny-qwen25", "prompt": "x", "max_tokens": 2, "tools": [WEATHER_TOOL]}
     error = http.post("/v1/completions", json=body).json()["error"]
     assert (error["code"], error["param"]) == ("field_not_honoured", "tools")
+
+
+def test_a_template_refusing_the_history_is_a_400(http):
+    """Llama 3.1's template takes one call per assistant turn and says so with raise_exception."""
+    two_calls = [HISTORY[0], {"role": "assistant", "content": None, "tool_calls": [
+        HISTORY[1]["tool_calls"][0], {**HISTORY[1]["tool_calls"][0], "id": "call_2"}]}, HISTORY[2]]
+    response = http.post("/v1/chat/completions", json={"model": "tiny-llama31", "messages": two_calls, "max_tokens": 4})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "single tool-calls" in error["message"]
+    assert http.post("/v1/chat/completions", json={"model": "tiny-llama31", "messages": QUESTION,
+                                                   "max_tokens": 2}).status_code == 200
