@@ -105,7 +105,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0)
     fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "review", "schema": REVIEW}})
     compiler = ConstraintCompiler()
-    compiler.matcher(engine, fmt)  # compile once: the cache is what serving uses
+    compiler.prepare(engine, fmt)  # compile once: the cache is what serving uses
     eos = sorted(engine.info.eos_token_ids)
 
     plain_rates, constrained_rates, per_token_ms, lengths = [], [], [], []

@@ -80,8 +80,8 @@ class ConstraintCompiler:
         with self._lock:
             return self._grammars.put(fmt.key, grammar)
 
-    def matcher(self, engine: Engine, fmt: ResponseFormat) -> llguidance.LLMatcher:
-        """A fresh matcher for one sequence (engine thread), copied from a cached one."""
+    def prepare(self, engine: Engine, fmt: ResponseFormat) -> llguidance.LLMatcher:
+        """The cached matcher in its start state for ``fmt`` on ``engine`` (engine thread; built once)."""
         tokenizer, matchers = self._engine_cache(engine)
         ready = matchers.hit(fmt.key)
         if ready is None:
@@ -89,7 +89,11 @@ class ConstraintCompiler:
             if ready.is_error():
                 raise ResponseFormatUnsupported(f"the schema cannot be enforced: {ready.get_error()}", param=PARAM)
             matchers.put(fmt.key, ready)
-        return ready.deep_copy()
+        return ready
+
+    def matcher(self, engine: Engine, fmt: ResponseFormat) -> llguidance.LLMatcher:
+        """A fresh matcher for one sequence (engine thread), copied from the cached one."""
+        return self.prepare(engine, fmt).deep_copy()
 
     def forget(self, engine: Engine) -> None:
         """Drop what was built for ``engine`` (it is being unloaded)."""
@@ -113,7 +117,11 @@ def llm_tokenizer(engine: Engine) -> llguidance.LLTokenizer:
             f"the {engine.name} engine exposes no tokenizer to constrain with", param=PARAM
         )
     eos = sorted(engine.info.eos_token_ids)
-    return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=engine.info.vocab_size, eos_token=eos)
+    try:
+        return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=engine.info.vocab_size, eos_token=eos)
+    except ValueError as exc:  # e.g. a slow (Python) tokenizer, which llguidance cannot read
+        raise ResponseFormatUnsupported(f"{engine.info.id}'s tokenizer cannot be constrained: {exc}",
+                                        param=PARAM) from None
 
 
 class JsonConstraint:

@@ -106,10 +106,12 @@ def _refuse_combinations(ctx, fmt: ResponseFormat, tools: ToolRequest | None) ->
 
 @hookimpl
 def before_tokenize(ctx) -> None:
-    """Check the resident model's template; write history and a forced call's opening into the render."""
+    """Build the constraint for the resident model; check its template, write history and a forced call's opening."""
     plan: Plan | None = ctx.state.get(NAME)
-    if plan is None or (plan.tools is None and not plan.history):
+    if plan is None:
         return
+    if plan.response_format is not None:
+        COMPILER.prepare(ctx.engine, plan.response_format)  # a failure refuses the request before it queues
     info = ctx.engine.info
     traits = template_traits(info.chat_template) if info.chat_template else None
     tools = plan.tools
@@ -160,7 +162,6 @@ def before_forward(ctx) -> list[Any] | None:
         def constraint(index: int) -> JsonConstraint:
             return JsonConstraint(COMPILER.matcher(engine, fmt), info.vocab_size, sorted(info.eos_token_ids))
 
-        COMPILER.matcher(engine, fmt)  # build (or find) it now: a failure fails the request before generating
         installed.append(LogitsProcessorFactory(make=constraint, owner=NAME))
     tools = plan.tools
     if tools is not None and tools.shown and plan.call_format is not None:
