@@ -182,10 +182,9 @@ class ModelRegistry:
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
     def listed(self) -> list[ModelEntry]:
-        return [
-            e for e in self.entries.values()
-            if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)
-        ]
+        """What ``/v1/models`` shows: READY, LOADED and LOADING models, the resident first."""
+        shown = [e for e in self.entries.values() if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)]
+        return sorted(shown, key=lambda e: e is not self.resident)
 
     # --- residency ----------------------------------------------------------------
     async def acquire(self, entry: ModelEntry) -> Lease:

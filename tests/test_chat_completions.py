@@ -16,7 +16,7 @@ FINGERPRINT = re.compile(r"^millm:[^@]+@[^:]+:[^/]+/[^:]+:transformers$")
 
 @pytest.fixture(scope="module")
 def model_id(tiny_server) -> str:
-    return tiny_server.openai().models.list().data[0].id
+    return tiny_server.model_id
 
 
 def test_chat_response_matches_openai_schema(tiny_server, model_id):

@@ -27,7 +27,7 @@ def bos_server(server_factory, bos_model):
 
 
 def _prompt_tokens(server, messages, **extra) -> int:
-    model = server.openai().models.list().data[0].id
+    model = server.model_id
     reply = server.openai().chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0, **extra)
     return reply.usage.prompt_tokens
 
@@ -53,7 +53,7 @@ def test_template_without_bos_gets_the_tokenizers(server_factory):
 
 def test_completions_honour_add_special_tokens(bos_server, bos_model):
     client = bos_server.openai()
-    model = client.models.list().data[0].id
+    model = bos_server.model_id
     with_bos = client.completions.create(model=model, prompt="Hello world", max_tokens=1, temperature=0)
     without = client.completions.create(
         model=model, prompt="Hello world", max_tokens=1, temperature=0, extra_body={"add_special_tokens": False}

@@ -69,7 +69,7 @@ def detector_server(server_factory, tiny_model_dir):
 
 def test_third_party_detector_adds_header_and_body_field(detector_server):
     client = detector_server.openai()
-    model = client.models.list().data[0].id
+    model = detector_server.model_id
     raw = client.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, n=2, seed=1
     )
@@ -81,7 +81,7 @@ def test_third_party_detector_adds_header_and_body_field(detector_server):
 
 def test_third_party_detector_streams_a_terminal_chunk(detector_server):
     with detector_server.http() as http:
-        model = http.get("/v1/models").json()["data"][0]["id"]
+        model = http.get("/api/health").json()["model"]
         _, events = stream_post(http, "/v1/chat/completions", chat_body(model, max_tokens=4, stream=True))
     extra = events[-2]
     assert extra["choices"] == [] and "shouting" in extra["detector_example"]
@@ -89,7 +89,7 @@ def test_third_party_detector_streams_a_terminal_chunk(detector_server):
 
 def test_detector_is_silent_unless_enabled(tiny_server):
     with tiny_server.http() as http:
-        model = http.get("/v1/models").json()["data"][0]["id"]
+        model = http.get("/api/health").json()["model"]
         response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
     assert "detector_example" not in response.json() and "x-detector-shouting" not in response.headers
 

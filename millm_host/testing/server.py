@@ -111,6 +111,11 @@ class ServerProcess:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def model_id(self) -> str:
+        """The id of the resident model (``/v1/models`` also lists the others on disk)."""
+        return httpx.get(f"{self.base_url}/api/health", timeout=10).json()["model"]
+
     # --- clients --------------------------------------------------------------------
     @property
     def v1(self) -> str:
