@@ -22,7 +22,7 @@ import torch
 import transformers
 
 from millm_host.default_model import default_model_path
-from millm_host.testing import ServerProcess, test_cache_dir
+from millm_host.testing import ServerProcess, shared_cache_dir
 
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
 MODEL = "SmolLM2-135M-Instruct"
@@ -32,7 +32,7 @@ def converted_checkpoint() -> Path:
     """The float32 checkpoint the server converted the bundled GGUF into."""
     from millm_engine_transformers.loader import gguf_cache_dir
 
-    return gguf_cache_dir(test_cache_dir() / "model-cache", default_model_path())
+    return gguf_cache_dir(shared_cache_dir() / "model-cache", default_model_path())
 
 
 def main() -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..default_model import default_model_path
-from .server import test_cache_dir
+from .server import shared_cache_dir
 
 
 def smollm2_tokenizer_dir() -> Path:
     """SmolLM2's tokenizer (with its chat template), read once from the bundled GGUF."""
-    target = test_cache_dir() / "smollm2-tokenizer"
+    target = shared_cache_dir() / "smollm2-tokenizer"
     if (target / "tokenizer_config.json").is_file():
         return target
     import transformers
@@ -77,7 +77,7 @@ def tiny_llama(
     import hashlib
 
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    target = (parent or test_cache_dir() / "tiny-models") / f"{name}-{digest}"
+    target = (parent or shared_cache_dir() / "tiny-models") / f"{name}-{digest}"
     if (target / "config.json").is_file():
         return target
     import torch

@@ -20,7 +20,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cache_dir() -> Path:
+def shared_cache_dir() -> Path:
     """Shared across tests and runs: converted models, tokenizers, tiny models."""
     root = Path(os.environ.get("MILLM_TEST_CACHE", Path.home() / ".cache" / "millm-tests"))
     root.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ class ServerProcess:
         self.env = {
             **os.environ,
             "MILLM_DATA_DIR": str(self.data_dir),
-            "MILLM_CACHE_DIR": str(test_cache_dir() / "model-cache"),
+            "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
             "PYTHONUNBUFFERED": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **(env or {}),
