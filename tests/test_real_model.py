@@ -53,3 +53,14 @@ def test_stop_sequence_in_a_real_answer(default_server):
     ]
     text = "".join(deltas)
     assert "Paris" not in text and text.startswith("The capital of France is")
+
+
+def test_serve_a_gguf_path_with_the_transformers_engine(server_factory, tmp_path):
+    from millm_host.default_model import default_model_path
+
+    link = tmp_path / "My-Model.Q4_1.gguf"
+    link.symlink_to(default_model_path())  # same file: the cached conversion is reused
+    server = server_factory(link)
+    assert server.model_id == "My-Model"
+    reply = server.openai().chat.completions.create(model="My-Model", messages=QUESTION, temperature=0, max_tokens=12)
+    assert "Paris" in reply.choices[0].message.content
