@@ -48,9 +48,9 @@ def load_engine():
     from millm_engine_transformers.spec import describe
     from millm_host.default_model import default_model_path, describe_default
     from millm_host.settings import Settings
-    from millm_host.testing.server import test_cache_dir
+    from millm_host.testing.server import shared_cache_dir
 
-    os.environ.setdefault("MILLM_CACHE_DIR", str(test_cache_dir() / "model-cache"))
+    os.environ.setdefault("MILLM_CACHE_DIR", str(shared_cache_dir() / "model-cache"))
     descriptor = describe_default(describe(str(default_model_path())))
     return TransformersEngine.load(descriptor, Settings(), lambda message: print("  load:", message))
 
