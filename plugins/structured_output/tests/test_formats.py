@@ -61,6 +61,10 @@ def test_hermes_malformed_is_none(text):
     ("<|tool_call_start|>[f(a=true, b=null, c=[1, {'k': False}], d=-2.5)]<|tool_call_end|>",
      [ParsedCall("f", {"a": True, "b": None, "c": [1, {"k": False}], "d": -2.5})], ""),
     ('<|tool_call_start|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tool_call_end|>', [PARIS], ""),
+    # LFM2's tokenizer makes the markers special tokens, which decoded text leaves out:
+    ("<|tool_call_start|>[get_weather(city='Paris')]Checking [now].", [PARIS], "Checking [now]."),
+    ("[get_weather(city='Pa]ris')] ok", [ParsedCall("get_weather", {"city": "Pa]ris"})], " ok"),
+    ("get_weather(city='Paris')", [PARIS], ""),
 ])
 def test_pythonic_parses(text, calls, trailing):
     reply = PYTHONIC.parse(text)

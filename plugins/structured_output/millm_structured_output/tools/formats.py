@@ -150,14 +150,19 @@ class PythonicFormat(CallFormat):
 
     def parse(self, text: str) -> ParsedReply | None:
         stripped = text.lstrip()
-        if stripped.startswith(self.start):
-            inner = stripped[len(self.start):]
-            close = inner.find(self.end)
-            body, trailing = (inner, "") if close < 0 else (inner[:close], inner[close + len(self.end):])
-        else:
-            body, trailing = stripped, ""
-        calls = _pythonic_calls(body) or _json_calls(body)
-        return ParsedReply(calls, trailing) if calls else None
+        body = stripped[len(self.start):] if stripped.startswith(self.start) else stripped
+        close = body.find(self.end)
+        if close >= 0:
+            calls = _pythonic_calls(body[:close]) or _json_calls(body[:close])
+            return ParsedReply(calls, body[close + len(self.end):]) if calls else None
+        # No end marker (left out of the decoded text, or EOS came first): the
+        # calls are the shortest prefix that is a whole list; the rest is content.
+        for end in (i + 1 for i, ch in enumerate(body) if ch == "]"):
+            calls = _pythonic_calls(body[:end]) or _json_calls(body[:end])
+            if calls:
+                return ParsedReply(calls, body[end:])
+        calls = _pythonic_calls(body)
+        return ParsedReply(calls) if calls else None
 
 
 class Llama3JsonFormat(CallFormat):
