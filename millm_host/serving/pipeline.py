@@ -86,7 +86,10 @@ class Pipeline:
         ctx.unused_fields = check_fields(host.fields, endpoint, entry.spec.name, body, strict)
         if isinstance(params, ChatCompletionRequest):
             ctx.conversations = [_conversation(params.messages, "messages")]
-            for i, rows in enumerate(body.get("extra_messages") or ()):
+            extra = body.get("extra_messages")
+            if extra is not None and not isinstance(extra, list):
+                raise InvalidParameter("extra_messages must be a list of conversations", param="extra_messages")
+            for i, rows in enumerate(extra or ()):
                 ctx.conversations.append(_conversation(_extra_messages(rows, i), f"extra_messages[{i}]"))
             ctx.chat_template_kwargs = body.get("chat_template_kwargs")
             if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
@@ -109,12 +112,13 @@ class Pipeline:
         """
         host = self.host
         await asyncio.to_thread(host.pm.hook.validate_request, ctx=ctx)
+        entry = host.registry.entries[ctx.model.id]
+        host.registry.check_available(entry)  # model_busy wins over queue_full
         admission = Admission(host.scheduler.reserve())
         try:
-            entry = host.registry.entries[ctx.model.id]
             admission.lease = await host.registry.acquire(entry)
             ctx.engine = admission.lease.engine
-            await host.scheduler.run(tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            await host.scheduler.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
             await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
@@ -122,6 +126,11 @@ class Pipeline:
             admission.release()
             raise
         return admission
+
+    def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
+        """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
+        self.host.pm.hook.before_tokenize(ctx=ctx)
+        tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
         """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""
@@ -155,17 +164,17 @@ class Pipeline:
         if longest == 0:
             raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
         if window is not None:
-            room = window - longest
-            if requested is not None and longest + requested > window:
+            asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
+            total = longest + (requested or 0)
+            if longest >= window:
                 raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; you requested "
-                    f"{longest + requested} tokens ({longest} in the prompt, {requested} for the completion)",
-                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
-                )
-            if room <= 0:
-                raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; the prompt has {longest} tokens",
+                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
                     param="messages" if ctx.is_chat else "prompt",
+                )
+            if requested is not None and total > window:
+                raise ContextLengthExceeded(
+                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
+                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
                 )
         max_tokens = requested or self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
         if window is not None and requested is None:
