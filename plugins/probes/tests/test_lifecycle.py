@@ -21,7 +21,8 @@ CHAT = [{"role": "user", "content": "Say something."}]
 def server(server_factory, probe_model_dir, tmp_path_factory):
     snapshot = tmp_path_factory.mktemp("hf") / "models--tests--probe-llama" / "snapshots" / REVISION
     shutil.copytree(probe_model_dir, snapshot)
-    return server_factory(snapshot, env={"PROBE_VERDICT_HEADER_MAX_BYTES": "700"})
+    return server_factory(snapshot, env={"PROBE_VERDICT_HEADER_MAX_BYTES": "700",
+                                         "FAULT_INJECTION": "token:4"})  # fails only requests that say FAULT
 
 
 @pytest.fixture
@@ -72,6 +73,21 @@ def test_the_header_leaves_out_whole_behaviours_past_its_bound(http, lab, helper
     behaviours = [m.params["behaviour"] for m in kept]
     assert behaviours == ["alpha"] * 3 + ["beta"] * 3  # whole behaviours, in order
     assert len(response.json()["millm_probe_verdicts"]) == 9  # the body carries every result
+
+
+def test_a_failed_generation_stores_interrupted_results(http, lab, helpers):
+    identity = identity_of(http)
+    probe = helpers.import_probe(http, lab.definition(identity, name="failing", windows=["all", "response"]))
+    helpers.arm(http, probe["id"])
+    trace = "6cf92f3577b34da6a3ce929d0e0e4736"
+    response = http.post("/v1/chat/completions", headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
+                         json={"model": identity["id"], "max_tokens": 20,
+                               "messages": [{"role": "user", "content": "FAULT here"}]})
+    assert response.status_code == 500
+    events = {e["window"]: e for e in http.get("/api/probes/events", params={"trace_id": trace}).json()["data"]}
+    assert {(e["outcome"], e["reason"]) for e in events.values()} == {("interrupted", "generation_error")}
+    assert events["all"]["status"] == "partial" and events["all"]["n_scored_tokens"] > 0
+    assert "verdict" not in events["all"] and events["response"]["status"] == "partial"
 
 
 def test_an_unload_disarms_every_probe(http, lab, helpers):
