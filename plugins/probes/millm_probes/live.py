@@ -30,6 +30,7 @@ log = logging.getLogger("millm.probes")
 
 STATE = "probes"
 BODY_FIELD = "millm_probe_verdicts"
+_UNSEEN = object()  # before_forward never ran for this request
 
 
 @dataclass
@@ -144,9 +145,6 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         "device_to_host_copies": copies,
         "results": len(results),
     })
-
-
-_UNSEEN = object()
 
 
 def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:

@@ -88,15 +88,26 @@ def probe_json(runtime: Runtime, row: Probe, view: ProbeView) -> dict[str, Any]:
     }
 
 
-async def probe_detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+def probe_list(runtime: Runtime) -> dict[str, Any]:
+    """Every imported probe (blocking: reads the database and parses definitions)."""
+    rows = store.list_probes(runtime.host.db)
+    return {"object": "list", "data": [probe_json(runtime, row, runtime.view(row)) for row in rows]}
+
+
+def _detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     db = runtime.host.db
-    row = await asyncio.to_thread(store.get_probe, db, probe_id)
+    row = store.get_probe(db, probe_id)
     data = probe_json(runtime, row, runtime.view(row))
-    reports = await asyncio.to_thread(store.parity_reports, db, probe_id, 1)
+    reports = store.parity_reports(db, probe_id, 1)
     data["parity"] = _parity_summary(reports[0] if reports else None)
-    data["acknowledgements"] = await asyncio.to_thread(store.acknowledgements, db, probe_id)
-    data["recalibrations"] = await asyncio.to_thread(store.recalibrations, db, probe_id)
+    data["acknowledgements"] = store.acknowledgements(db, probe_id)
+    data["recalibrations"] = store.recalibrations(db, probe_id)
     return data
+
+
+async def probe_detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+    """A probe with its latest parity report, acknowledgements and recalibrations."""
+    return await asyncio.to_thread(_detail, runtime, probe_id)
 
 
 def _parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
@@ -113,6 +124,10 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
     """Check a definition and its digests, then store it verbatim; nothing is stored on refusal."""
     if on_conflict not in ("rename", "fail"):
         raise InvalidParameter(f"on_conflict must be rename or fail, not {on_conflict!r}", param="on_conflict")
+    return await asyncio.to_thread(_import, runtime, raw, document, on_conflict)
+
+
+def _import(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
     definition = parse(document)
     computed = {
         "detector_digest": digests.detector_digest(document),
@@ -147,7 +162,7 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
         armed=False,
         created_at=store.now(),
     )
-    row = await asyncio.to_thread(store.insert_probe, runtime.host.db, row, on_conflict)
+    row = store.insert_probe(runtime.host.db, row, on_conflict)
     return probe_json(runtime, row, runtime.view(row))
 
 

@@ -29,12 +29,14 @@ def _runtime(settings: Any) -> Runtime | None:
 
 @hookimpl
 def register_settings(register) -> None:
+    """PROBE_MAX_ARMED, PROBE_VERDICT_HEADER_MAX_BYTES, PROBE_SCORE_MAX_INPUTS, PROBE_SAE_DIR, PROBE_OVERHEAD_WARN_MS."""
     for setting in SETTINGS:
         register(setting)
 
 
 @hookimpl
 def register_migrations(register) -> None:
+    """The probe tables, in their own version table (``alembic_version_probes``)."""
     register("probes", str(Path(__file__).parent / "migrations" / "versions"))
 
 
@@ -56,6 +58,7 @@ def startup(host) -> None:
 
 @hookimpl
 def shutdown(host) -> None:
+    """Forget this host's runtime."""
     _runtimes.pop(id(host.settings), None)
 
 

@@ -37,9 +37,7 @@ class Probes:
         self.runtime = runtime
 
     async def on_get(self, req, resp) -> None:
-        rows = await asyncio.to_thread(store.list_probes, self.runtime.host.db)
-        resp.media = {"object": "list",
-                      "data": [manage.probe_json(self.runtime, r, self.runtime.view(r)) for r in rows]}
+        resp.media = await asyncio.to_thread(manage.probe_list, self.runtime)
 
     async def on_post_import(self, req, resp) -> None:
         raw, document = await read_raw(req, self.runtime.settings)

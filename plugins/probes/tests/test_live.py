@@ -29,10 +29,8 @@ def armed_pair(probes_server, lab, identity, helpers):
             http.delete(f"/api/probes/{probe_id}")
 
 
-def chat(http, model_id, **extra):
+def chat(http, model_id, headers=None, **extra):
     body = {"model": model_id, "messages": CHAT, "max_tokens": 5, "temperature": 0, **extra}
-    headers = extra.pop("headers", None)
-    body.pop("headers", None)
     response = http.post("/v1/chat/completions", json=body, headers=headers)
     assert response.status_code == 200, response.text
     return response

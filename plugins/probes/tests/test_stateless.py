@@ -108,6 +108,7 @@ def test_refusals(api, probe_doc, identity):
         if code is not None:
             assert error["code"] == code, error
 
+    assert "/api/probes/score" in api.get("/openapi.json").json()["paths"]
     refused({"probe_ids": [probe_id], "inputs": []}, 400, "inputs")
     refused({"probe_ids": [probe_id], "inputs": [{"text": "a"}] * 65}, 400, "inputs", "PROBE_SCORE_MAX_INPUTS")
     refused({"probe_ids": [probe_id], "inputs": [{"token_ids": [1, 2], "text": "a"}]}, 400)
