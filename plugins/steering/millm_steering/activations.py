@@ -26,7 +26,6 @@ PARAM = "return_sae_activations"
 POSITIONS = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
 DEFAULT_TOP_K = 8
-KEYS = frozenset({"sae_id", "layer", "features", "top_k", "positions", "read_point"})
 
 NOTES = {
     "post_steering": (
@@ -132,14 +131,13 @@ def select(snap: Snapshot, request: ActivationsRequest) -> Attachment:
 
 
 def worst_case_entries(request: ActivationsRequest, prompt_len: int, max_tokens: int) -> int:
-    """positions × top_k, counting ``max_tokens`` in full for ``completion`` and ``all``."""
+    """positions × top_k, counting ``max_tokens`` in full for ``completion`` and ``all`` (a range
+    counts the part of it that prompt and ``max_tokens`` can reach)."""
     positions = request.positions
-    count = {
-        "last": 1,
-        "prompt": prompt_len,
-        "completion": max_tokens,
-        "all": prompt_len + max_tokens,
-    }.get(positions) if isinstance(positions, str) else positions[1] - positions[0]
+    if isinstance(positions, str):
+        count = {"last": 1, "prompt": prompt_len, "completion": max_tokens, "all": prompt_len + max_tokens}[positions]
+    else:
+        count = max(0, min(positions[1], prompt_len + max_tokens) - positions[0])
     return count * request.top_k
 
 
