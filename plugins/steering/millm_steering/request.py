@@ -8,6 +8,7 @@ between them lives in ``ctx.state["steering"]``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from .features import Features, check_indices, is_int, parse_features
 from .header import intensity_value, steering_value, unknown_value
 from .intensity import Dial, parse_dial
 from .plan import Plan
-from .resolve import check_profile, global_entries, inline_entries, profile_entries, select_attachment
+from .resolve import Entry, check_profile, global_entries, inline_entries, profile_entries, select_attachment
 from .state import Profile, Snapshot
 from .store import to_profile
 
@@ -186,9 +187,8 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
     else:
         lam = service.lam(req.dial)
         entries = global_entries(snap, lam)
-        if lam != 0.0:
-            def refresh(s: Snapshot) -> list:
-                return global_entries(s, lam)
+        if lam != 0.0:  # live: re-read the state when the epoch moves
+            refresh = functools.partial(_scaled_global, lam)
     req.plan = Plan(service.state, snap, entries, dtype, refresh)
     installed = req.plan.hooks()
     if req.activations is not None:
@@ -196,6 +196,10 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
                                       len(ctx.prompts[0]))
         installed.append(req.reader.hook())
     return installed or None
+
+
+def _scaled_global(lam: float, snap: Snapshot) -> list[Entry]:
+    return global_entries(snap, lam)
 
 
 def finish(ctx: RequestContext) -> None:

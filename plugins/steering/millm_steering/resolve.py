@@ -8,7 +8,6 @@ is always an empty list.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from millm_host.errors import InvalidParameter
@@ -74,12 +73,14 @@ def describe(attachments: list[Attachment]) -> str:
     return ", ".join(f"({a.sae_id}, layer {a.layer})" for a in attachments) or "none"
 
 
-def select_attachment(snap: Snapshot, sae_id: str | None, layer: int | None, param: str) -> Attachment:
+def select_attachment(snap: Snapshot, sae_id: str | None, layer: int | None, where: str) -> Attachment:
     """The attachment a request names by ``sae_id`` (and ``layer``), or the only one.
 
     400 ``SAE_NOT_ATTACHED`` when nothing matches; 400 naming each candidate
-    ``(sae_id, layer)`` when the choice is ambiguous.
+    ``(sae_id, layer)`` when the choice is ambiguous. ``where`` is the object
+    holding ``sae_id`` (``"steering"``; ``""`` for a top-level field).
     """
+    sae_param = f"{where}.sae_id" if where else "sae_id"
     attached = snap.attached()
     candidates = [a for a in attached if (sae_id is None or a.sae_id == sae_id) and (layer is None or a.layer == layer)]
     if not candidates:
@@ -87,12 +88,12 @@ def select_attachment(snap: Snapshot, sae_id: str | None, layer: int | None, par
         where = "" if layer is None else f" at layer {layer}"
         raise SAENotAttached(
             f"{wanted} is not attached{where} to the resident model (attached: {describe(attached)})",
-            param=f"{param}.sae_id" if sae_id is not None else param,
+            param=sae_param if sae_id is not None or not where else where,
         )
     if len(candidates) > 1:
         raise InvalidParameter(
             f"{len(candidates)} SAE attachments match; name one with sae_id (and layer): {describe(candidates)}",
-            param=f"{param}.sae_id",
+            param=sae_param,
         )
     return candidates[0]
 
@@ -108,9 +109,4 @@ def check_profile(snap: Snapshot, profile: Profile) -> None:
             f"attached (attached: {describe(snap.attached())})",
             param="profile",
         )
-    check_indices([i for i, _ in profile.features], attachment.sae.cfg.d_sae, profile.sae_id,
-                  _param("profile"))
-
-
-def _param(name: str) -> Callable[[int], str]:
-    return lambda j: name
+    check_indices([i for i, _ in profile.features], attachment.sae.cfg.d_sae, profile.sae_id, lambda j: "profile")

@@ -212,7 +212,7 @@ class SteeringService:
     # --- live values ----------------------------------------------------------------------
     def set_manual(self, sae_id: str, layer: int | None, features: Features) -> dict[str, Any]:
         """Replace the live values on one attachment (``features: []`` clears them)."""
-        attachment = select_attachment(self.state.snapshot(), sae_id, layer, "sae_id")
+        attachment = select_attachment(self.state.snapshot(), sae_id, layer, "")
         check_indices([i for i, _ in features], attachment.sae.cfg.d_sae, sae_id,
                       lambda j: f"features[{j}].index")
         snap = self.state.set_manual(attachment.key, features)

@@ -103,7 +103,7 @@ def test_live_values(client, attach):
     error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1},
                                                                             {"index": 1, "strength": 2}]}),
           400, "invalid_parameter", "features[1].index")
-    error(client.put("/api/steering", json={"sae_id": "other", "features": []}), 400, "SAE_NOT_ATTACHED")
+    error(client.put("/api/steering", json={"sae_id": "other", "features": []}), 400, "SAE_NOT_ATTACHED", "sae_id")
     assert epoch(client) == start + 1  # refusals change nothing
 
     client.post("/api/profiles", json={"name": "p", "sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]})
