@@ -200,3 +200,21 @@ def test_saes_profiles_and_the_lock_survive_a_restart(server_factory, tiny_model
         assert client.get("/api/steering/lock").json()["locked"]
         assert client.post("/api/saes/kept/attach").json()["layer"] == 0
     server.stop()
+
+
+def test_unloading_the_model_detaches_its_saes(client, attach, model_id):
+    attach("sae-a")
+    client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 5, "strength": 3.0}]})
+    client.post(f"/api/models/{model_id}/unload").raise_for_status()
+    try:
+        state = client.get("/api/steering").json()
+        assert state["attached"] == [] and state["manual"] == [] and state["applied"] == "none"
+        assert client.get("/api/saes/sae-a").json()["attached"] == []
+        error(client.post("/api/saes/sae-a/attach"), 503, "model_not_loaded")
+    finally:
+        client.post(f"/api/models/{model_id}/load").raise_for_status()
+    attach("sae-a")
+    response = client.post("/v1/chat/completions", json={
+        "model": model_id, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
+        "steering": {"features": [{"index": 5, "strength": 3.0}]}})
+    assert response.headers["x-millm-steering"].startswith('inline;sae="sae-a";layer=0;features=1;')
