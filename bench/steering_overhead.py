@@ -4,9 +4,13 @@ One ``millm serve`` on the default model (SmolLM2-135M-Instruct, hidden size 576
 and a random SAE written here (no download). Runs alternate between the
 baseline (nothing attached, no profile) and the steered state (the SAE attached,
 a 10-feature profile active), each a greedy ``/v1/completions`` of ``--tokens``
-tokens, in ABBA order so drift in the machine's load cancels. Printed: the
-ratio of the medians of ``--rounds`` runs each, and the median of the per-round
-(adjacent, paired) ratios, which is the steadier figure on a shared machine.
+tokens, in ABBA order so drift in the machine's load cancels.
+
+Two throughputs per run: tokens per wall-clock second, and tokens per second of
+the server process's CPU time (read from /proc; steadier when other work shares
+the machine, since time spent waiting for a core is not counted). Each is
+printed as the ratio of the medians (``--rounds`` runs each) and as the median
+of the per-round paired ratios.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/steering_overhead.py [--rounds 15] [--tokens 64]
 """
@@ -14,6 +18,7 @@ ratio of the medians of ``--rounds`` runs each, and the median of the per-round
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -24,15 +29,32 @@ from millm_steering.testing import write_sae
 
 D_MODEL = 576
 PROMPT = "The history of the lighthouse begins with"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def tokens_per_second(client, model: str, tokens: int) -> tuple[float, str]:
-    started = time.perf_counter()
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def run(client, pid: int, model: str, tokens: int) -> tuple[int, float, float, str]:
+    """(tokens, tokens per wall second, tokens per server CPU second, X-miLLM-Steering) of one completion."""
+    cpu, started = cpu_seconds(pid), time.perf_counter()
     response = client.post("/v1/completions", json={
         "model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0})
-    elapsed = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
     response.raise_for_status()
-    return response.json()["usage"]["completion_tokens"] / elapsed, response.headers["x-millm-steering"]
+    generated = response.json()["usage"]["completion_tokens"]
+    return generated, generated / wall, generated / cpu, response.headers["x-millm-steering"]
+
+
+def report(label: str, baseline: list[float], steered: list[float]) -> None:
+    medians = statistics.median(steered) / statistics.median(baseline)
+    paired = statistics.median(s / b for s, b in zip(steered, baseline))
+    print(f"{label}: baseline median {statistics.median(baseline):.2f}, steered median {statistics.median(steered):.2f}")
+    print(f"  steered/baseline: {medians:.4f} (ratio of medians), {paired:.4f} (median of paired rounds); "
+          f"overhead {100 * (1 - paired):+.2f}%")
 
 
 def main() -> None:
@@ -43,10 +65,15 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=15)
     args = parser.parse_args()
 
+    wall: dict[str, list[float]] = {"baseline": [], "steered": []}
+    cpu: dict[str, list[float]] = {"baseline": [], "steered": []}
+    headers: dict[str, str] = {}
+    lengths: dict[str, set[int]] = {"baseline": set(), "steered": set()}
     with tempfile.TemporaryDirectory() as tmp:
         sae = write_sae(Path(tmp) / "bench-sae", d_in=D_MODEL, d_sae=args.d_sae, layer=args.layer)
         server = ServerProcess(Path(tmp) / "data").start()
         try:
+            pid = server.proc.pid
             with server.http(timeout=600) as client:
                 model = client.get("/api/health").json()["model"]
                 client.post("/api/saes", json={"path": str(sae), "sae_id": "bench-sae"}).raise_for_status()
@@ -63,31 +90,25 @@ def main() -> None:
                     if client.get("/api/saes/bench-sae").json()["attached"]:
                         client.post("/api/saes/bench-sae/detach").raise_for_status()
 
-                runs: dict[str, list[float]] = {"baseline": [], "steered": []}
-                headers: dict[str, str] = {}
                 order = [("baseline", baseline), ("steered", steered)]
                 for round_ in range(args.rounds + 1):  # round 0 warms up both and is not counted
                     for name, prepare in order if round_ % 2 else order[::-1]:  # ABBA: drift cancels
                         prepare()
-                        rate, header = tokens_per_second(client, model, args.tokens)
-                        headers[name] = header
+                        generated, per_wall, per_cpu, headers[name] = run(client, pid, model, args.tokens)
+                        lengths[name].add(generated)
                         if round_:
-                            runs[name].append(rate)
+                            wall[name].append(per_wall)
+                            cpu[name].append(per_cpu)
         finally:
             server.stop()
 
-    base, steer = statistics.median(runs["baseline"]), statistics.median(runs["steered"])
     print(f"model {model}, SAE d_sae={args.d_sae} at layer {args.layer}, 10-feature profile, "
           f"{args.tokens} tokens per run, {args.rounds} interleaved runs each")
     print(f"baseline X-miLLM-Steering: {headers['baseline']}")
     print(f"steered  X-miLLM-Steering: {headers['steered']}")
-    for name in runs:
-        print(f"{name:9} tokens/s: " + " ".join(f"{r:.1f}" for r in runs[name]))
-    paired = statistics.median(s / b for s, b in zip(runs["steered"], runs["baseline"]))
-    print(f"median tokens/s: baseline {base:.2f}, steered {steer:.2f}")
-    print(f"steered/baseline throughput ratio (medians): {steer / base:.4f} (overhead {100 * (1 - steer / base):+.2f}%)")
-    print(f"steered/baseline throughput ratio (median of the {args.rounds} paired rounds): {paired:.4f} "
-          f"(overhead {100 * (1 - paired):+.2f}%)")
+    print(f"completion tokens per run: baseline {sorted(lengths['baseline'])}, steered {sorted(lengths['steered'])}")
+    report("tokens per wall-clock second", wall["baseline"], wall["steered"])
+    report("tokens per server CPU second", cpu["baseline"], cpu["steered"])
 
 
 if __name__ == "__main__":
