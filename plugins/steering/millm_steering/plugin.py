@@ -36,6 +36,7 @@ _service: SteeringService | None = None
 
 
 def service() -> SteeringService:
+    """This process's steering service."""
     if _service is None:
         raise RuntimeError("the steering plugin has not started")
     return _service
@@ -43,6 +44,7 @@ def service() -> SteeringService:
 
 @hookimpl
 def register_settings(register) -> None:
+    """The activation limits and the intensity bounds."""
     register(Setting("SAE_ACTIVATIONS_MAX_TOP_K", int, 64, "Largest top_k of return_sae_activations"))
     register(Setting("SAE_ACTIVATIONS_MAX_ENTRIES", int, 65536,
                      "Largest worst case (positions × top_k) of return_sae_activations"))
@@ -54,12 +56,15 @@ def register_settings(register) -> None:
 
 @hookimpl
 def register_request_fields(register) -> None:
+    """Claim the steering fields on chat and text completions, transformers engine only
+    (elsewhere the host refuses them: they change the output)."""
     for endpoint in ("chat.completions", "completions"):
         register(endpoint, REQUEST_FIELDS, engines=ENGINES)
 
 
 @hookimpl
 def register_migrations(register) -> None:
+    """The ``steering_*`` tables, in their own version table."""
     register("steering", str(MIGRATIONS))
 
 
@@ -72,6 +77,7 @@ def startup(host) -> None:
 
 @hookimpl
 def register_routes(host, add_route) -> None:
+    """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``)."""
     routes.install(host, service(), add_route)
 
 
@@ -84,6 +90,7 @@ def filter_listed_models(host, model_ids: list[str]) -> list[str] | None:
 
 @hookimpl
 def model_loaded(host, engine) -> None:
+    """SAEs may attach to the new resident model (and only to it)."""
     service().state.model_loaded(engine.info.load_id)
 
 
