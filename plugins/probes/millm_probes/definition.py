@@ -153,13 +153,6 @@ class ProbeDefinition(_Open):
         return self
 
     @property
-    def windows(self) -> list[str]:
-        """The windows the bar is read on (the probe's scope when the decision names none)."""
-        if self.decision is not None and self.decision.windows:
-            return list(self.decision.windows)
-        return [self.scope]
-
-    @property
     def rung_language(self) -> str:
         return RUNG_LANGUAGE[self.evidence.rung]
 

@@ -40,6 +40,7 @@ class ProbeView:
 
     @property
     def windows(self) -> list[str]:
+        """The windows the bar is read on (the probe's scope when the decision names none)."""
         if self.decision is not None and self.decision.windows:
             return list(self.decision.windows)
         return [self.definition.scope]

@@ -103,10 +103,9 @@ class Runtime:
     def view(self, row: Probe) -> ProbeView:
         """A probe's view, parsed once per bar revision."""
         key = (row.id, row.decision_revision)
-        view = self._views.get(key)
-        if view is None or view.name != row.name:
-            view = self._views[key] = view_of(row)
-        return view
+        if key not in self._views:
+            self._views[key] = view_of(row)
+        return self._views[key]
 
     def prefix_ids(self, engine: Any) -> list[int] | None:
         """The template prefix of the resident model (engine thread; measured once per load)."""

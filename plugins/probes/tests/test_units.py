@@ -3,6 +3,7 @@ served model here reaches (a model without a chat template, an engine without ho
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -123,6 +124,12 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
         stored = store.list_events(host.db, probe_id=row.id, result_id=None, trace_id=None, fired=None,
                                    window=None, limit=10, after=None)["data"]
         assert stored == [result]
+
+        for endpoint, scoring in (("chat.completions", True), ("embeddings", False)):  # never monitored
+            quiet = dataclasses.replace(ctx, endpoint=endpoint, scoring=scoring, engine=engine, state={})
+            assert live.begin(runtime, quiet) is None
+            live.finish(runtime, quiet)
+            assert quiet.state == {} and live.headers(runtime, quiet) is None and live.extras(quiet) is None
     finally:
         host.stop()
 
