@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol_scoring import EmbeddingRequest, ScoringChatRequest, ScoringCompletionRequest
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -28,8 +28,9 @@ ERROR_SCHEMA = {
 
 #: (path, model) of every JSON request body; plugins add theirs to ``extra_bodies``.
 REQUEST_BODIES: list[tuple[str, type[BaseModel]]] = [
-    ("/v1/chat/completions", ChatCompletionRequest),
-    ("/v1/completions", CompletionRequest),
+    ("/v1/chat/completions", ScoringChatRequest),
+    ("/v1/completions", ScoringCompletionRequest),
+    ("/v1/embeddings", EmbeddingRequest),
 ]
 
 
