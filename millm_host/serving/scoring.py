@@ -124,7 +124,9 @@ def _allowed_ids(ids: list[int] | None) -> tuple[int, ...] | None:
         return None
     negative = [t for t in ids if t < 0]
     if negative:
-        raise InvalidScoringRequest(f"token id {negative[0]} is outside the vocabulary", param="allowed_token_ids")
+        raise InvalidScoringRequest(
+            f"allowed_token_ids: token id {negative[0]} is outside the vocabulary", param="allowed_token_ids"
+        )
     return tuple(dict.fromkeys(ids))  # a set, in the order sent
 
 
@@ -188,7 +190,7 @@ class Scoring:
                 bad = [t for t in ids if t >= vocab] if isinstance(ids, list) else []
                 if bad:
                     raise InvalidScoringRequest(
-                        f"token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt"
+                        f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt"
                     )
         host.pipeline.tokenize(ctx)  # the one way prompts and chats become ids
         window = engine.info.context_window
@@ -205,7 +207,8 @@ class Scoring:
         bad = [t for t in request.params.allowed_token_ids or () if t >= vocab]
         if bad:
             raise InvalidScoringRequest(
-                f"token id {bad[0]} is outside the vocabulary (size {vocab})", param="allowed_token_ids"
+                f"allowed_token_ids: token id {bad[0]} is outside the vocabulary (size {vocab})",
+                param="allowed_token_ids",
             )
         if request.params.precision == "float32" and engine.info.dtype != "float32":
             if not self._float32.acquire(blocking=False):
