@@ -122,11 +122,13 @@ class ChatTokenLogprob(ChatTopLogprob):
 
 class ChatLogprobs(_Out):
     content: list[ChatTokenLogprob] = Field(description="One entry: the scored token")
+    refusal: None = None
 
 
 class ScoringChatMessage(_Out):
     role: Literal["assistant"]
     content: str
+    refusal: None = None
 
 
 class ScoringChatChoice(_Out):

@@ -276,9 +276,10 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
                 top = [ChatTopLogprob(token=key(t), logprob=t["logprob"], bytes=t["bytes"]) for t in score["top"]]
                 chosen = score["chosen"]
                 logprobs = ChatLogprobs(content=[ChatTokenLogprob(
-                    token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)])
+                    token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)],
+                    refusal=None)
             choices.append(ScoringChatChoice(
-                index=index, message=ScoringChatMessage(role="assistant", content=score["text"]),
+                index=index, message=ScoringChatMessage(role="assistant", content=score["text"], refusal=None),
                 logprobs=logprobs, finish_reason="length"))
         response = ScoringChatResponse(object="chat.completion", choices=choices, **common)
     else:
