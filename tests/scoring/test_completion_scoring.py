@@ -189,3 +189,33 @@ def test_native_precision_is_echoed_only_when_sent(tiny_server):
     assert sent.json()["scoring_precision"] == "native"
     unsent = score(tiny_server, prompt="Hi", logprobs=1)
     assert "x-millm-scoring-precision" not in unsent.headers and "scoring_precision" not in unsent.json()
+
+
+def test_non_finite_logits_where_they_reach_the_answer(bf16_server, extra_models):
+    from transformers import AutoTokenizer
+
+    from .conftest import BROKEN_PROMPT, NAN_TOKEN, NEG_INF_TOKEN
+
+    tokenizer = AutoTokenizer.from_pretrained(extra_models["broken"])
+    nan_id, = tokenizer(NAN_TOKEN)["input_ids"]
+    neg_id, = tokenizer(NEG_INF_TOKEN)["input_ids"]
+
+    def broken(**fields):
+        with bf16_server.http() as client:
+            return client.post("/v1/completions", json={
+                "model": "broken", "prompt": BROKEN_PROMPT, "max_tokens": 1, **fields})
+
+    def assert_non_finite(reply, param):
+        assert reply.status_code == 500, reply.text
+        error = reply.json()["error"]
+        assert (error["code"], error["param"], error["type"]) == ("non_finite_logits", param, "server_error")
+
+    assert_non_finite(broken(logprobs=1), "prompt")  # NaN anywhere in an unrestricted vocabulary
+    assert_non_finite(broken(logprobs=1, prompt=["Hello", BROKEN_PROMPT]), "prompt[0]")
+    assert_non_finite(broken(allowed_token_ids=[11, nan_id]), "prompt")  # NaN on an allowed token
+    assert_non_finite(broken(logprobs=2, allowed_token_ids=[11, neg_id]), "prompt")  # a reported -inf
+    fine = broken(logprobs=1, allowed_token_ids=[11, 12], return_tokens_as_token_ids=True)
+    assert fine.status_code == 200, "NaN outside the allowed set does not reach the answer"
+    unreported = broken(allowed_token_ids=[11, neg_id])
+    assert unreported.status_code == 200, "a -inf that is not reported is fine"
+    assert unreported.json()["choices"][0]["text"] == tokenizer.decode([11], skip_special_tokens=True)
