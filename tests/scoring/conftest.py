@@ -7,10 +7,12 @@ calls the server's own code.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 import transformers
 
@@ -90,6 +92,7 @@ def extra_models(tmp_path_factory, bf16_model_dir) -> dict[str, Path]:
         "bf16": bf16_model_dir,
         "no_template": tiny_llama("tiny-no-template", chat_template=False),
         **broken_models(folder / "made"),
+        "bitnet": bitnet_model(folder / "made" / "tiny-bitnet", bf16_model_dir),
     }
     served = folder / "served"
     served.mkdir()
@@ -132,7 +135,30 @@ def broken_models(folder: Path) -> dict[str, Path]:
     return out
 
 
+def bitnet_model(target: Path, base: Path) -> Path:
+    """A pre-quantized checkpoint (transformers' BitNet, which loads on a CPU): packed uint8
+    weights in every decoder linear layer, random, with the config's quantization_config."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    generator = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if ".layers." in name and name.endswith(".weight") and tensor.dim() == 2:
+            packed = (tensor.shape[0] // 4, tensor.shape[1])  # four 2-bit values per byte
+            tensors[name] = torch.randint(0, 256, packed, dtype=torch.uint8, generator=generator)
+            tensors[name.removesuffix("weight") + "weight_scale"] = torch.ones(1, dtype=torch.bfloat16)
+        elif name != "lm_head.weight":  # tied to the embeddings
+            tensors[name] = tensor.contiguous()
+    target.mkdir(parents=True)
+    safetensors.torch.save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((base / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitnet", "modules_to_not_convert": ["lm_head"],
+                                     "linear_class": "bitlinear", "quantization_mode": "offline"}
+    (target / "config.json").write_text(json.dumps(config))
+    transformers.AutoTokenizer.from_pretrained(base).save_pretrained(target)
+    return target
+
+
 @pytest.fixture(scope="session")
 def bf16_server(server_factory, extra_models, bf16_env):
     """bfloat16 serving of the bf16 tiny model; the other test models load on demand."""
-    return server_factory(extra_models["bf16"], env={**bf16_env, "MILLM_MODELS_DIR": str(extra_models["dir"])})
+    return server_factory("bf16", env={**bf16_env, "MILLM_MODELS_DIR": str(extra_models["dir"])})
