@@ -50,7 +50,7 @@ def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(tiny_serv
 
 def test_token_ids_as_keys_and_bytes(tiny_server, reference):
     body = chat(tiny_server, messages=MESSAGES, logprobs=True, top_logprobs=3, return_tokens_as_token_ids=True).json()
-    validate_openai(body, "CreateChatCompletionResponse")
+    validate_openai("CreateChatCompletionResponse", body)
     entry = body["choices"][0]["logprobs"]["content"][0]
     for item in [entry, *entry["top_logprobs"]]:
         token = int(item["token"].removeprefix("token_id:"))
@@ -71,7 +71,7 @@ def test_allowed_without_logprobs_constrains_the_token(tiny_server, reference):
     logits = reference.logits(reference.ids(reference.chat_text(MESSAGES), add_special_tokens=False))
     best = max(allowed, key=lambda t: float(logits[t]))
     body = chat(tiny_server, messages=MESSAGES, allowed_token_ids=allowed).json()
-    validate_openai(body, "CreateChatCompletionResponse")
+    validate_openai("CreateChatCompletionResponse", body)
     assert body["choices"][0]["logprobs"] is None
     assert body["choices"][0]["message"]["content"] == reference.tokenizer.decode([best], skip_special_tokens=True)
 

@@ -61,7 +61,7 @@ def test_token_id_prompts_and_text_keys(tiny_server, reference):
     for text, value in zip(texts, best.values, strict=True):
         assert lp["top_logprobs"][0][text] == pytest.approx(float(value), abs=1e-5)
     assert lp["text_offset"] == [len(reference.tokenizer.decode(ids))]
-    validate_openai(body, "CreateCompletionResponse")
+    validate_openai("CreateCompletionResponse", body)
 
 
 @pytest.mark.parametrize("temperature", [0, 0.001, 0.7, 2])
@@ -104,7 +104,7 @@ def test_allowed_without_logprobs_constrains_and_returns_null(tiny_server, refer
     assert body["choices"][0]["logprobs"] is None
     assert body["choices"][0]["text"] == reference.tokenizer.decode([best], skip_special_tokens=True)
     assert "scoring_precision" not in body
-    validate_openai(body, "CreateCompletionResponse")
+    validate_openai("CreateCompletionResponse", body)
 
 
 def test_max_completion_tokens_one_and_seed_are_accepted(tiny_server):

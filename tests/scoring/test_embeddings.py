@@ -43,7 +43,7 @@ def test_the_openai_sdk_gets_the_mean_pooled_last_hidden_state(tiny_server, refe
 @pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
 def test_pooling(tiny_server, reference, pooling):
     body = embed(tiny_server, input=TEXTS[:2], pooling=pooling).json()
-    validate_openai(body, "CreateEmbeddingResponse")
+    validate_openai("CreateEmbeddingResponse", body)
     for item, text in zip(body["data"], TEXTS, strict=False):
         assert item["embedding"] == pytest.approx(pooled(reference, text, pooling).tolist(), abs=1e-5)
 
