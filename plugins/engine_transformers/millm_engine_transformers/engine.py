@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,9 +19,8 @@ from millm_host.engine import (
     NoChatTemplate,
     SamplingParams,
 )
-from millm_host.errors import InsufficientMemory
-
 from millm_host.engine_scoring import NextTokenScores, ScoringParams
+from millm_host.errors import InsufficientMemory
 
 from . import hooks as layer_hooks
 from .embedding import pooled_last_hidden
@@ -196,7 +196,8 @@ class TransformersEngine(Engine):
                     for index, ids in enumerate(prompts)]
 
         if params.precision != "float32":
-            return score(self.model, self.device)
+            with self._typed_out_of_memory("scoring"):
+                return score(self.model, self.device)
         settings = self.settings or {}
         return score_in_float32(
             self.model, self.device, self.dtype, self.descriptor.format,
@@ -204,7 +205,19 @@ class TransformersEngine(Engine):
         )
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
-        return pooled_last_hidden(self.model, ids, self.device, pooling)
+        with self._typed_out_of_memory("embedding"):
+            return pooled_last_hidden(self.model, ids, self.device, pooling)
+
+    @contextmanager
+    def _typed_out_of_memory(self, work: str) -> Iterator[None]:
+        """Running out of memory is the same typed 503 as in generation."""
+        try:
+            yield
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise InsufficientMemory(
+                f"{self.device} ran out of memory {work} the input beside the model ({exc})",
+                type="invalid_request_error",
+            ) from None
 
     def close(self) -> None:
         self.model = None
