@@ -5,8 +5,9 @@ the log-softmax (scoring) or mean pooling (embeddings) a client would compute
 itself. The candidates are the same requests through a real ``millm serve``
 process (the default model, transformers engine, float32 CPU): a JEV-style
 scoring request (``logprobs: 2``, two allowed tokens) and a one-input embedding.
-A second server serves the model in bfloat16 to price ``scoring_precision:
-"float32"`` (a float32 copy built per request) against native bfloat16 scoring.
+A second server serves the converted checkpoint (not the GGUF file, which has no
+faithful float32 copy) in bfloat16 to price ``scoring_precision: "float32"`` (a
+float32 copy built per request) against native bfloat16 scoring.
 Runs are interleaved so background load hits both sides alike; each figure is
 the median of ``--runs`` runs.
 
@@ -51,9 +52,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
 
-    server = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-"))).start()
-    bf16 = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-")), env={"MILLM_DTYPE": "bfloat16"}).start()
     folder = converted_checkpoint()
+    server = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-"))).start()
+    bf16 = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-")), model=str(folder),
+                         env={"MILLM_DTYPE": "bfloat16"}).start()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.tensor([tokenizer(PROMPT)["input_ids"]])
@@ -82,8 +84,8 @@ def main() -> None:
         "server score": post(server, "/v1/completions", scoring),
         "direct embed": direct_embed,
         "server embed": post(server, "/v1/embeddings", {"model": MODEL, "input": PROMPT}),
-        "bf16 native": post(bf16, "/v1/completions", scoring),
-        "bf16 float32": post(bf16, "/v1/completions", {**scoring, "scoring_precision": "float32"}),
+        "bf16 native": post(bf16, "/v1/completions", {**scoring, "model": folder.name}),
+        "bf16 float32": post(bf16, "/v1/completions", {**scoring, "model": folder.name, "scoring_precision": "float32"}),
     }
     try:
         for case in cases.values():
