@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from ..context import RequestContext, SequenceOutput
 from ..engine_scoring import (
     InvalidScoringRequest,
-    NextTokenScores,
     NonFiniteLogits,
     ScoringParams,
     ScoringPrecisionUnavailable,
@@ -302,4 +301,4 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
     return response.model_dump(mode="json", exclude_unset=True)
 
 
-__all__ = ["Scoring", "ScoringRequest", "parse_scoring_request", "render_body", "NextTokenScores"]
+__all__ = ["Scoring", "ScoringRequest", "parse_scoring_request", "render_body"]

@@ -20,8 +20,6 @@ def loaded(tiny_model_dir):
 
 
 class TestTransformersEngine(EngineConformance):
-    supports_embeddings = False  # the embeddings endpoint comes with its own issue
-
     @pytest.fixture
     def engine(self, loaded):
         return loaded
