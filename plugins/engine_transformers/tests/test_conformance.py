@@ -20,6 +20,8 @@ def loaded(tiny_model_dir):
 
 
 class TestTransformersEngine(EngineConformance):
+    poolings = ("mean", "last", "cls")
+    supports_scoring = True
     @pytest.fixture
     def engine(self, loaded):
         return loaded
