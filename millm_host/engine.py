@@ -253,6 +253,15 @@ class Engine(abc.ABC):
         """
         raise FieldNotHonoured(f"the {self.name} engine cannot score", param="logprobs")
 
+    @property
+    def embedding_token_limit(self) -> int | None:
+        """Most tokens one embedding input may have (None: no stated limit, unchecked).
+
+        Inputs are never truncated: the host refuses any input past this. An engine
+        whose embedding batch is smaller than its window returns the smaller.
+        """
+        return self.info.context_window
+
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         """One input's vector: the last hidden layer pooled (``mean``, ``last`` or ``cls``).
 
