@@ -86,11 +86,13 @@ def bf16_env(gate_env) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def extra_models(tmp_path_factory, bf16_model_dir) -> dict[str, Path]:
-    """A models directory: the bf16 model, one without a chat template, and broken ones."""
+    """A models directory: the bf16 model, one without a chat template, one whose tokenizer adds
+    BOS, a quantized one and broken ones."""
     folder = tmp_path_factory.mktemp("models")
     models = {
         "bf16": bf16_model_dir,
         "no_template": tiny_llama("tiny-no-template", chat_template=False),
+        "add_bos": tiny_llama("tiny-add-bos", add_bos=True),  # the tokenizer adds BOS; the template writes one
         **broken_models(folder / "made"),
         "bitnet": bitnet_model(folder / "made" / "tiny-bitnet", bf16_model_dir),
     }

@@ -112,6 +112,32 @@ def test_chat_refusals(tiny_server, fields, code, param):
     assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (code, param)
 
 
+def test_one_bos_when_the_tokenizer_adds_one_and_the_template_writes_one(bf16_server, extra_models):
+    """Llama 3 style: chat scoring equals completion scoring of the render without special tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(extra_models["add_bos"])
+    rendered = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    single = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert tokenizer(rendered)["input_ids"] == [tokenizer.bos_token_id, *single]  # a naive server's two BOS
+
+    def completion(**fields):
+        with bf16_server.http() as client:
+            return client.post("/v1/completions", json={"model": "add_bos", "prompt": rendered, "max_tokens": 1,
+                                                        "logprobs": 5, "return_tokens_as_token_ids": True,
+                                                        **fields}).json()
+
+    scored = chat(bf16_server, model="add_bos", messages=MESSAGES, logprobs=True, top_logprobs=5,
+                  return_tokens_as_token_ids=True).json()
+    entry = scored["choices"][0]["logprobs"]["content"][0]
+    without = completion(add_special_tokens=False)
+    assert scored["usage"]["prompt_tokens"] == without["usage"]["prompt_tokens"] == len(single)
+    assert {t["token"]: t["logprob"] for t in entry["top_logprobs"]} == without["choices"][0]["logprobs"]["top_logprobs"][0]
+    doubled = completion()
+    assert doubled["usage"]["prompt_tokens"] == len(single) + 1
+    assert doubled["choices"][0]["logprobs"] != without["choices"][0]["logprobs"]
+
+
 def test_no_chat_template_is_refused(bf16_server):
     reply = chat(bf16_server, model="no_template", messages=MESSAGES, logprobs=True)
     assert reply.status_code == 400
