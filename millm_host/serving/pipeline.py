@@ -87,7 +87,10 @@ class Pipeline:
         ctx.unused_fields = check_fields(host.fields, endpoint, entry.spec.name, body, strict)
         if isinstance(params, ChatCompletionRequest):
             ctx.conversations = [_conversation(params.messages, "messages")]
-            for i, rows in enumerate(body.get("extra_messages") or ()):
+            extra = body.get("extra_messages")
+            if extra is not None and not isinstance(extra, list):
+                raise InvalidParameter("extra_messages must be a list of conversations", param="extra_messages")
+            for i, rows in enumerate(extra or ()):
                 ctx.conversations.append(_conversation(_extra_messages(rows, i), f"extra_messages[{i}]"))
             ctx.chat_template_kwargs = body.get("chat_template_kwargs")
             if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
@@ -116,7 +119,7 @@ class Pipeline:
         try:
             admission.lease = await host.registry.acquire(entry)
             ctx.engine = admission.lease.engine
-            await host.scheduler.run(tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            await host.scheduler.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
             await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
@@ -124,6 +127,11 @@ class Pipeline:
             admission.release()
             raise
         return admission
+
+    def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
+        """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
+        self.host.pm.hook.before_tokenize(ctx=ctx)
+        tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
         """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""
