@@ -18,6 +18,7 @@ from .models import ModelRegistry
 from .plugins import build_plugin_manager, call_each
 from .scheduler import Scheduler
 from .serving.pipeline import Pipeline
+from .serving.scoring import Scoring
 from .settings import Settings
 
 log = logging.getLogger("millm")
@@ -38,7 +39,7 @@ class Host:
         self.db = Database(database_url(settings))
         self.pipeline = Pipeline(self)
         #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``; None: no scoring.
-        self.scoring: Any = None
+        self.scoring: Any = Scoring()
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None

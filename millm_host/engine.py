@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .engine_scoring import NextTokenScores, ScoringParams
 from .errors import FieldNotHonoured, MillmError
 
 HookPointName = Literal["resid_pre", "resid_post"]
@@ -242,6 +243,24 @@ class Engine(abc.ABC):
     def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
         """One forward pass over ``ids`` with ``hooks`` installed, nothing generated."""
         raise FieldNotHonoured(f"the {self.name} engine cannot run hooked forward passes", param=None)
+
+    def score_next_token(self, prompts: Sequence[Sequence[int]], params: ScoringParams) -> list[NextTokenScores]:
+        """Next-token log-probabilities of each prompt: one forward pass each, nothing generated.
+
+        Runs with no layer hook installed (scoring is never steered nor monitored).
+        Raises ``NonFiniteLogits`` (naming the prompt's index) and, for
+        ``params.precision == "float32"``, ``ScoringPrecisionUnavailable``.
+        """
+        raise FieldNotHonoured(f"the {self.name} engine cannot score", param="logprobs")
+
+    @property
+    def embedding_token_limit(self) -> int | None:
+        """Most tokens one embedding input may have (None: no stated limit, unchecked).
+
+        Inputs are never truncated: the host refuses any input past this. An engine
+        whose embedding batch is smaller than its window returns the smaller.
+        """
+        return self.info.context_window
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         """One input's vector: the last hidden layer pooled (``mean``, ``last`` or ``cls``).

@@ -177,6 +177,8 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
     (residual callbacks), ``LogitsProcessorFactory``s (next-token constraints) and
     ``OutputFilterFactory``s (text rewriting, e.g. tool-call parsing), or None.
     A request for which every plugin returns nothing installs no layer hook.
+    Never called for scoring requests (``ctx.scoring``) nor embeddings: they are
+    never steered and never monitored.
     Raising a ``MillmError`` fails the request (an error event on a stream).
     """
 
@@ -189,7 +191,8 @@ def after_generate(ctx: RequestContext) -> None:
     interrupted (``ctx.interrupted`` names why) or failed (``ctx.error``). Score,
     record and release per-request state here. Raising a ``MillmError`` fails a
     request that had not failed yet (e.g. an output that breaks its contract);
-    every implementation still runs.
+    every implementation still runs. Never called for scoring requests nor
+    embeddings (nothing is generated, and neither is monitored).
     """
 
 
@@ -197,7 +200,9 @@ def after_generate(ctx: RequestContext) -> None:
 def render_headers(ctx: RequestContext) -> dict[str, str] | None:
     """Return this plugin's ``X-miLLM-*`` response headers.
 
-    Non-streaming: called once after generation (``ctx.finished`` is True).
+    Non-streaming: called once after generation (``ctx.finished`` is True), also
+    for scoring requests (``ctx.scoring``; nothing was steered) and embeddings
+    (``ctx.endpoint == "embeddings"``; they carry no steering header).
     Streaming: called once before the stream opens (``ctx.finished`` is False);
     what is known only after generation goes in ``response_extras`` instead.
     Values must already be serialised (RFC 8941 through ``millm_host.headers``).

@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol_scoring import EmbeddingRequest, ScoringChatRequest, ScoringCompletionRequest
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -27,9 +28,13 @@ ERROR_SCHEMA = {
 }
 
 #: (path, model) of every JSON request body; plugins add theirs to ``extra_bodies``.
+#: A path listed with several models accepts any of them (``anyOf``).
 REQUEST_BODIES: list[tuple[str, type[BaseModel]]] = [
     ("/v1/chat/completions", ChatCompletionRequest),
+    ("/v1/chat/completions", ScoringChatRequest),
     ("/v1/completions", CompletionRequest),
+    ("/v1/completions", ScoringCompletionRequest),
+    ("/v1/embeddings", EmbeddingRequest),
 ]
 
 
@@ -47,13 +52,16 @@ def openapi_document(extra_bodies: list[tuple[str, type[BaseModel]]] = ()) -> di
     components = dict(schemas.get("$defs", {}))
     components["ErrorResponse"] = ERROR_SCHEMA
     paths: dict[str, Any] = {}
+    accepted: dict[str, list[dict[str, str]]] = {}
     for path, model in bodies:
+        accepted.setdefault(path, []).append({"$ref": f"#/components/schemas/{model.__name__}"})
+    for path, refs in accepted.items():
         paths[path] = {
             "post": {
                 "operationId": path.strip("/").replace("/", "_"),
                 "requestBody": {
                     "required": True,
-                    "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                    "content": {"application/json": {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}},
                 },
                 "responses": {"200": {"description": "the response", "content": {"application/json": {"schema": {"type": "object"}}}}, **_error_responses()},
             }

@@ -9,6 +9,7 @@ import falcon.asgi
 
 from .errors import MillmError
 from .openapi import openapi_document
+from .resources.embeddings import EmbeddingsResource
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
 from .resources.generation import GenerationResource
 from .resources.health import Health
@@ -33,6 +34,7 @@ def install(app: falcon.asgi.App, host: Host) -> None:
 
     app.add_route("/v1/chat/completions", GenerationResource(host, "chat.completions"))
     app.add_route("/v1/completions", GenerationResource(host, "completions"))
+    app.add_route("/v1/embeddings", EmbeddingsResource(host))
     app.add_route("/v1/models", OpenAIModels(host))
     app.add_route("/v1/models/{model_id}", OpenAIModel(host))
     app.add_route("/api/health", Health(host))

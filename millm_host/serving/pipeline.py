@@ -32,17 +32,18 @@ PROTOCOLS = {
 def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
     """Scoring mode: next-token log-probabilities instead of generation.
 
-    Completions: ``logprobs`` (an integer) or ``allowed_token_ids``. Chat:
-    ``logprobs: true``, ``top_logprobs`` or ``allowed_token_ids``.
+    ``logprobs`` (other than false), ``allowed_token_ids`` or, on chat,
+    ``top_logprobs``. A malformed value (``logprobs: 5`` on chat) is a scoring
+    request too, so scoring validation refuses it rather than generation ignoring it.
     """
+    if endpoint not in ("completions", "chat.completions"):
+        return False
     if body.get("allowed_token_ids") is not None:
         return True
     logprobs = body.get("logprobs")
-    if endpoint == "completions":
-        return logprobs is not None and logprobs is not False
-    if endpoint == "chat.completions":
-        return logprobs is True or body.get("top_logprobs") is not None
-    return False
+    if logprobs is not None and logprobs is not False:
+        return True
+    return endpoint == "chat.completions" and body.get("top_logprobs") is not None
 
 
 @dataclass

@@ -8,7 +8,7 @@ fixture (a loaded ``Engine``, module- or class-scoped)::
         def engine(self): ...
 
 Class attributes say what the engine offers (``supports_seed``,
-``supports_embeddings``); layer hooks are checked when ``engine.hook_points`` is
+``supports_embeddings`` with its ``poolings``, ``supports_scoring``); layer hooks are checked when ``engine.hook_points`` is
 not empty.
 """
 
@@ -18,7 +18,10 @@ import re
 
 import pytest
 
+import math
+
 from ..engine import LayerHook, SamplingParams
+from ..engine_scoring import ScoringParams
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
@@ -34,6 +37,8 @@ def take(engine, ids, params, n, **kwargs) -> list[int]:
 class EngineConformance:
     supports_seed = True
     supports_embeddings = True
+    poolings: tuple[str, ...] = ("mean",)
+    supports_scoring = False  # optional: Engine.score_next_token
 
     def test_info_is_complete(self, engine):
         info = engine.info
@@ -92,3 +97,28 @@ class EngineConformance:
         vector = engine.embed(ids, "mean")
         assert len(vector) > 0 and all(isinstance(v, float) for v in vector)
         assert engine.embed(ids, "mean") == vector
+
+    def test_scoring(self, engine):
+        if not self.supports_scoring:
+            pytest.skip("this engine does not score")
+        ids = engine.tokenize("The capital of France is")
+        [full] = engine.score_next_token([ids], ScoringParams(top=3))
+        assert full.chosen == full.top[0] and len(full.top) == 3
+        assert all(a.logprob >= b.logprob for a, b in zip(full.top, full.top[1:]))
+        assert full.chosen.token_id == take(engine, ids, SamplingParams(max_tokens=1, temperature=0), 1)[0]
+        allowed = tuple(t.token_id for t in full.top[1:])
+        [subset] = engine.score_next_token([ids], ScoringParams(top=5, allowed_token_ids=allowed))
+        assert {t.token_id for t in subset.top} == set(allowed)
+        assert math.fsum(math.exp(t.logprob) for t in subset.top) == pytest.approx(1.0, abs=1e-6)
+
+    def test_embeddings_pool_and_are_unhooked(self, engine):
+        if not self.supports_embeddings:
+            pytest.skip("this engine does not embed")
+        ids = engine.tokenize("a sentence to embed")
+        vectors = {pooling: engine.embed(ids, pooling) for pooling in self.poolings}
+        assert len({tuple(v) for v in vectors.values()}) == len(self.poolings), "each pooling differs"
+        if engine.hook_points:
+            point = engine.hook_points[0]
+            hook = LayerHook(point.layer, point.point, lambda hidden, start: hidden * 0, order=0)
+            take(engine, ids, SamplingParams(max_tokens=1, temperature=0), 1, hooks=[hook])
+            assert engine.embed(ids, "mean") == vectors["mean"], "a generation's hooks never reach an embedding"

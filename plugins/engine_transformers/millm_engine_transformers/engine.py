@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import jinja2
@@ -19,11 +20,15 @@ from millm_host.engine import (
     NoChatTemplate,
     SamplingParams,
 )
+from millm_host.engine_scoring import NextTokenScores, ScoringParams
 from millm_host.errors import InsufficientMemory, InvalidParameter
 
 from . import hooks as layer_hooks
+from .embedding import pooled_last_hidden
+from .float32 import score_in_float32
 from .loader import load_model
 from .sampling import Penalties, choose, generator_for
+from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -35,8 +40,9 @@ class TransformersEngine(Engine):
     name = ENGINE_NAME
 
     def __init__(self, model: Any, tokenizer: Any, descriptor: ModelDescriptor, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, settings: Any = None) -> None:
         self.model = model
+        self.settings = settings
         self.tokenizer = tokenizer
         self.descriptor = descriptor
         self.device = device
@@ -74,7 +80,7 @@ class TransformersEngine(Engine):
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
         model, tokenizer, device, dtype = load_model(descriptor, settings, progress)
-        return cls(model, tokenizer, descriptor, device, dtype)
+        return cls(model, tokenizer, descriptor, device, dtype, settings)
 
     def _vocab_size(self, text_config: Any) -> int:
         embeddings = self.model.get_input_embeddings()
@@ -186,6 +192,37 @@ class TransformersEngine(Engine):
             self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
         finally:
             layer_hooks.remove(handles)
+
+    def score_next_token(self, prompts: Sequence[Sequence[int]], params: ScoringParams) -> list[NextTokenScores]:
+        """One unhooked forward pass per prompt; the math is in ``scoring``, the copy in ``float32``."""
+
+        def score(model: Any, device: torch.device) -> list[NextTokenScores]:
+            return [next_token_scores(last_logits(model, ids, device), params, index)
+                    for index, ids in enumerate(prompts)]
+
+        if params.precision != "float32":
+            with self._typed_out_of_memory("scoring"):
+                return score(self.model, self.device)
+        settings = self.settings or {}
+        return score_in_float32(
+            self.model, self.device, self.dtype, self.descriptor.format,
+            settings.get("SCORING_FLOAT32_DEVICE", "auto"), settings.get("SCORING_FLOAT32_HEADROOM_MB", 0), score,
+        )
+
+    def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
+        with self._typed_out_of_memory("embedding"):
+            return pooled_last_hidden(self.model, ids, self.device, pooling)
+
+    @contextmanager
+    def _typed_out_of_memory(self, work: str) -> Iterator[None]:
+        """Running out of memory is the same typed 503 as in generation."""
+        try:
+            yield
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise InsufficientMemory(
+                f"{self.device} ran out of memory {work} the input beside the model ({exc})",
+                type="invalid_request_error",
+            ) from None
 
     def close(self) -> None:
         self.model = None

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from millm_host.hookspecs import hookimpl
+from millm_host.settings import Setting
 
 from .spec import ENGINE_NAME, SPEC
+
+# Scoring mode (next-token log-probabilities); scoring_precision is served on completions only.
+COMPLETION_SCORING_FIELDS = ("logprobs", "allowed_token_ids", "return_tokens_as_token_ids", "scoring_precision")
+CHAT_SCORING_FIELDS = ("logprobs", "top_logprobs", "allowed_token_ids", "return_tokens_as_token_ids")
 
 
 @hookimpl
@@ -15,5 +20,14 @@ def register_engines(register) -> None:
 @hookimpl
 def register_request_fields(register) -> None:
     engines = [ENGINE_NAME]
-    register("chat.completions", ("seed", "n", "chat_template_kwargs"), engines=engines)
-    register("completions", ("seed", "n"), engines=engines)
+    register("chat.completions", ("seed", "n", "chat_template_kwargs", *CHAT_SCORING_FIELDS), engines=engines)
+    register("completions", ("seed", "n", *COMPLETION_SCORING_FIELDS), engines=engines)
+    register("embeddings", ("pooling",), engines=engines)
+
+
+@hookimpl
+def register_settings(register) -> None:
+    register(Setting("SCORING_FLOAT32_DEVICE", str, "auto",
+                     "Where a float32 scoring copy goes: auto (the model's GPU if it fits, then the CPU), cpu, cuda or cuda:N"))
+    register(Setting("SCORING_FLOAT32_HEADROOM_MB", int, 1024,
+                     "Memory (MiB) a float32 scoring copy must leave free on its device"))

@@ -20,8 +20,8 @@ def loaded(tiny_model_dir):
 
 
 class TestTransformersEngine(EngineConformance):
-    supports_embeddings = False  # the embeddings endpoint comes with its own issue
-
+    poolings = ("mean", "last", "cls")
+    supports_scoring = True
     @pytest.fixture
     def engine(self, loaded):
         return loaded

@@ -1,0 +1,180 @@
+"""Request and response models of scoring mode and embeddings (protocol only, no serving).
+
+The scoring services build their responses from these models, and
+``docs/schemas/millm-scoring-api-v1.json`` is generated from them
+(``python -m millm_host.schemas``), so the published schema is the server's own.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .protocol import ChatCompletionRequest, CompletionRequest, _Strict
+
+TopCount = Annotated[int, Field(ge=0, le=20)]
+TokenIds = Annotated[list[int], Field(min_length=1, description="Token ids of the loaded model's vocabulary")]
+PrecisionField = Annotated[
+    Literal["native", "float32"] | None,
+    Field(description='Precision of the scoring forward pass; "float32" scores a float32 copy of the model'),
+]
+
+
+# --- requests ------------------------------------------------------------------------
+
+
+class ScoringCompletionRequest(CompletionRequest):
+    """``POST /v1/completions`` in scoring mode: next-token log-probabilities, nothing generated.
+
+    Scoring mode is ``logprobs`` or ``allowed_token_ids``, with ``max_tokens: 1``
+    (or ``max_completion_tokens: 1``) and ``n: 1``.
+    """
+
+    logprobs: TopCount | None = Field(default=None, description="Alternatives to return for the next token, 0-20")
+    allowed_token_ids: TokenIds | None = Field(
+        default=None, description="Restrict the next token to these ids; log-probabilities are normalised over them"
+    )
+    return_tokens_as_token_ids: bool | None = Field(
+        default=None, description='Key tokens by "token_id:<id>" instead of their decoded text'
+    )
+    scoring_precision: PrecisionField = None
+
+
+class ScoringChatRequest(ChatCompletionRequest):
+    """``POST /v1/chat/completions`` in scoring mode (chat scoring)."""
+
+    logprobs: bool | None = Field(default=None, description="Return the scored token's log-probability")
+    top_logprobs: TopCount | None = Field(default=None, description="Most probable candidates to return, 0-20")
+    allowed_token_ids: TokenIds | None = Field(
+        default=None, description="Restrict the next token to these ids; log-probabilities are normalised over them"
+    )
+    return_tokens_as_token_ids: bool | None = Field(
+        default=None, description='Key tokens by "token_id:<id>" instead of their decoded text'
+    )
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings``: one vector per input, pooled from the last hidden layer."""
+
+    model: str
+    input: str | list[str] = Field(description="A string or a list of strings; none may be empty")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        default=None, description='"float" (default) or "base64" (little-endian float32)'
+    )
+    pooling: Literal["mean", "last", "cls"] | None = Field(
+        default=None, description="How the last hidden layer becomes one vector (default mean)"
+    )
+    normalize: bool | None = Field(default=None, description="L2-normalise each vector")
+
+
+# --- responses -----------------------------------------------------------------------
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Usage(_Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(_Out):
+    """OpenAI's legacy completions ``logprobs``: one entry per returned token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int] = Field(description="Character offset of each token within prompt plus completion")
+
+
+class ScoringCompletionChoice(_Out):
+    text: str = Field(description="The most probable allowed token")
+    index: int
+    logprobs: CompletionLogprobs | None = Field(description="null with allowed_token_ids but no logprobs")
+    finish_reason: Literal["length"]
+
+
+class ScoringCompletionResponse(_Out):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ScoringCompletionChoice]
+    usage: Usage
+    scoring_precision: Literal["native", "float32"] | None = Field(
+        default=None, description="The precision used; present only when the request sent scoring_precision"
+    )
+
+
+class ChatTopLogprob(_Out):
+    token: str
+    logprob: float
+    bytes: list[int] = Field(description="UTF-8 of the decoded token")
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob]
+
+
+class ChatLogprobs(_Out):
+    content: list[ChatTokenLogprob] = Field(description="One entry: the scored token")
+    refusal: None = None
+
+
+class ScoringChatMessage(_Out):
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+class ScoringChatChoice(_Out):
+    index: int
+    message: ScoringChatMessage
+    logprobs: ChatLogprobs | None = Field(description="null unless logprobs: true")
+    finish_reason: Literal["length"]
+
+
+class ScoringChatResponse(_Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ScoringChatChoice]
+    usage: Usage
+
+
+class EmbeddingData(_Out):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 of little-endian float32")
+
+
+class EmbeddingUsage(_Out):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(_Out):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+class ErrorObject(_Out):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Out):
+    """Every refusal (e.g. ``409 scoring_precision_unavailable``, reason in the message and in
+    ``X-miLLM-Scoring-Precision-Reason``)."""
+
+    error: ErrorObject

@@ -1,0 +1,127 @@
+"""Embeddings: one vector per input, pooled from the last hidden layer, never steered.
+
+No HTTP here and no tensor math: inputs are checked before any model load, every
+input is tokenized and measured before anything runs (inputs are never
+truncated), the engine pools each vector on the engine thread (with no layer hook
+installed), and the host normalises, checks and encodes the vectors.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+from typing import TYPE_CHECKING, Any
+
+from ..context import RequestContext
+from ..engine_scoring import EmbeddingVectorInvalid
+from ..errors import ContextLengthExceeded, InvalidParameter
+from ..protocol_scoring import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from .run import collect_extras, collect_headers
+
+if TYPE_CHECKING:
+    from ..app import Host
+
+#: Over-limit inputs named one by one in a context_length_exceeded message.
+NAMED_OVER_LIMIT = 16
+
+
+def inputs_of(params: EmbeddingRequest, max_inputs: int) -> list[str]:
+    """The inputs as a list; empty ones and too many are refused (no model needed)."""
+    if isinstance(params.input, str):
+        if not params.input:
+            raise InvalidParameter("input is an empty string; send text to embed", param="input")
+        return [params.input]
+    if not params.input:
+        raise InvalidParameter("input is an empty list; send at least one string", param="input")
+    if len(params.input) > max_inputs:
+        raise InvalidParameter(
+            f"input has {len(params.input)} strings; at most {max_inputs} are accepted (EMBEDDINGS_MAX_INPUTS)",
+            param="input",
+        )
+    empty = [i for i, text in enumerate(params.input) if not text]
+    if empty:
+        named = ", ".join(f"input[{i}]" for i in empty[:NAMED_OVER_LIMIT])
+        more = f" and {len(empty) - NAMED_OVER_LIMIT} more" if len(empty) > NAMED_OVER_LIMIT else ""
+        raise InvalidParameter(f"empty strings cannot be embedded: {named}{more}", param="input")
+    return list(params.input)
+
+
+def check_lengths(ctx: RequestContext, lengths: list[int], window: int | None) -> None:
+    """Refuse the request if any input is over the model's window, naming every one."""
+    if window is None:
+        return  # a model that states no limit is embedded unchecked
+    over = [(i, n) for i, n in enumerate(lengths) if n > window]
+    if not over:
+        return
+    named = ", ".join(f"input[{i}] ({n} tokens)" for i, n in over[:NAMED_OVER_LIMIT])
+    more = f", and {len(over) - NAMED_OVER_LIMIT} more" if len(over) > NAMED_OVER_LIMIT else ""
+    param = "input" if isinstance(ctx.params.input, str) else f"input[{over[0][0]}]"
+    raise ContextLengthExceeded(
+        f"this model's maximum context length is {window} tokens and inputs are never truncated; "
+        f"over the limit: {named}{more}. Shorten or split them",
+        param=param,
+    )
+
+
+def finish_vector(vector: list[float], index: int, normalize: bool) -> list[float]:
+    """Check (and L2-normalise) one vector; never return NaN or infinity."""
+    if not all(math.isfinite(v) for v in vector):
+        raise EmbeddingVectorInvalid(f"the embedding of input[{index}] is not finite", param=f"input[{index}]")
+    if not normalize:
+        return vector
+    norm = math.sqrt(math.fsum(v * v for v in vector))
+    if norm == 0.0 or not math.isfinite(norm):
+        raise EmbeddingVectorInvalid(
+            f"the embedding of input[{index}] has a {'zero' if norm == 0.0 else 'non-finite'} norm and cannot be normalised",
+            param=f"input[{index}]",
+        )
+    return [v / norm for v in vector]
+
+
+def encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    """Floats, or base64 of little-endian float32 (what the openai SDK asks for)."""
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector
+
+
+async def serve_embeddings(host: Host, body: dict[str, Any], headers: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``POST /v1/embeddings``: the response body and headers."""
+    ctx = host.pipeline.build_context("embeddings", body, headers, protocol=EmbeddingRequest)
+    params: EmbeddingRequest = ctx.params
+    inputs = inputs_of(params, host.settings["EMBEDDINGS_MAX_INPUTS"])
+    pooling = params.pooling or "mean"
+
+    def tokenize(ctx: RequestContext) -> None:
+        engine = ctx.engine
+        assert engine is not None
+        ctx.prompts = [engine.tokenize(text) for text in inputs]
+        for i, ids in enumerate(ctx.prompts):
+            if not ids:
+                raise InvalidParameter(f"input[{i}] tokenises to nothing", param="input")
+        check_lengths(ctx, [len(ids) for ids in ctx.prompts], engine.embedding_token_limit)
+
+    def embed(ctx: RequestContext) -> list[list[float]]:
+        engine = ctx.engine
+        assert engine is not None
+        return [finish_vector(engine.embed(ids, pooling), i, bool(params.normalize)) for i, ids in enumerate(ctx.prompts)]
+
+    admission = await host.pipeline.prepare(ctx, tokenize=tokenize)
+    try:
+        vectors = await host.scheduler.run(embed, ctx, cancel=ctx.cancel_event)
+    finally:
+        admission.release()
+    ctx.finished = True
+    tokens = sum(len(ids) for ids in ctx.prompts)
+    response = EmbeddingResponse(
+        object="list",
+        data=[EmbeddingData(object="embedding", index=i, embedding=encode(v, params.encoding_format or "float"))
+              for i, v in enumerate(vectors)],
+        model=ctx.model.id,
+        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
+    payload = response.model_dump(mode="json")
+    for extra in collect_extras(host, ctx):
+        payload.update(extra.fields)
+    return payload, collect_headers(host, ctx)

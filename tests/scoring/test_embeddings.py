@@ -1,0 +1,128 @@
+"""/v1/embeddings: vectors against a direct forward's pooled last hidden state, and every refusal."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import pytest
+import torch
+
+from millm_host.testing.openai_schema import validate_openai
+
+from .conftest import NAN_TOKEN
+
+TEXTS = ["The quick brown fox", "jumps over the lazy dog.", "Hello"]
+
+
+def model_of(server) -> str:
+    with server.http() as client:
+        return client.get("/api/health").json()["model"]
+
+
+def embed(server, model=None, **body):
+    with server.http() as client:
+        return client.post("/v1/embeddings", json={"model": model or model_of(server), **body})
+
+
+def pooled(reference, text: str, pooling: str) -> torch.Tensor:
+    hidden = reference.last_hidden(reference.ids(text))
+    return {"mean": hidden.mean(0), "last": hidden[-1], "cls": hidden[0]}[pooling]
+
+
+def test_the_openai_sdk_gets_the_mean_pooled_last_hidden_state(tiny_server, reference):
+    reply = tiny_server.openai().embeddings.create(model=model_of(tiny_server), input=TEXTS)  # base64 on the wire
+    assert [d.index for d in reply.data] == [0, 1, 2]
+    for item, text in zip(reply.data, TEXTS, strict=True):
+        assert item.embedding == pytest.approx(pooled(reference, text, "mean").tolist(), abs=1e-5)
+    tokens = sum(len(reference.ids(t)) for t in TEXTS)
+    assert (reply.usage.prompt_tokens, reply.usage.total_tokens) == (tokens, tokens)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last", "cls"])
+def test_pooling(tiny_server, reference, pooling):
+    body = embed(tiny_server, input=TEXTS[:2], pooling=pooling).json()
+    validate_openai("CreateEmbeddingResponse", body)
+    for item, text in zip(body["data"], TEXTS, strict=False):
+        assert item["embedding"] == pytest.approx(pooled(reference, text, pooling).tolist(), abs=1e-5)
+
+
+def test_base64_decodes_to_the_float_vector_and_normalize(tiny_server):
+    floats = embed(tiny_server, input=TEXTS[0], normalize=True).json()["data"][0]["embedding"]
+    packed = embed(tiny_server, input=[TEXTS[0]], normalize=True, encoding_format="base64").json()["data"][0]["embedding"]
+    raw = base64.b64decode(packed)
+    decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert decoded == pytest.approx(floats, abs=1e-6)
+    assert math.sqrt(math.fsum(v * v for v in floats)) == pytest.approx(1.0, abs=1e-5)
+    plain = embed(tiny_server, input=TEXTS[0]).json()["data"][0]["embedding"]
+    norm = math.sqrt(math.fsum(v * v for v in plain))
+    assert [v / norm for v in plain] == pytest.approx(floats, abs=1e-6)
+
+
+def test_defaults_are_mean_unnormalised(tiny_server):
+    default = embed(tiny_server, input=TEXTS[1]).json()["data"][0]["embedding"]
+    explicit = embed(tiny_server, input=TEXTS[1], pooling="mean", normalize=False,
+                     encoding_format="float").json()["data"][0]["embedding"]
+    assert default == explicit
+
+
+def test_over_limit_inputs_are_named_never_truncated(tiny_server, reference):
+    long = "word " * 600  # the tiny model's window is 512
+    count = len(reference.ids(long))
+    reply = embed(tiny_server, input=["short", long, "short", long])
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "input[1]")
+    assert f"input[1] ({count} tokens)" in error["message"] and f"input[3] ({count} tokens)" in error["message"]
+    assert "512" in error["message"]
+    many = embed(tiny_server, input=[long] * 20)
+    message = many.json()["error"]["message"]
+    assert "input[15]" in message and "input[16]" not in message and "and 4 more" in message
+    single = embed(tiny_server, input=long)
+    assert single.json()["error"]["param"] == "input"
+
+
+@pytest.mark.parametrize(("fields", "code", "param", "words"), [
+    ({"input": ""}, "invalid_parameter", "input", "empty"),
+    ({"input": []}, "invalid_parameter", "input", "empty"),
+    ({"input": ["a", "b", ""]}, "invalid_parameter", "input", "input[2]"),
+    ({"input": ["a"] * 257}, "invalid_parameter", "input", "256"),
+    ({"input": [1, 2]}, "invalid_parameter", "input", "input"),
+    ({"input": "a", "pooling": "max"}, "invalid_parameter", "pooling", "pooling"),
+    ({"input": "a", "encoding_format": "hex"}, "invalid_parameter", "encoding_format", "encoding_format"),
+    ({"input": "a", "dimensions": 8}, "field_not_honoured", "dimensions", "dimensions"),
+    ({"input": "a", "scoring_precision": "float32"}, "field_not_honoured", "scoring_precision", "scoring_precision"),
+])
+def test_refused_before_any_load(bf16_server, fields, code, param, words):
+    """The named model is not resident; a refusal must not load it (nor evict the resident one)."""
+    assert embed(bf16_server, model="bf16", input="warm").status_code == 200
+    reply = embed(bf16_server, model="zero_norm", **fields)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert words in error["message"]
+    assert model_of(bf16_server) == "bf16"
+
+
+def test_non_finite_vector_is_a_500_naming_the_input(bf16_server):
+    reply = embed(bf16_server, model="broken", input=["fine", f"a{NAN_TOKEN}"])
+    assert reply.status_code == 500
+    error = reply.json()["error"]
+    assert (error["code"], error["param"]) == ("embedding_vector_invalid", "input[1]")
+    assert "input[1]" in error["message"]
+
+
+def test_zero_norm_under_normalize_is_a_500(bf16_server):
+    assert embed(bf16_server, model="zero_norm", input=["a", "b"]).status_code == 200
+    reply = embed(bf16_server, model="zero_norm", input=["a", "b"], normalize=True)
+    assert reply.status_code == 500
+    assert reply.json()["error"]["code"] == "embedding_vector_invalid"
+    assert reply.json()["error"]["param"] == "input[0]"
+
+
+def test_embeddings_carry_no_steering_header_and_report_unused_fields(tiny_server):
+    reply = embed(tiny_server, input="a", user="me")
+    assert reply.status_code == 200
+    assert reply.headers["x-millm-ignored-fields"] == '"user"'
+    assert "x-millm-steering" not in reply.headers
