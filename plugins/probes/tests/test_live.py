@@ -78,7 +78,8 @@ def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pai
     chunk = chunks[extras[0]]
     assert chunk.choices == [] and chunk.object == "chat.completion.chunk"
     usage_at = next(i for i, c in enumerate(chunks) if c.usage is not None)
-    assert usage_at < extras[0] == len(chunks) - 1  # after the usage chunk, last before [DONE]
+    after = chunks[extras[0] + 1:]  # only the steering chunk (when that plugin is installed) follows
+    assert usage_at < extras[0] and all(c.choices == [] and "millm_steering" in c.model_extra for c in after)
     results = chunk.model_extra["millm_probe_verdicts"]
     assert len(results) == 4 and all(r["status"] == "final" for r in results)
     with probes_server.http() as http:
@@ -86,7 +87,8 @@ def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pai
                 "model": model_id, "messages": CHAT, "max_tokens": 3, "stream": True}) as response:
             assert "x-millm-probe-verdicts" not in response.headers  # no header before the body
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-    assert lines[-1] == "data: [DONE]" and "millm_probe_verdicts" in lines[-2]
+    assert lines[-1] == "data: [DONE]"
+    assert any("millm_probe_verdicts" in line for line in lines[-3:-1])
 
 
 def test_a_disconnected_stream_stores_interrupted_results(probes_server, armed_pair, model_id):
@@ -134,6 +136,18 @@ def test_judge_traffic_is_never_scored(probes_server, armed_pair, model_id):
     with probes_server.http() as http:
         response = chat(http, model_id, headers={"X-miLLM-Origin": "judge"})
     assert {r["reason"] for r in response.json()["millm_probe_verdicts"]} == {"judge_traffic"}
+
+
+def test_scoring_and_embeddings_are_never_monitored(probes_server, armed_pair, model_id):
+    with probes_server.http() as http:
+        before = http.get("/api/probes/events", params={"limit": 1}).json()["data"]
+        scored = chat(http, model_id, logprobs=True, max_tokens=1)
+        embedded = http.post("/v1/embeddings", json={"model": model_id, "input": "the sea"})
+        assert embedded.status_code == 200, embedded.text
+        for response in (scored, embedded):
+            assert "x-millm-probe-verdicts" not in response.headers
+            assert "millm_probe_verdicts" not in response.json()
+        assert http.get("/api/probes/events", params={"limit": 1}).json()["data"] == before
 
 
 def test_a_window_with_no_positions_says_so(probes_server, armed_pair, model_id):

@@ -66,7 +66,8 @@ def test_every_surface_validates(api, lab, identity, model_id, helpers, validato
     with api.stream("POST", "/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 3,
                                                           "stream": True}) as stream:
         data = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
-    seen += json.loads(data[-2])["millm_probe_verdicts"]
+    [chunk] = [json.loads(d) for d in data[:-1] if "millm_probe_verdicts" in json.loads(d)]
+    seen += chunk["millm_probe_verdicts"]
 
     trace = "5bf92f3577b34da6a3ce929d0e0e4736"
     with api.stream("POST", "/v1/chat/completions", headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
