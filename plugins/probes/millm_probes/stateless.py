@@ -23,7 +23,7 @@ from .definition import Window
 from .errors import GateRefused, ModelChanged, mismatch_message
 from .evaluate import forward_columns, read_pairs
 from .gates import identity_check, model_identity
-from .results import ProbeView, Served, ordered, result_object
+from .results import ProbeView, Reading, Served, ordered, result_object
 from .runtime import Runtime
 from .scoring import Bank, ProbeUnusable, compile_probe
 from .trace import new_trace
@@ -120,6 +120,9 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
 def _score_one(runtime: Runtime, engine: Any, views: list[ProbeView], windows: dict[str, list[str]],
                item: Prepared, compiled: dict[str, Any]) -> list[Any]:
     """Readings of one input, in listing order (engine thread)."""
+    pairs = ordered([(view, window) for view in views for window in windows[view.probe_id]])
+    if not engine.hook_points:  # llama.cpp exposes no layers to read
+        return [(pair, Reading("skipped", "engine_unsupported")) for pair in pairs]
     if "bank" not in compiled:
         usable, unusable = [], {}
         for view in views:
@@ -137,7 +140,6 @@ def _score_one(runtime: Runtime, engine: Any, views: list[ProbeView], windows: d
         conversation=item.conversation, no_turns="token_ids_have_no_turns",
         need_last_user=any("last_user" in w for w in windows.values()),
     )
-    pairs = ordered([(view, window) for view in views for window in windows[view.probe_id]])
     return list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
 
 
@@ -154,13 +156,9 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
                                param="probe_ids", code="PROBE_MAX_ARMED")
     engine, entry = host.registry.current()
     identity = model_identity(engine, entry)
-    if request.probe_ids:
-        rows = await asyncio.to_thread(store.find_probes, host.db, request.probe_ids)
-    else:
-        rows = await asyncio.to_thread(store.list_probes, host.db)
+    all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
     views, skipped, refused = [], [], []
-    for row in rows:
-        view = runtime.view(row)
+    for view in all_views:
         mismatches, _ = identity_check(view.definition.model, identity)
         if not mismatches:
             views.append(view)
@@ -215,6 +213,12 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         "probes": [{"probe_id": v.probe_id, "name": v.name, "windows": windows[v.probe_id],
                     "parity": parity[v.probe_id]} for v in views],
     }
+
+
+def _load_views(runtime: Runtime, probe_ids: list[str] | None) -> list[ProbeView]:
+    """The named probes, or every imported one (blocking: database and definition parsing)."""
+    rows = store.find_probes(runtime.host.db, probe_ids) if probe_ids else store.list_probes(runtime.host.db)
+    return [runtime.view(row) for row in rows]
 
 
 def _parity_states(db: Any, views: list[ProbeView]) -> dict[str, dict[str, Any]]:
