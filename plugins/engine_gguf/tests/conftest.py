@@ -15,7 +15,7 @@ import pytest
 
 from millm_host.default_model import default_model_path
 
-N_CTX = 1024
+N_CTX = 512
 THREADS = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
 
 DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
@@ -42,7 +42,7 @@ def gguf_models_dir(tmp_path_factory: pytest.TempPathFactory, gguf_path: Path) -
 
 @pytest.fixture(scope="session")
 def gguf_server(server_factory, gguf_models_dir: Path):
-    """``millm serve --engine gguf`` on the default model, with a 1,024-token window.
+    """``millm serve --engine gguf`` on the default model, with a 512-token window.
 
     Shared: a test that loads another model loads the default back before it ends.
     """

@@ -12,7 +12,7 @@ import pytest
 
 DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
 SOLO_ID = "Solo-Model:Q4_K_M"
-WINDOW = 1024
+WINDOW = 512
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -130,7 +130,7 @@ def test_oversized_chat_prompt_is_context_length_exceeded(gguf_server, stream):
 
 def test_prompt_plus_max_tokens_over_the_window_names_both_counts(gguf_server):
     with pytest.raises(openai.BadRequestError) as caught:
-        gguf_server.openai().completions.create(model=DEFAULT_ID, prompt=long_text(900), max_tokens=200)
+        gguf_server.openai().completions.create(model=DEFAULT_ID, prompt=long_text(400), max_tokens=200)
     error = caught.value.body
     assert (error["code"], error["param"]) == ("context_length_exceeded", "max_tokens")
     assert f"maximum context length is {WINDOW} tokens" in error["message"]

@@ -31,7 +31,7 @@ def test_serve_engine_gguf_serves_the_default_model(gguf_server):
     health = gguf_server.http().get("/api/health").json()
     assert (health["status"], health["model"], health["engine"]) == ("ok", DEFAULT_ID, "gguf")
     detail = gguf_server.http().get(f"/api/models/{DEFAULT_ID}").json()
-    assert (detail["engine"], detail["quantization"], detail["context_window"]) == ("gguf", "Q4_1", 1024)
+    assert (detail["engine"], detail["quantization"], detail["context_window"]) == ("gguf", "Q4_1", 512)
     assert detail["hf_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
