@@ -133,5 +133,5 @@ def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = No
 
 
 def create_app(settings: Settings | None = None, pm: pluggy.PluginManager | None = None) -> falcon.asgi.App:
-    """The ASGI app (``gunicorn -k uvicorn.workers.UvicornWorker 'millm_host.app:create_app()'``)."""
+    """The ASGI app (``gunicorn -k uvicorn_worker.UvicornWorker 'millm_host.app:create_app()'``)."""
     return build(settings, pm)[0]

@@ -182,24 +182,28 @@ class ModelRegistry:
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
 
     def listed(self) -> list[ModelEntry]:
-        return [
-            e for e in self.entries.values()
-            if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)
-        ]
+        """What ``/v1/models`` shows: READY, LOADED and LOADING models, the resident first."""
+        shown = [e for e in self.entries.values() if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)]
+        return sorted(shown, key=lambda e: e is not self.resident)
 
     # --- residency ----------------------------------------------------------------
-    async def acquire(self, entry: ModelEntry) -> Lease:
-        """A lease on ``entry`` as the resident model, loading it first if needed."""
-        while True:
-            if self._transition is not None:
-                kind, target, future = self._transition
-                if kind == "load" and target is entry:
-                    await asyncio.shield(future)
-                    continue
+    def check_available(self, entry: ModelEntry) -> None:
+        """Refuse at once (``model_busy``) while another model's load or any unload runs."""
+        if self._transition is not None:
+            kind, target, _ = self._transition
+            if not (kind == "load" and target is entry):
                 raise ModelBusy(
                     f"model {target.id!r} is {'loading' if kind == 'load' else 'unloading'}; retry once it finishes",
                     param="model",
                 )
+
+    async def acquire(self, entry: ModelEntry) -> Lease:
+        """A lease on ``entry`` as the resident model, loading it first if needed."""
+        while True:
+            self.check_available(entry)
+            if self._transition is not None:  # this model is loading: wait for it
+                await asyncio.shield(self._transition[2])
+                continue
             if self.resident is entry and self.engine is not None:
                 self._leases += 1
                 self._idle.clear()

@@ -31,7 +31,7 @@ class OpenAIModels:
     async def on_get(self, req, resp) -> None:
         resp.media = {
             "object": "list",
-            "data": [openai_model(e) for e in self.host.registry.entries.values() if _listed(self.host, e)],
+            "data": [openai_model(e) for e in self.host.registry.listed() if self.host.models_filter(e)],
         }
 
 

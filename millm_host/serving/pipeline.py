@@ -109,9 +109,10 @@ class Pipeline:
         """
         host = self.host
         await asyncio.to_thread(host.pm.hook.validate_request, ctx=ctx)
+        entry = host.registry.entries[ctx.model.id]
+        host.registry.check_available(entry)  # model_busy wins over queue_full
         admission = Admission(host.scheduler.reserve())
         try:
-            entry = host.registry.entries[ctx.model.id]
             admission.lease = await host.registry.acquire(entry)
             ctx.engine = admission.lease.engine
             await host.scheduler.run(tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
@@ -155,17 +156,17 @@ class Pipeline:
         if longest == 0:
             raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
         if window is not None:
-            room = window - longest
-            if requested is not None and longest + requested > window:
+            asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
+            total = longest + (requested or 0)
+            if longest >= window:
                 raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; you requested "
-                    f"{longest + requested} tokens ({longest} in the prompt, {requested} for the completion)",
-                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
-                )
-            if room <= 0:
-                raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; the prompt has {longest} tokens",
+                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
                     param="messages" if ctx.is_chat else "prompt",
+                )
+            if requested is not None and total > window:
+                raise ContextLengthExceeded(
+                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
+                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
                 )
         max_tokens = requested or self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
         if window is not None and requested is None:

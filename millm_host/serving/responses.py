@@ -24,7 +24,7 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
     choices: list[dict[str, Any]] = []
     for out in ctx.outputs:
         if ctx.is_chat:
-            message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
             message.update(out.message_extras)
             choices.append({"index": out.index, "message": message, "logprobs": None, "finish_reason": out.finish_reason})
         else:

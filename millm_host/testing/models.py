@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ..default_model import default_model_path
-from .server import test_cache_dir
+from .server import shared_cache_dir
 
 
 def smollm2_tokenizer_dir() -> Path:
     """SmolLM2's tokenizer (with its chat template), read once from the bundled GGUF."""
-    target = test_cache_dir() / "smollm2-tokenizer"
+    target = shared_cache_dir() / "smollm2-tokenizer"
     if (target / "tokenizer_config.json").is_file():
         return target
     import transformers
@@ -58,22 +58,26 @@ def tiny_llama(
     dtype: str = "float32",
     seed: int = 0,
     chat_template: bool | str = True,
+    initializer_range: float = 0.1,
+    add_bos: bool = False,
     parent: Path | None = None,
     **config_overrides: Any,
 ) -> Path:
     """A random LlamaForCausalLM checkpoint directory, cached by its parameters.
 
     ``chat_template=False`` removes the template; a string replaces it.
+    ``add_bos=True`` makes the tokenizer add its BOS (``<|im_start|>``) to every text,
+    as TinyLlama-style tokenizers do.
     """
     key = json.dumps(
         [hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
-         max_position_embeddings, dtype, seed, chat_template, sorted(config_overrides.items())],
+         max_position_embeddings, dtype, seed, chat_template, initializer_range, add_bos, sorted(config_overrides.items())],
         sort_keys=True, default=str,
     )
     import hashlib
 
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    target = (parent or test_cache_dir() / "tiny-models") / f"{name}-{digest}"
+    target = (parent or shared_cache_dir() / "tiny-models") / f"{name}-{digest}"
     if (target / "config.json").is_file():
         return target
     import torch
@@ -84,6 +88,13 @@ def tiny_llama(
         tokenizer.chat_template = None
     elif isinstance(chat_template, str):
         tokenizer.chat_template = chat_template
+    if add_bos:
+        from tokenizers.processors import TemplateProcessing
+
+        bos = tokenizer.bos_token
+        tokenizer._tokenizer.post_processor = TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.bos_token_id)]
+        )
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -96,6 +107,7 @@ def tiny_llama(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,  # 0.1: varied text (0.02 repeats one token)
         **config_overrides,
     )
     torch.manual_seed(seed)

@@ -20,7 +20,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cache_dir() -> Path:
+def shared_cache_dir() -> Path:
     """Shared across tests and runs: converted models, tokenizers, tiny models."""
     root = Path(os.environ.get("MILLM_TEST_CACHE", Path.home() / ".cache" / "millm-tests"))
     root.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ class ServerProcess:
         self.env = {
             **os.environ,
             "MILLM_DATA_DIR": str(self.data_dir),
-            "MILLM_CACHE_DIR": str(test_cache_dir() / "model-cache"),
+            "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
             "PYTHONUNBUFFERED": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **(env or {}),
@@ -110,6 +110,11 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def model_id(self) -> str:
+        """The id of the resident model (``/v1/models`` also lists the others on disk)."""
+        return httpx.get(f"{self.base_url}/api/health", timeout=10).json()["model"]
 
     # --- clients --------------------------------------------------------------------
     @property

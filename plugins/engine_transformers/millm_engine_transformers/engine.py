@@ -18,6 +18,7 @@ from millm_host.engine import (
     NoChatTemplate,
     SamplingParams,
 )
+from millm_host.errors import InsufficientMemory
 
 from . import hooks as layer_hooks
 from .loader import load_model
@@ -127,7 +128,13 @@ class TransformersEngine(Engine):
             kwargs[self._cache_arg] = cache
         if keep_last:
             kwargs["logits_to_keep"] = 1
-        return self.model(**kwargs)
+        try:
+            return self.model(**kwargs)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise InsufficientMemory(
+                f"{self.device} ran out of memory: the prompt and its KV cache do not fit beside the model ({exc})",
+                type="invalid_request_error",
+            ) from None
 
     def generate(
         self,

@@ -47,9 +47,10 @@ def choose_dtype(setting: str, device: torch.device, config: Any) -> torch.dtype
 
 
 def gguf_cache_dir(cache_root: Path, gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:16]
-    return cache_root / "transformers-gguf" / f"{gguf_path.stem}-{key}"
+    real = gguf_path.resolve()  # a symlink shares its target's conversion
+    stat = real.stat()
+    key = hashlib.sha256(f"{real}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_root / "transformers-gguf" / f"{real.stem}-{key}"
 
 
 def convert_gguf(gguf_path: Path, target: Path, progress: Callable[[str], None]) -> None:

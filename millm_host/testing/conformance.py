@@ -1,0 +1,94 @@
+"""The engine conformance suite: what every engine must do, checked the same way.
+
+An engine plugin's tests subclass ``EngineConformance`` and provide an ``engine``
+fixture (a loaded ``Engine``, module- or class-scoped)::
+
+    class TestMyEngine(EngineConformance):
+        @pytest.fixture(scope="class")
+        def engine(self): ...
+
+Class attributes say what the engine offers (``supports_seed``,
+``supports_embeddings``); layer hooks are checked when ``engine.hook_points`` is
+not empty.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ..engine import LayerHook, SamplingParams
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+def take(engine, ids, params, n, **kwargs) -> list[int]:
+    tokens = engine.generate(ids, params, **kwargs)
+    try:
+        return [next(tokens) for _ in range(n)]
+    finally:
+        tokens.close()
+
+
+class EngineConformance:
+    supports_seed = True
+    supports_embeddings = True
+
+    def test_info_is_complete(self, engine):
+        info = engine.info
+        assert info.id and info.engine == engine.name
+        assert info.vocab_size > 0 and info.eos_token_ids
+        assert info.context_window is None or info.context_window > 0
+        assert re.fullmatch(r"millm:[^@]+@[^:]+:[^/]+/[^:]+:" + re.escape(engine.name), info.system_fingerprint)
+
+    def test_tokenize_decode_round_trip(self, engine):
+        text = "Hello, world! 123"
+        ids = engine.tokenize(text, add_special_tokens=False)
+        assert ids and all(isinstance(i, int) for i in ids)
+        assert engine.decode(ids) == text
+
+    def test_chat_ids_have_at_most_one_bos(self, engine):
+        ids = engine.chat_ids(MESSAGES)
+        bos = engine.info.bos_token_id
+        if bos is not None:
+            assert ids[:2] != [bos, bos]
+
+    def test_greedy_generation_is_deterministic(self, engine):
+        ids = engine.chat_ids(MESSAGES)
+        params = SamplingParams(max_tokens=8, temperature=0)
+        assert take(engine, ids, params, 8) == take(engine, ids, params, 8)
+
+    def test_seeded_sampling_is_reproducible(self, engine):
+        if not self.supports_seed:
+            pytest.skip("this engine does not honour seeds")
+        ids = engine.chat_ids(MESSAGES)
+        params = SamplingParams(max_tokens=8, temperature=1.0, seed=42)
+        assert take(engine, ids, params, 8) == take(engine, ids, params, 8)
+
+    def test_closing_a_generation_early_leaves_the_engine_usable(self, engine):
+        ids = engine.chat_ids(MESSAGES)
+        params = SamplingParams(max_tokens=4, temperature=0)
+        first = take(engine, ids, params, 2)
+        assert take(engine, ids, params, 4)[:2] == first
+
+    def test_layer_hooks_see_every_position_once(self, engine):
+        if not engine.hook_points:
+            pytest.skip("this engine has no layer hooks")
+        ids = engine.chat_ids(MESSAGES)
+        seen: list[tuple[int, int]] = []
+        hook = LayerHook(0, "resid_post", lambda hidden, start: seen.append((start, hidden.shape[1])))
+        take(engine, ids, SamplingParams(max_tokens=3, temperature=0), 3, hooks=[hook])
+        assert seen[0] == (0, len(ids))
+        assert seen[1:] == [(len(ids), 1), (len(ids) + 1, 1)]
+        seen.clear()
+        take(engine, ids, SamplingParams(max_tokens=2, temperature=0), 2)
+        assert seen == []  # removed after the call
+
+    def test_embeddings(self, engine):
+        if not self.supports_embeddings:
+            pytest.skip("this engine does not embed")
+        ids = engine.tokenize("a sentence to embed")
+        vector = engine.embed(ids, "mean")
+        assert len(vector) > 0 and all(isinstance(v, float) for v in vector)
+        assert engine.embed(ids, "mean") == vector

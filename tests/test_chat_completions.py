@@ -1,0 +1,188 @@
+"""Chat completions through the official openai SDK and httpx, on a tiny random model."""
+
+from __future__ import annotations
+
+import re
+
+import openai
+import pytest
+
+from millm_host.testing.openai_schema import validate_openai
+
+from .helpers import assert_error, chat_body, stream_post
+
+FINGERPRINT = re.compile(r"^millm:[^@]+@[^:]+:[^/]+/[^:]+:transformers$")
+
+
+@pytest.fixture(scope="module")
+def model_id(tiny_server) -> str:
+    return tiny_server.model_id
+
+
+def test_chat_response_matches_openai_schema(tiny_server, model_id):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model_id, max_tokens=5, temperature=0))
+    assert response.status_code == 200
+    body = response.json()
+    validate_openai("CreateChatCompletionResponse", body)
+    assert body["object"] == "chat.completion" and body["model"] == model_id
+    assert FINGERPRINT.match(body["system_fingerprint"]), body["system_fingerprint"]
+    assert body["system_fingerprint"] == f"millm:{model_id}@unrecorded:float32/F32:transformers"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 1 <= usage["completion_tokens"] <= 5
+
+
+def test_sdk_chat_round_trip(tiny_server, model_id):
+    reply = tiny_server.openai().chat.completions.create(
+        model=model_id,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"}],
+        max_tokens=4, temperature=0,
+    )
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.usage.completion_tokens <= 4
+
+
+def test_stream_chunks_match_openai_schema_and_order(tiny_server, model_id):
+    body = chat_body(model_id, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
+    with tiny_server.http() as http:
+        response, events = stream_post(http, "/v1/chat/completions", body)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    for chunk in chunks:
+        validate_openai("CreateChatCompletionStreamResponse", chunk)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] >= 1
+    final = chunks[-2]["choices"][0]
+    assert final["finish_reason"] in ("stop", "length")
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+
+
+def test_streamed_text_equals_non_streamed(tiny_server, model_id):
+    client = tiny_server.openai()
+    request = dict(model=model_id, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=24, temperature=0)
+    whole = client.chat.completions.create(**request)
+    parts, finish = [], None
+    for chunk in client.chat.completions.create(stream=True, **request):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert "".join(parts) == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
+
+
+def test_n_choices(tiny_server, model_id):
+    reply = tiny_server.openai().chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=3, seed=11
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+
+
+def test_n_with_stream_is_refused(tiny_server, model_id):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model_id, n=2, stream=True))
+    assert_error(response, 400, "invalid_parameter", "n")
+
+
+def test_max_tokens_and_max_completion_tokens_must_agree(tiny_server, model_id):
+    with tiny_server.http() as http:
+        refused = http.post("/v1/chat/completions", json=chat_body(model_id, max_tokens=3, max_completion_tokens=4))
+        agreed = http.post("/v1/chat/completions", json=chat_body(model_id, max_tokens=3, max_completion_tokens=3, temperature=0))
+    error = assert_error(refused, 400, "invalid_parameter")
+    assert "max_tokens" in error["param"] and "max_completion_tokens" in error["param"]
+    assert agreed.status_code == 200
+
+
+def test_max_completion_tokens_is_honoured(tiny_server, model_id):
+    reply = tiny_server.openai().chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Count"}], max_completion_tokens=2,
+        temperature=1, seed=3,
+    )
+    assert reply.usage.completion_tokens <= 2
+
+
+def test_seed_is_echoed_and_reproducible(tiny_server, model_id):
+    client = tiny_server.openai()
+    request = dict(model=model_id, messages=[{"role": "user", "content": "Write"}], max_tokens=16, temperature=1)
+    first = client.chat.completions.with_raw_response.create(seed=7, **request)
+    second = client.chat.completions.create(seed=7, **request)
+    other = client.chat.completions.create(seed=8, **request)
+    assert first.headers["x-millm-seed"] == '7;scope="request"'
+    assert first.parse().choices[0].message.content == second.choices[0].message.content
+    assert other.choices[0].message.content != second.choices[0].message.content
+    unseeded = client.chat.completions.with_raw_response.create(**request)
+    assert "x-millm-seed" not in unseeded.headers
+
+
+@pytest.mark.parametrize("value", [True, -1, 2**32, 1.5, "7", "abc"])
+def test_invalid_seeds_are_refused(tiny_server, model_id, value):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model_id, seed=value))
+    assert_error(response, 400, "invalid_parameter", "seed")
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("temperature", 2.5), ("temperature", -0.1), ("temperature", "hot"), ("top_p", 1.5),
+     ("frequency_penalty", 2.1), ("presence_penalty", -3), ("max_tokens", 0), ("n", 0), ("stop", 5)],
+)
+def test_out_of_range_sampling_fields_are_refused(tiny_server, model_id, field, value):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model_id, **{field: value}))
+    assert_error(response, 400, "invalid_parameter", field)
+
+
+def test_penalties_and_top_p_are_accepted(tiny_server, model_id):
+    reply = tiny_server.openai().chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.8,
+        top_p=0.9, frequency_penalty=1.5, presence_penalty=0.5, seed=1,
+    )
+    assert reply.usage.completion_tokens >= 1
+
+
+def _greedy_text(client, model_id, **extra):
+    reply = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=32, temperature=0, **extra
+    )
+    return reply.choices[0]
+
+
+def test_stop_sequences_cut_the_text_streaming_or_not(tiny_server, model_id):
+    client = tiny_server.openai()
+    full = _greedy_text(client, model_id).message.content
+    assert len(full) > 20, full
+    stop = full[10:14]
+    expected = full[: full.index(stop)]
+    cut = _greedy_text(client, model_id, stop=[stop, "\u2603never"])
+    assert cut.message.content == expected and cut.finish_reason == "stop"
+    deltas = []
+    for chunk in client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=32, temperature=0,
+        stop=stop, stream=True,
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            deltas.append(chunk.choices[0].delta.content)
+    assert "".join(deltas) == expected
+    assert all(stop not in "".join(deltas[: i + 1]) for i in range(len(deltas)))
+
+
+def test_stream_options_without_stream_is_refused(tiny_server, model_id):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model_id, stream_options={"include_usage": True}))
+    assert_error(response, 400, "invalid_parameter", "stream_options")
+
+
+def test_sdk_raises_typed_errors(tiny_server):
+    client = tiny_server.openai()
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="x", messages=[])

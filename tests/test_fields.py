@@ -1,0 +1,174 @@
+"""Every field is honoured, reported or refused (X-miLLM-Ignored-Fields, X-miLLM-Strict, field_not_honoured)."""
+
+from __future__ import annotations
+
+import pytest
+
+from millm_host.headers import parse_list
+
+from .helpers import assert_error, chat_body, stream_post
+
+
+@pytest.fixture(scope="module")
+def model(tiny_server) -> str:
+    return tiny_server.model_id
+
+
+def _ignored(response) -> list[str]:
+    header = response.headers.get("x-millm-ignored-fields")
+    return [] if header is None else [item.value for item in parse_list(header)]
+
+
+def test_unused_fields_are_reported_by_location(tiny_server, model):
+    body = {
+        "model": model,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "user", "content": "Again", "name": "alice"},
+        ],
+        "max_tokens": 2,
+        "user": "someone",
+        "foo": {"bar": 1},
+    }
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+        clean = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
+    assert response.status_code == 200
+    assert _ignored(response) == ["messages[2].name", "user", "foo"]
+    assert "x-millm-ignored-fields" not in clean.headers
+    assert response.json().keys() == clean.json().keys()
+
+
+def test_nested_extra_messages_locations(tiny_server, model):
+    body = chat_body(model, max_tokens=1, extra_messages=[[{"role": "user", "content": "a"},
+                                                           {"role": "user", "content": "b", "weight": 2}]])
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert _ignored(response) == ["extra_messages[0][1].weight"]
+    assert len(response.json()["choices"]) == 2
+
+
+def test_report_on_streams_too(tiny_server, model):
+    with tiny_server.http() as http:
+        response, events = stream_post(http, "/v1/chat/completions", chat_body(model, max_tokens=2, stream=True, user="u"))
+    assert _ignored(response) == ["user"] and events[-1] == "[DONE]"
+
+
+def test_header_is_capped_with_a_count(tiny_server, model):
+    extra = {f"field_{i:03d}_with_a_long_name": i for i in range(200)}
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, **extra))
+    header = response.headers["x-millm-ignored-fields"]
+    assert len(header.encode()) <= 1024
+    items = _ignored(response)
+    assert items[-1] == f"+{200 - (len(items) - 1)} more"
+    assert items[:-1] == list(extra)[: len(items) - 1]
+
+
+def test_non_printable_names_are_percent_encoded(tiny_server, model):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, **{"caf\u00e9\n": 1}))
+    assert _ignored(response) == ["caf%C3%A9%0A"]
+
+
+def test_one_log_warning_with_locations_never_values(tiny_server, model):
+    with tiny_server.http() as http:
+        http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, secret_field="SECRET-VALUE-42"))
+    log = tiny_server.log()
+    lines = [line for line in log.splitlines() if "request_fields_unused" in line and "secret_field" in line]
+    assert len(lines) == 1
+    assert "SECRET-VALUE-42" not in log
+
+
+@pytest.mark.parametrize("value", ["true", "1", "TRUE"])
+def test_strict_mode_refuses_every_unused_location(tiny_server, model, value):
+    body = {**chat_body(model, max_tokens=1, user="u", foo=1)}
+    body["messages"][0]["name"] = "n"
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=body, headers={"X-miLLM-Strict": value})
+    error = assert_error(response, 400, "unused_fields_refused")
+    for location in ("messages[0].name", "user", "foo"):
+        assert location in error["message"]
+
+
+@pytest.mark.parametrize("value", ["false", "0"])
+def test_strict_off_reports(tiny_server, model, value):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, user="u"),
+                             headers={"X-miLLM-Strict": value})
+    assert response.status_code == 200 and _ignored(response) == ["user"]
+
+
+def test_strict_with_another_value_names_the_header(tiny_server, model):
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1),
+                             headers={"X-miLLM-Strict": "yes"})
+    assert_error(response, 400, "invalid_parameter", "X-miLLM-Strict")
+
+
+REFUSED = [
+    # (endpoint, field, value) refused on the transformers engine whatever plugins are installed
+    ("chat.completions", "logit_bias", {"50": 10}),
+    ("completions", "logit_bias", {"50": 10}),
+    ("completions", "top_logprobs", 2),
+    ("completions", "response_format", {"type": "json_object"}),
+    ("completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("completions", "echo", True),
+    ("completions", "best_of", 3),
+    ("completions", "suffix", "end"),
+    ("chat.completions", "dimensions", 16),
+    ("chat.completions", "pooling", "last"),
+    ("chat.completions", "normalize", True),
+    ("chat.completions", "functions", [{"name": "f"}]),
+]
+
+
+def _body(endpoint: str, model: str, **fields):
+    if endpoint == "completions":
+        return {"model": model, "prompt": "Hello", "max_tokens": 1, **fields}
+    return chat_body(model, max_tokens=1, **fields)
+
+
+@pytest.mark.parametrize("endpoint,field,value", REFUSED)
+def test_output_changing_fields_are_refused_not_ignored(tiny_server, model, endpoint, field, value):
+    path = "/v1/chat/completions" if endpoint == "chat.completions" else "/v1/completions"
+    with tiny_server.http() as http:
+        response = http.post(path, json=_body(endpoint, model, **{field: value}))
+    assert_error(response, 400, "field_not_honoured", field)
+
+
+def test_refusal_happens_before_any_model_load(tiny_server):
+    # The default model is on disk but not resident: a refused field must not load it.
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body("SmolLM2-135M-Instruct", logit_bias={"1": 1}))
+        health = http.get("/api/health").json()
+    assert_error(response, 400, "field_not_honoured", "logit_bias")
+    assert health["model"] == tiny_server.model_id
+
+
+NO_CHANGE = {
+    "n": 1, "logprobs": False, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+    "parallel_tool_calls": True, "logit_bias": {}, "pooling": "mean", "normalize": False,
+    "scoring_precision": "native", "dimensions": None, "seed": None,
+}
+
+
+@pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
+def test_no_change_values_are_accepted_everywhere(tiny_server, model, endpoint):
+    path = "/v1/chat/completions" if endpoint == "chat.completions" else "/v1/completions"
+    with tiny_server.http() as http:
+        response = http.post(path, json=_body(endpoint, model, **NO_CHANGE))
+    assert response.status_code == 200, response.text
+
+
+def test_image_content_parts_are_refused(tiny_server, model):
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    with tiny_server.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+        text_parts = http.post("/v1/chat/completions", json={**body, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}]})
+    assert_error(response, 400, "field_not_honoured", "messages[0].content[1]")
+    assert text_parts.status_code == 200

@@ -1,0 +1,128 @@
+"""Plugin loading: listing, disabling, a broken plugin, a third-party detector, no torch in the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .helpers import chat_body, stream_post
+
+
+def _millm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "millm_host.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_millm_plugins_lists_names_versions_and_status():
+    out = _millm("plugins").stdout
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert rows["engine_transformers"][:2] == ["0.1.0", "loaded"]
+    assert rows["detector_example"][:2] == ["0.1.0", "loaded"]
+
+
+def test_disabled_plugin_is_not_loaded():
+    out = _millm("plugins", env={"MILLM_DISABLE_PLUGINS": "detector_example"}).stdout
+    assert "detector_example" in out and "disabled" in out.split("detector_example")[1].splitlines()[0]
+
+
+def test_millm_settings_lists_declared_settings():
+    out = _millm("settings").stdout
+    assert "MILLM_QUEUE_MAX=" in out and "DETECTOR_EXAMPLE_ENABLED=" in out
+
+
+@pytest.fixture(scope="module")
+def broken_plugin_path(tmp_path_factory) -> Path:
+    """A distribution whose entry point raises on import (found through PYTHONPATH)."""
+    root = tmp_path_factory.mktemp("broken-plugin")
+    dist = root / "millm_broken_example-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: millm-broken-example\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[millm]\nbroken_example = millm_broken_example\n")
+    (root / "millm_broken_example.py").write_text("raise RuntimeError('this plugin is broken on purpose')\n")
+    return root
+
+
+def test_broken_plugin_is_reported_not_fatal(server_factory, tiny_model_dir, broken_plugin_path):
+    env = {"PYTHONPATH": os.pathsep.join([str(broken_plugin_path), os.environ.get("PYTHONPATH", "")])}
+    out = _millm("plugins", env=env).stdout
+    assert "broken_example" in out and "failed" in out and "broken on purpose" in out
+    server = server_factory(tiny_model_dir, env=env)
+    with server.http() as http:
+        health = http.get("/api/health").json()
+        model = health["model"]
+        reply = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
+    assert [p["name"] for p in health["failed_plugins"]] == ["broken_example"]
+    assert "broken on purpose" in health["failed_plugins"][0]["error"]
+    assert reply.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def detector_server(server_factory, tiny_model_dir):
+    return server_factory(tiny_model_dir, env={"DETECTOR_EXAMPLE_ENABLED": "true"})
+
+
+def test_third_party_detector_adds_header_and_body_field(detector_server):
+    client = detector_server.openai()
+    model = detector_server.model_id
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, n=2, seed=1
+    )
+    reply = raw.parse()
+    scores = reply.model_extra["detector_example"]["shouting"]
+    assert len(scores) == 2 and all(0 <= s <= 1 for s in scores)
+    assert raw.headers["x-detector-shouting"] == ",".join(f"{s:.4f}" for s in scores)
+
+
+def test_third_party_detector_streams_a_terminal_chunk(detector_server):
+    with detector_server.http() as http:
+        model = http.get("/api/health").json()["model"]
+        _, events = stream_post(http, "/v1/chat/completions", chat_body(model, max_tokens=4, stream=True))
+    extra = events[-2]
+    assert extra["choices"] == [] and "shouting" in extra["detector_example"]
+
+
+def test_detector_is_silent_unless_enabled(tiny_server):
+    with tiny_server.http() as http:
+        model = http.get("/api/health").json()["model"]
+        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
+    assert "detector_example" not in response.json() and "x-detector-shouting" not in response.headers
+
+
+BLOCK_TORCH = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class _Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers"):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, _Blocker())
+""")
+
+
+def test_host_builds_without_torch(tmp_path):
+    script = BLOCK_TORCH + textwrap.dedent(f"""
+        import json, sys
+        from millm_host.app import build
+        from millm_host.settings import Settings
+        app, host = build(Settings(environ={{"MILLM_DATA_DIR": {str(tmp_path)!r}}}))
+        print(json.dumps({{
+            "torch": "torch" in sys.modules,
+            "transformers": "transformers" in sys.modules,
+            "engines": [e.name for e in host.engines],
+            "failed": [r.name for r in host.report.failed],
+        }}))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert facts["torch"] is False and facts["transformers"] is False
+    # Discovering the transformers engine imports nothing heavy.
+    assert "transformers" in facts["engines"]
