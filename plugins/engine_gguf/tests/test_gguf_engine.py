@@ -18,6 +18,7 @@ from millm_host.context import RequestContext
 from millm_host.engine import LayerHook, SamplingParams
 from millm_host.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter
 from millm_host.settings import HOST_SETTINGS, Settings
+from millm_host.testing.conformance import EngineConformance
 
 THREADS = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog. " * 8, "<|im_start|>user\nhi<|im_end|>"]
@@ -178,3 +179,13 @@ def test_validate_request_accepts_mean_and_names_the_disabling_setting(gguf_path
     with pytest.raises(FieldNotHonoured) as caught:
         plugin.validate_request(embeddings_context(gguf_path, {"input": "x"}, GGUF_ENABLE_EMBEDDINGS="false"))
     assert "GGUF_ENABLE_EMBEDDINGS" in caught.value.message
+
+
+class TestGGUFEngineConformance(EngineConformance):
+    """The shared engine conformance suite (seeds are refused on GGUF until measured)."""
+
+    supports_seed = False
+
+    @pytest.fixture
+    def engine(self, engine):
+        return engine

@@ -124,7 +124,7 @@ def test_oversized_chat_prompt_is_context_length_exceeded(gguf_server, stream):
     error = caught.value.body
     assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
     assert str(WINDOW) in error["message"]
-    prompt_tokens = int(error["message"].split("the prompt has ")[1].split()[0])
+    prompt_tokens = int(error["message"].split("(")[1].split(" in the prompt")[0])
     assert prompt_tokens > WINDOW
 
 
