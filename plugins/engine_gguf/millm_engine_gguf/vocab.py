@@ -52,5 +52,6 @@ class Vocab:
         return frozenset(t for t in range(self.size) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
 
     def bos(self) -> int | None:
+        """The beginning-of-sequence token, or None when the vocabulary has none."""
         token = llama_cpp.llama_vocab_bos(self._vocab)
         return None if token < 0 else token
