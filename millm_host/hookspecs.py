@@ -8,7 +8,7 @@ and must not rely on a default argument value (pluggy passes none).
 Threads: startup hooks run on the main thread before the server accepts
 connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
 a worker thread off the event loop (they may touch the database),
-``before_forward`` and ``after_generate`` run on the engine thread, and
+``before_tokenize``, ``before_forward`` and ``after_generate`` run on the engine thread, and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
 
 Each request-path hook is called a fixed number of times per request, never per
@@ -143,6 +143,19 @@ def validate_request(ctx: RequestContext) -> None:
     Called once per request in a worker thread after the host validated the
     protocol and the fields. Raise a ``MillmError`` (400 with the field as
     ``param``) to refuse; return nothing otherwise. ``ctx.engine`` is not set.
+    """
+
+
+@hookspec
+def before_tokenize(ctx: RequestContext) -> None:
+    """The model is resident (``ctx.engine`` is set); the prompts are not tokenized yet.
+
+    Called once per request on the engine thread, just before the host renders and
+    tokenizes ``ctx.conversations`` (or the completion prompts). Adjust what is
+    rendered for the resident model here (``ctx.conversations``, ``ctx.chat_tools``),
+    e.g. from its chat template; the engine's tokenizer may be used. Raise a
+    ``MillmError`` to refuse: the request fails before it queues and before a
+    stream's ``200``.
     """
 
 

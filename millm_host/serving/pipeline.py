@@ -115,7 +115,7 @@ class Pipeline:
         try:
             admission.lease = await host.registry.acquire(entry)
             ctx.engine = admission.lease.engine
-            await host.scheduler.run(tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            await host.scheduler.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
             await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
@@ -123,6 +123,11 @@ class Pipeline:
             admission.release()
             raise
         return admission
+
+    def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
+        """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
+        self.host.pm.hook.before_tokenize(ctx=ctx)
+        tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
         """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""

@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import jinja2
 import torch
 import transformers
 
@@ -18,7 +19,7 @@ from millm_host.engine import (
     NoChatTemplate,
     SamplingParams,
 )
-from millm_host.errors import InsufficientMemory
+from millm_host.errors import InsufficientMemory, InvalidParameter
 
 from . import hooks as layer_hooks
 from .loader import load_model
@@ -112,13 +113,17 @@ class TransformersEngine(Engine):
     ) -> str:
         if self.info.chat_template is None:
             raise NoChatTemplate(f"model {self.info.id!r} has no chat template")
-        return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=list(tools) if tools else None,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-            **dict(template_kwargs or {}),
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **dict(template_kwargs or {}),
+            )
+        except jinja2.TemplateError as exc:  # the template's own raise_exception: a refusal of the input
+            raise InvalidParameter(f"the chat template of {self.info.id} refuses these messages: {exc}",
+                                   param="messages") from None
 
     # --- compute ----------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache: Any, start: int, keep_last: bool) -> Any:

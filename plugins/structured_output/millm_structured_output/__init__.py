@@ -1,0 +1,1 @@
+"""millm's structured output: ``response_format`` (constrained JSON) and function calling."""

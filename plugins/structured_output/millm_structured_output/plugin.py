@@ -1,0 +1,201 @@
+"""Hook implementations: ``response_format`` and function calling on the transformers engine.
+
+Both shape a reply: ``response_format`` constrains the tokens (a logits
+processor per sequence, the finished document validated), tools are rendered by
+the model's own template and the reply parsed back into ``tool_calls`` (an
+output filter per sequence). A request that uses neither gets nothing installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from millm_host.engine import LogitsProcessorFactory, NoChatTemplate
+from millm_host.errors import FieldNotHonoured
+from millm_host.hookspecs import hookimpl
+from millm_host.output import OutputFilterFactory
+
+from .constraint import ConstraintCompiler, JsonConstraint
+from .errors import ConstrainedOutputInvalid, ResponseFormatUnsupported
+from .headers import HEADER, constrained_header
+from .response_format import PARAM, ResponseFormat, parse_response_format
+from .tools.filter import ToolCallFilter
+from .tools.formats import CallFormat
+from .tools.history import add_tool_history, write_calls_into_content
+from .tools.request import ToolRequest, parse_tool_request
+from .tools.template import template_traits
+from .validation import document_problem
+
+log = logging.getLogger("millm.structured_output")
+
+NAME = "structured_output"
+ENGINES = ("transformers",)
+
+_RESPONSE_FORMAT_FIELDS = (
+    "response_format", "response_format.type", "response_format.json_schema",
+    "response_format.json_schema.name", "response_format.json_schema.description",
+    "response_format.json_schema.schema", "response_format.json_schema.strict",
+)
+# tools[].function.strict is not claimed: tool arguments are parsed, not constrained.
+_TOOL_FIELDS = (
+    "tools", "tools[].type", "tools[].function", "tools[].function.name",
+    "tools[].function.description", "tools[].function.parameters",
+    "tool_choice", "tool_choice.type", "tool_choice.function", "tool_choice.function.name",
+    "parallel_tool_calls",
+)
+_HISTORY_FIELDS = (
+    "tool_calls", "tool_calls[].id", "tool_calls[].type", "tool_calls[].function",
+    "tool_calls[].function.name", "tool_calls[].function.arguments", "tool_call_id",
+)
+
+#: Compiled grammars and matchers, shared by every request of this process (bounded).
+COMPILER = ConstraintCompiler()
+
+
+@dataclass
+class Plan:
+    """What this plugin does for one request (``ctx.state["structured_output"]``)."""
+
+    response_format: ResponseFormat | None = None
+    tools: ToolRequest | None = None
+    history: list[str] = field(default_factory=list)
+    call_format: CallFormat | None = None
+    opening: str = ""
+
+
+@hookimpl
+def register_request_fields(register) -> None:
+    """response_format, tools and tool-call history: chat completions on transformers only."""
+    history = (*(f"messages[].{f}" for f in _HISTORY_FIELDS), *(f"extra_messages[][].{f}" for f in _HISTORY_FIELDS))
+    register("chat.completions", (*_RESPONSE_FORMAT_FIELDS, *_TOOL_FIELDS, *history), engines=ENGINES)
+
+
+@hookimpl
+def validate_request(ctx) -> None:
+    """Read the request, refuse what cannot be honoured, carry tool history into the render."""
+    if not ctx.is_chat or ctx.engine_name not in ENGINES:
+        return
+    fmt = parse_response_format(ctx.body.get("response_format"))
+    tools = parse_tool_request(ctx.body)
+    if fmt is not None:
+        _refuse_combinations(ctx, fmt, tools)
+        COMPILER.grammar(fmt)  # a schema the library cannot compile is refused before any load
+    if tools is not None and tools.tools and ctx.scoring:
+        raise FieldNotHonoured("tools cannot be used on a scoring request", param="tools")
+    history = add_tool_history(ctx.body, ctx.conversations)
+    if tools is not None and tools.shown:
+        ctx.chat_tools = tools.tools
+    if fmt is not None or tools is not None or history:
+        ctx.state[NAME] = Plan(response_format=fmt, tools=tools, history=history)
+
+
+def _refuse_combinations(ctx, fmt: ResponseFormat, tools: ToolRequest | None) -> None:
+    if tools is not None and tools.tools:
+        raise FieldNotHonoured(f"tools cannot be combined with a {fmt.kind} response_format", param="tools")
+    refused = (
+        (ctx.streaming, "cannot be streamed (the document is validated before it is returned)"),
+        (bool(ctx.params.stop_list), "cannot be combined with stop (a stop string could cut the document)"),
+        (ctx.scoring, "cannot be used on a scoring request"),
+    )
+    for applies, why in refused:
+        if applies:
+            raise ResponseFormatUnsupported(f"a {fmt.kind} response_format {why}", param=PARAM)
+
+
+@hookimpl
+def before_tokenize(ctx) -> None:
+    """Build the constraint for the resident model; check its template, write history and a forced call's opening."""
+    plan: Plan | None = ctx.state.get(NAME)
+    if plan is None:
+        return
+    if plan.response_format is not None:
+        COMPILER.prepare(ctx.engine, plan.response_format)  # a failure refuses the request before it queues
+    info = ctx.engine.info
+    traits = template_traits(info.chat_template) if info.chat_template else None
+    tools = plan.tools
+    if tools is not None and tools.shown:
+        if traits is None or not traits.takes_tools:
+            raise FieldNotHonoured(f"the chat template of {info.id} takes no tools", param="tools")
+        if traits.call_format is None:
+            raise FieldNotHonoured(
+                f"{info.id} writes tool calls in a format this server cannot read "
+                "(recognised: LFM2 pythonic, Hermes/Qwen2.5 <tool_call>, Llama 3 JSON)", param="tools")
+        plan.call_format = traits.call_format
+    if plan.history:
+        if traits is None:
+            raise NoChatTemplate(f"{info.id} has no chat template to render tool-call history with",
+                                 param=plan.history[0])
+        if not traits.renders_tool_calls:
+            if traits.call_format is None:
+                raise FieldNotHonoured(f"the chat template of {info.id} cannot render tool calls",
+                                       param=plan.history[0])
+            write_calls_into_content(ctx.conversations, traits.call_format, ctx.body)
+    if tools is not None and tools.opens_call and plan.call_format is not None:
+        plan.opening = plan.call_format.opening(tools.forced)
+        for conversation in ctx.conversations:
+            _open_call(conversation, plan.opening)
+
+
+def _open_call(conversation: list[dict[str, Any]], opening: str) -> None:
+    """End the conversation with the call's opening, which the host renders as a continued assistant turn."""
+    last = conversation[-1] if conversation else None
+    if last is not None and last.get("role") == "assistant" and not last.get("tool_calls"):
+        last["content"] = (last.get("content") or "") + opening
+    else:
+        conversation.append({"role": "assistant", "content": opening})
+
+
+@hookimpl
+def before_forward(ctx) -> list[Any] | None:
+    """A JSON constraint per sequence for response_format; a tool-call filter per sequence for tools."""
+    plan: Plan | None = ctx.state.get(NAME)
+    if plan is None:
+        return None
+    installed: list[Any] = []
+    engine = ctx.engine
+    fmt = plan.response_format
+    if fmt is not None:
+        info = engine.info
+
+        def constraint(index: int) -> JsonConstraint:
+            return JsonConstraint(COMPILER.matcher(engine, fmt), info.vocab_size, sorted(info.eos_token_ids))
+
+        installed.append(LogitsProcessorFactory(make=constraint, owner=NAME))
+    tools = plan.tools
+    if tools is not None and tools.shown and plan.call_format is not None:
+        call_format, opening = plan.call_format, plan.opening
+        installed.append(OutputFilterFactory(
+            make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening), owner=NAME))
+    return installed or None
+
+
+@hookimpl
+def after_generate(ctx) -> None:
+    """A complete constrained document must validate: otherwise 500 constrained_output_invalid."""
+    plan: Plan | None = ctx.state.get(NAME)
+    if plan is None or plan.response_format is None or ctx.error is not None or ctx.interrupted:
+        return
+    for out in ctx.outputs:
+        if out.finish_reason != "stop":
+            continue  # "length": max_tokens cut the document, which is reported, not validated
+        problem = document_problem(out.text, plan.response_format)
+        if problem is not None:
+            log.error("constrained output invalid (choice %d): %s", out.index, problem)
+            raise ConstrainedOutputInvalid(f"choice {out.index}: {problem}")
+
+
+@hookimpl
+def render_headers(ctx) -> dict[str, str] | None:
+    """``X-miLLM-Constrained`` on a constrained reply."""
+    plan: Plan | None = ctx.state.get(NAME)
+    if plan is None or plan.response_format is None:
+        return None
+    return {HEADER: constrained_header(plan.response_format)}
+
+
+@hookimpl
+def model_unloading(engine) -> None:
+    """Drop the tokenizer view and matchers built for the model going away."""
+    COMPILER.forget(engine)

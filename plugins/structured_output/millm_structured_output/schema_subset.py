@@ -1,0 +1,105 @@
+"""The JSON Schema subset miLLM enforces, and the limits on a schema's size.
+
+Constraint libraries compile some keywords without enforcing them, so the subset
+is this server's own list: every keyword outside it is refused by name and JSON
+pointer (RFC 6901) rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+#: Keywords the constraint enforces.
+SUPPORTED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+    "enum", "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf",
+    "$ref", "$defs",
+})
+#: Annotations: accepted and ignored.
+ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
+
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_DEPTH = 32
+MAX_PROPERTIES = 256
+
+_DEFS_PREFIX = "#/$defs/"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a schema cannot be served: the keyword (if any) and where it is."""
+
+    pointer: str
+    keyword: str | None
+    reason: str
+
+    def describe(self) -> str:
+        where = self.pointer or "(root)"
+        return f"{self.keyword} at {where}" if self.keyword else f"{where}: {self.reason}"
+
+
+def pointer_token(key: str) -> str:
+    """An RFC 6901 reference token (``~`` → ``~0``, ``/`` → ``~1``)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def schema_size(schema: Any) -> int:
+    """Bytes of the schema as compact UTF-8 JSON."""
+    return len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
+def check_subset(schema: Any) -> list[Problem]:
+    """Every reason ``schema`` falls outside the subset or its limits (empty: it is served)."""
+    size = schema_size(schema)
+    if size > MAX_SCHEMA_BYTES:
+        return [Problem("", None, f"the schema is {size} bytes; the limit is {MAX_SCHEMA_BYTES}")]
+    return list(_walk(schema, schema, "", 1))
+
+
+def _walk(root: Any, node: Any, pointer: str, depth: int) -> Iterator[Problem]:
+    if isinstance(node, bool):
+        return
+    if not isinstance(node, dict):
+        yield Problem(pointer, None, "a schema must be an object or a boolean")
+        return
+    if depth > MAX_DEPTH:
+        yield Problem(pointer, None, f"schemas nest deeper than {MAX_DEPTH} levels")
+        return
+    for key, value in node.items():
+        here = f"{pointer}/{pointer_token(key)}"
+        if key in ANNOTATIONS:
+            continue
+        if key not in SUPPORTED:
+            yield Problem(here, key, "unsupported keyword")
+        elif key in ("properties", "$defs") and isinstance(value, dict):
+            if key == "properties" and len(value) > MAX_PROPERTIES:
+                yield Problem(here, None, f"{len(value)} properties; the limit is {MAX_PROPERTIES} per object")
+            for name, sub in value.items():
+                yield from _walk(root, sub, f"{here}/{pointer_token(name)}", depth + 1)
+        elif key in ("items", "additionalProperties"):
+            if isinstance(value, list):
+                yield Problem(here, key, "the array form of items (tuple validation) is unsupported")
+            else:
+                yield from _walk(root, value, here, depth + 1)
+        elif key == "anyOf" and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _walk(root, sub, f"{here}/{i}", depth + 1)
+        elif key == "$ref":
+            yield from _check_ref(root, value, here)
+
+
+def _check_ref(root: Any, ref: Any, pointer: str) -> Iterator[Problem]:
+    """Only local references into ``$defs`` are served (no remote or other local ones)."""
+    if not isinstance(ref, str) or not ref.startswith(_DEFS_PREFIX):
+        yield Problem(pointer, "$ref", "only local references into $defs are supported")
+        return
+    target: Any = root
+    for token in ["$defs", *ref[len(_DEFS_PREFIX):].split("/")]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or token not in target:
+            yield Problem(pointer, None, f"$ref {ref!r} does not resolve")
+            return
+        target = target[token]

@@ -1,0 +1,30 @@
+"""Checking a finished constrained document, independently of the constraint."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jsonschema
+
+from .response_format import ResponseFormat
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_key: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(schema_key))
+
+
+def document_problem(text: str, fmt: ResponseFormat) -> str | None:
+    """Why ``text`` is not a valid document for ``fmt``; None when it is."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        return f"the output is not JSON ({exc})"
+    if fmt.kind == "json_object" and not isinstance(document, dict):
+        return "the output is not a JSON object"
+    error = jsonschema.exceptions.best_match(_validator(fmt.key).iter_errors(document))
+    if error is not None:
+        where = error.json_path
+        return f"the output fails the schema at {where}: {error.message}"
+    return None
