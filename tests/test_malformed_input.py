@@ -8,6 +8,7 @@ bodies). Every answer is either a success or a 4xx in OpenAI's error shape.
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import pytest
@@ -27,8 +28,9 @@ JSON_VALUES = st.recursive(
 )
 FIELDS = ["model", "messages", "prompt", "temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "stop",
           "seed", "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs",
-          "response_format", "tools", "extra_messages", "add_special_tokens", "user", "steering", "profile",
-          "unknown_field"]
+          "response_format", "tools", "tool_choice", "parallel_tool_calls", "extra_messages", "add_special_tokens",
+          "user", "steering", "profile", "steering_intensity", "return_sae_activations", "allowed_token_ids",
+          "scoring_precision", "return_tokens_as_token_ids", "chat_template_kwargs", "unknown_field"]
 NUMBER_LITERALS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" * 400, "0.0000001", "-0"]
 
 
@@ -57,7 +59,7 @@ def post(http: httpx.Client, path: str, content: bytes) -> httpx.Response:
     return response
 
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @SETTINGS

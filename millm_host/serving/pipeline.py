@@ -86,7 +86,10 @@ class Pipeline:
         ctx.unused_fields = check_fields(host.fields, endpoint, entry.spec.name, body, strict)
         if isinstance(params, ChatCompletionRequest):
             ctx.conversations = [_conversation(params.messages, "messages")]
-            for i, rows in enumerate(body.get("extra_messages") or ()):
+            extra = body.get("extra_messages")
+            if extra is not None and not isinstance(extra, list):
+                raise InvalidParameter("extra_messages must be a list of conversations", param="extra_messages")
+            for i, rows in enumerate(extra or ()):
                 ctx.conversations.append(_conversation(_extra_messages(rows, i), f"extra_messages[{i}]"))
             ctx.chat_template_kwargs = body.get("chat_template_kwargs")
             if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):

@@ -9,6 +9,11 @@ import torch
 from millm_host.engine import SamplingParams
 
 
+#: Temperatures this small are greedy: their limit is greedy, and dividing by them
+#: overflows the logits to infinity (and the softmax to NaN).
+GREEDY_BELOW = 1e-6
+
+
 def generator_for(params: SamplingParams, device: torch.device) -> torch.Generator:
     """A generator of this request's own: seeded when a seed was sent, random otherwise."""
     seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
@@ -38,7 +43,7 @@ class Penalties:
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """The next token from 1-D float logits."""
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
     if params.top_p < 1.0:

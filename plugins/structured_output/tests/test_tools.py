@@ -103,7 +103,9 @@ def test_hermes_stream_sends_content_then_one_call_delta(http):
     assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
     finals = [c["choices"][0]["finish_reason"] for c in chunks[:-1] if c["choices"]]
     assert finals[-1] == "tool_calls" and all(f is None for f in finals[:-1])
-    assert chunks.index(next(c for c in chunks[:-1] if "tool_calls" in c["choices"][0]["delta"])) == len(chunks) - 3
+    choice_chunks = [c for c in chunks[:-1] if c["choices"]]  # extension chunks (choices: []) end a stream
+    call_chunk = next(c for c in choice_chunks if "tool_calls" in c["choices"][0]["delta"])
+    assert choice_chunks.index(call_chunk) == len(choice_chunks) - 2
 
 
 def test_sdk_stream_helper_runs_to_completion(family_server):
@@ -223,7 +225,7 @@ def test_llama_named_choice_and_stream(http, tokenizers):
     assert not any(d.get("content") for d in deltas)
     (call,) = next(d for d in deltas if "tool_calls" in d)["tool_calls"]
     assert call["function"]["name"] == "get_weather"
-    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert [c for c in chunks[:-1] if c["choices"]][-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 # --- LFM2 pythonic ------------------------------------------------------------------------

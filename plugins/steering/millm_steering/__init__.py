@@ -1,0 +1,1 @@
+"""millm steering: SAEs, live values, profiles, inline steering, X-miLLM-Steering and per-request SAE activations."""

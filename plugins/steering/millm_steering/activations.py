@@ -1,0 +1,195 @@
+"""``return_sae_activations``: one request's activations of an attached SAE.
+
+A read hook at the SAE's hook point encodes the residual at the positions asked
+for, after this layer's steering delta (``post_steering``) or before it
+(``pre_steering``), and keeps the ``top_k`` largest among the candidate features.
+The last sampled token is never fed back, so it has no activation: the
+response lists the positions actually read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from millm_host.engine import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, LayerHook
+from millm_host.errors import InvalidParameter
+
+from .features import check_indices, is_int
+from .resolve import select_attachment
+from .state import Attachment, Snapshot
+
+if TYPE_CHECKING:
+    from millm_host.context import RequestContext
+
+PARAM = "return_sae_activations"
+POSITIONS = ("last", "prompt", "completion", "all")
+READ_POINTS = ("post_steering", "pre_steering")
+DEFAULT_TOP_K = 8
+
+NOTES = {
+    "post_steering": (
+        "post_steering is what the model computed at this layer for this request; it is not an unsteered "
+        "counterfactual: steering at earlier layers, and tokens generated under steering, still shape it."
+    ),
+    "pre_steering": (
+        "pre_steering is read before this layer's own steering delta; steering at earlier layers, and "
+        "tokens generated under steering, still shape it."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ActivationsRequest:
+    """A validated ``return_sae_activations`` object. ``positions`` is a name or ``(start, end)``."""
+
+    sae_id: str | None
+    layer: int | None
+    features: tuple[int, ...] | None
+    top_k: int
+    positions: str | tuple[int, int]
+    read_point: str
+
+
+def _field(name: str) -> str:
+    return f"{PARAM}.{name}"
+
+
+def parse(value: Any, max_top_k: int) -> ActivationsRequest | None:
+    """The request's ``return_sae_activations`` (None when absent, null or false); 400 when malformed."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise InvalidParameter(f"{PARAM} must be an object", param=PARAM)
+    sae_id = value.get("sae_id")
+    if sae_id is not None and not isinstance(sae_id, str):
+        raise InvalidParameter("sae_id must be a string", param=_field("sae_id"))
+    layer = value.get("layer")
+    if layer is not None and (not is_int(layer) or layer < 0):
+        raise InvalidParameter("layer must be a non-negative integer", param=_field("layer"))
+    features = value.get("features")
+    if features is not None:
+        if not isinstance(features, list) or not features:
+            raise InvalidParameter("features must be a non-empty list of feature indices", param=_field("features"))
+        for j, index in enumerate(features):
+            if not is_int(index) or index < 0:
+                raise InvalidParameter(f"features[{j}] must be a non-negative integer", param=f"{_field('features')}[{j}]")
+        if len(set(features)) != len(features):
+            twice = next(i for i in features if features.count(i) > 1)
+            raise InvalidParameter(f"feature {twice} is listed twice", param=_field("features"))
+        features = tuple(features)
+    top_k = value.get("top_k")
+    if top_k is None:
+        top_k = min(len(features) if features is not None else DEFAULT_TOP_K, max_top_k)
+    elif not is_int(top_k) or top_k < 1:
+        raise InvalidParameter("top_k must be a positive integer", param=_field("top_k"))
+    elif top_k > max_top_k:
+        raise InvalidParameter(f"top_k {top_k} is over SAE_ACTIVATIONS_MAX_TOP_K ({max_top_k})", param=_field("top_k"))
+    return ActivationsRequest(sae_id, layer, features, top_k, _positions(value.get("positions", "completion")),
+                              _read_point(value.get("read_point", "post_steering")))
+
+
+def _positions(value: Any) -> str | tuple[int, int]:
+    if isinstance(value, str) and value in POSITIONS:
+        return value
+    if isinstance(value, dict):
+        start, end = value.get("start"), value.get("end")
+        if is_int(start) and is_int(end) and 0 <= start < end:
+            return (start, end)
+        raise InvalidParameter("positions {start, end} needs integers with 0 <= start < end (end exclusive)",
+                               param=_field("positions"))
+    raise InvalidParameter(f"positions must be one of {', '.join(POSITIONS)} or {{start, end}}",
+                           param=_field("positions"))
+
+
+def _read_point(value: Any) -> str:
+    if value in READ_POINTS:
+        return value
+    raise InvalidParameter(f"read_point must be one of {', '.join(READ_POINTS)}", param=_field("read_point"))
+
+
+def check_request_shape(ctx: RequestContext) -> None:
+    """One position axis only: refuse ``n > 1``, ``extra_messages`` and several prompts."""
+    if ctx.n > 1:
+        raise InvalidParameter(f"{PARAM} needs n = 1 (one position axis)", param="n")
+    if ctx.body.get("extra_messages"):
+        raise InvalidParameter(f"{PARAM} cannot be combined with extra_messages (one position axis)",
+                               param="extra_messages")
+    if ctx.endpoint == "completions" and len(ctx.params.prompts) > 1:
+        raise InvalidParameter(f"{PARAM} needs a single prompt (one position axis)", param="prompt")
+
+
+def select(snap: Snapshot, request: ActivationsRequest) -> Attachment:
+    """The attachment to read (400 when none or several match, or a feature is past its width)."""
+    attachment = select_attachment(snap, request.sae_id, request.layer, PARAM)
+    if request.features is not None:
+        check_indices(request.features, attachment.sae.cfg.d_sae, attachment.sae_id,
+                      lambda j: f"{_field('features')}[{j}]")
+    return attachment
+
+
+def worst_case_entries(request: ActivationsRequest, prompt_len: int, max_tokens: int) -> int:
+    """positions × top_k, counting ``max_tokens`` in full for ``completion`` and ``all`` (a range
+    counts the part of it that prompt and ``max_tokens`` can reach)."""
+    positions = request.positions
+    if isinstance(positions, str):
+        count = {"last": 1, "prompt": prompt_len, "completion": max_tokens, "all": prompt_len + max_tokens}[positions]
+    else:
+        count = max(0, min(positions[1], prompt_len + max_tokens) - positions[0])
+    return count * request.top_k
+
+
+class ActivationReader:
+    """The read hook's state: per position read, the top features."""
+
+    def __init__(self, attachment: Attachment, request: ActivationsRequest, prompt_len: int) -> None:
+        self.attachment = attachment
+        self.request = request
+        self.prompt_len = prompt_len
+        self.records: dict[int, list[tuple[int, float]]] = {}
+        self._candidates = attachment.sae.candidates(request.features)
+
+    def _window(self, lo: int, hi: int) -> tuple[int, int]:
+        positions = self.request.positions
+        if positions == "all":
+            return lo, hi
+        if positions == "prompt":
+            return lo, min(hi, self.prompt_len)
+        if positions == "completion":
+            return max(lo, self.prompt_len), hi
+        if positions == "last":
+            return hi - 1, hi
+        start, end = positions
+        return max(lo, start), min(hi, end)
+
+    def read(self, hidden: Any, start: int) -> None:
+        lo, hi = self._window(start, start + hidden.shape[1])
+        if lo >= hi:
+            return None
+        rows = self.attachment.sae.top_features(hidden[0, lo - start:hi - start], self._candidates,
+                                                self.request.top_k)
+        if self.request.positions == "last":
+            self.records.clear()
+        for offset, top in enumerate(rows):
+            self.records[lo + offset] = top
+        return None
+
+    def hook(self) -> LayerHook:
+        order = ORDER_READ_POST_STEERING if self.request.read_point == "post_steering" else ORDER_READ_PRE_STEERING
+        return LayerHook(self.attachment.layer, self.attachment.point, self.read, order, owner="steering")
+
+    def payload(self, token_ids: list[int]) -> dict[str, Any]:
+        """The ``millm`` object of the response; ``token_ids`` is prompt then generated."""
+        return {"sae_activations": {
+            "sae_id": self.attachment.sae_id,
+            "layer": self.attachment.layer,
+            "read_point": self.request.read_point,
+            "positions": [
+                {"position": p, "token_id": token_ids[p],
+                 "features": [{"index": i, "value": v} for i, v in self.records[p]]}
+                for p in sorted(self.records)
+            ],
+            "note": NOTES[self.request.read_point],
+        }}

@@ -1,0 +1,50 @@
+"""This plugin's tables: registered SAEs, saved profiles and the steering lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the steering plugin (its own metadata)."""
+
+
+class SAERecord(Base):
+    """A registered SAELens directory. ``cfg`` is its ``cfg.json`` as read at registration."""
+
+    __tablename__ = "steering_saes"
+
+    sae_id: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    path: Mapped[str] = mapped_column(sa.Text)
+    d_in: Mapped[int] = mapped_column(sa.Integer)
+    d_sae: Mapped[int] = mapped_column(sa.Integer)
+    layer: Mapped[int] = mapped_column(sa.Integer)
+    hook_point: Mapped[str] = mapped_column(sa.String(16))
+    architecture: Mapped[str] = mapped_column(sa.String(16))
+    cfg: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created: Mapped[int] = mapped_column(sa.Integer)
+
+
+class ProfileRecord(Base):
+    """A saved profile: a feature set on one SAE at one layer. ``features`` is ``[[index, strength], ...]``."""
+
+    __tablename__ = "steering_profiles"
+
+    name: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    sae_id: Mapped[str] = mapped_column(sa.String(200), sa.ForeignKey("steering_saes.sae_id"))
+    layer: Mapped[int] = mapped_column(sa.Integer)
+    features: Mapped[list[list[Any]]] = mapped_column(sa.JSON)
+    created: Mapped[int] = mapped_column(sa.Integer)
+
+
+class LockRecord(Base):
+    """The steering lock: at most one row, the model ``/v1/models`` is narrowed to."""
+
+    __tablename__ = "steering_lock"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    model_id: Mapped[str] = mapped_column(sa.String(400))
+    locked: Mapped[int] = mapped_column(sa.Integer)

@@ -1,0 +1,102 @@
+"""One request's steering, as layer hooks: the write callbacks and what they applied.
+
+Each steered attachment gets one write hook (``ORDER_WRITE_STEERING``) whose
+callback adds a precomputed vector ``Σ clamp(s)·W_dec[i]`` (in the model's dtype,
+on its device) to the residual at every position: one tensor add per forward.
+
+A request that carries its own set (a profile, an inline set, ``features: []``)
+is *frozen*: its hooks apply that set to the end, whatever an operator changes
+meanwhile. A request that runs on the server's state (optionally dialled) is
+*live*: when the epoch moves, its hooks re-read the state at their next call,
+so the remaining tokens see the operator's values. Either way the header says
+what the hooks applied last, flagged ``changed`` when the epoch moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from millm_host.engine import ORDER_WRITE_STEERING, LayerHook
+
+from .resolve import Entry
+from .state import AttachmentKey, Snapshot, SteeringState
+
+
+class Slot:
+    """One write hook: the entry it applies now (None: nothing) and its vector."""
+
+    __slots__ = ("key", "layer", "point", "entry", "delta")
+
+    def __init__(self, entry: Entry, dtype: Any) -> None:
+        self.key = entry.key
+        self.layer = entry.attachment.layer
+        self.point = entry.attachment.point
+        self.entry: Entry | None = None
+        self.delta: Any = None
+        self.apply(entry, dtype)
+
+    def apply(self, entry: Entry | None, dtype: Any) -> None:
+        self.entry = entry
+        self.delta = None if entry is None else entry.attachment.sae.steering_vector(entry.applied.values, dtype)
+
+
+class Plan:
+    """A request's write hooks and the state they were built from."""
+
+    def __init__(
+        self,
+        state: SteeringState,
+        snap: Snapshot,
+        entries: list[Entry],
+        dtype: Any,
+        refresh: Callable[[Snapshot], list[Entry]] | None = None,
+    ) -> None:
+        self.state = state
+        self.start_epoch = self.seen_epoch = snap.epoch
+        self.dtype = dtype
+        self._refresh = refresh
+        self.slots: dict[AttachmentKey, Slot] = {e.key: Slot(e, dtype) for e in entries}
+
+    @property
+    def live(self) -> bool:
+        return self._refresh is not None
+
+    def hooks(self) -> list[LayerHook]:
+        return [
+            LayerHook(slot.layer, slot.point, self._callback(slot), ORDER_WRITE_STEERING, owner="steering")
+            for slot in self.slots.values()
+        ]
+
+    def _callback(self, slot: Slot) -> Callable[[Any, int], Any]:
+        if not self.live:
+            delta = slot.delta
+
+            def steer(hidden: Any, start: int) -> Any:
+                return hidden + delta
+
+            return steer
+        state = self.state
+
+        def steer_live(hidden: Any, start: int) -> Any:
+            if state.epoch != self.seen_epoch:
+                self.refresh()
+            return None if slot.delta is None else hidden + slot.delta
+
+        return steer_live
+
+    def refresh(self) -> None:
+        """The epoch moved: re-read the state onto the hooks this request installed."""
+        assert self._refresh is not None
+        snap = self.state.snapshot()
+        self.seen_epoch = snap.epoch
+        current = {e.key: e for e in self._refresh(snap)}
+        for key, slot in self.slots.items():
+            slot.apply(current.get(key), self.dtype)
+
+    def applied(self) -> list[Entry]:
+        """The entries the hooks apply now (after the last refresh)."""
+        return [slot.entry for slot in self.slots.values() if slot.entry is not None]
+
+    def changed(self) -> bool:
+        return self.state.epoch != self.start_epoch

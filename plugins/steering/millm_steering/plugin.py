@@ -1,0 +1,155 @@
+"""Hook implementations of the steering plugin.
+
+The service (live state and stored data) is built at ``startup``; request hooks
+reach it through this module, one host per process (``millm serve`` builds one).
+A request with nothing attached installs no hook and pays one snapshot read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from millm_host.hookspecs import hookimpl
+from millm_host.output import ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra
+from millm_host.settings import Setting
+
+from . import request, routes
+from .header import INTENSITY, STEERING
+from .service import SteeringService
+
+ENGINES = ("transformers",)
+MIGRATIONS = Path(__file__).parent / "migrations" / "versions"
+
+REQUEST_FIELDS = (
+    "profile",
+    "steering_intensity",
+    "steering", "steering.sae_id", "steering.layer", "steering.features",
+    "steering.features[].index", "steering.features[].strength",
+    "return_sae_activations", "return_sae_activations.sae_id", "return_sae_activations.layer",
+    "return_sae_activations.features", "return_sae_activations.top_k", "return_sae_activations.positions",
+    "return_sae_activations.positions.start", "return_sae_activations.positions.end",
+    "return_sae_activations.read_point",
+)
+
+_service: SteeringService | None = None
+
+
+def service() -> SteeringService:
+    """This process's steering service."""
+    if _service is None:
+        raise RuntimeError("the steering plugin has not started")
+    return _service
+
+
+@hookimpl
+def register_settings(register) -> None:
+    """The activation limits and the intensity bounds."""
+    register(Setting("SAE_ACTIVATIONS_MAX_TOP_K", int, 64, "Largest top_k of return_sae_activations"))
+    register(Setting("SAE_ACTIVATIONS_MAX_ENTRIES", int, 65536,
+                     "Largest worst case (positions × top_k) of return_sae_activations"))
+    register(Setting("CLUSTER_INTENSITY_MIN", float, 0.5,
+                     'What steering_intensity "min" means for a base with no declared intensity range'))
+    register(Setting("CLUSTER_INTENSITY_MAX", float, 2.0,
+                     'What "max" means, and the cap of a numeric steering_intensity, without a declared range'))
+
+
+@hookimpl
+def register_request_fields(register) -> None:
+    """Claim the steering fields on chat and text completions, transformers engine only
+    (elsewhere the host refuses them: they change the output)."""
+    for endpoint in ("chat.completions", "completions"):
+        register(endpoint, REQUEST_FIELDS, engines=ENGINES)
+
+
+@hookimpl
+def register_migrations(register) -> None:
+    """The ``steering_*`` tables, in their own version table."""
+    register("steering", str(MIGRATIONS))
+
+
+@hookimpl
+def startup(host) -> None:
+    """Build the service: the stored lock is read; SAEs and profiles stay in the database."""
+    global _service
+    _service = SteeringService(host)
+
+
+@hookimpl
+def register_routes(host, add_route) -> None:
+    """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``)."""
+    routes.install(host, service(), add_route)
+
+
+@hookimpl
+def filter_listed_models(host, model_ids: list[str]) -> list[str] | None:
+    """While the steering lock is set, ``/v1/models`` lists only the locked model."""
+    locked = service().locked_model
+    return None if locked is None else [m for m in model_ids if m == locked]
+
+
+@hookimpl
+def model_loaded(host, engine) -> None:
+    """SAEs may attach to the new resident model (and only to it)."""
+    service().state.model_loaded(engine.info.load_id)
+
+
+@hookimpl
+def model_unloading(host, engine) -> None:
+    """Attached SAEs (and their live values) go with the model."""
+    service().state.model_unloading()
+
+
+@hookimpl
+def validate_request(ctx) -> None:
+    """Refuse malformed or unservable ``profile``/``steering_intensity``/``steering``/``return_sae_activations``."""
+    request.validate(ctx, service())
+
+
+@hookimpl
+def after_tokenize(ctx) -> None:
+    """Check again against the resident model's SAEs; settle ``X-miLLM-Steering-Intensity``."""
+    request.recheck(ctx, service())
+
+
+@hookimpl
+def before_forward(ctx) -> list[Any] | None:
+    """The request's steering write hooks and activation read hook (none when nothing applies)."""
+    return request.hooks(ctx, service())
+
+
+@hookimpl
+def after_generate(ctx) -> None:
+    """Record what the hooks applied and the activations read."""
+    request.finish(ctx)
+
+
+@hookimpl
+def render_headers(ctx) -> dict[str, str] | None:
+    """``X-miLLM-Steering`` after a non-streamed generation (``none`` on scoring responses);
+    ``X-miLLM-Steering-Intensity`` (a pre-generation echo) on streams too."""
+    if ctx.endpoint not in request.GENERATION_ENDPOINTS:
+        return None
+    if ctx.scoring:
+        return {STEERING: request.header(ctx)}
+    headers = {}
+    req = ctx.state.get(request.STATE_KEY)
+    if req is not None and req.echo is not None:
+        headers[INTENSITY] = req.echo
+    if ctx.finished and not ctx.streaming:
+        headers[STEERING] = request.header(ctx)
+    return headers or None
+
+
+@hookimpl
+def response_extras(ctx) -> list[ResponseExtra] | None:
+    """The ``millm`` activations object; on a stream, the terminal ``millm_steering`` chunk (always)."""
+    if ctx.endpoint not in request.GENERATION_ENDPOINTS or ctx.scoring:
+        return None
+    extras = []
+    req = ctx.state.get(request.STATE_KEY)
+    if req is not None and req.millm is not None:
+        extras.append(ResponseExtra({"millm": req.millm}, ORDER_SAE_ACTIVATIONS))
+    if ctx.streaming:
+        extras.append(ResponseExtra({"millm_steering": request.header(ctx)}, ORDER_STEERING))
+    return extras or None

@@ -1,0 +1,223 @@
+"""One request's steering: its fields checked, its hooks built, its headers and body extras.
+
+``validate`` runs before any load, ``recheck`` once the model is resident (the
+last point for a 400, before a stream's 200), ``hooks`` on the engine thread
+when generation starts and ``finish`` after it. Everything the request needs
+between them lives in ``ctx.state["steering"]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from millm_host.engine import LayerHook
+from millm_host.errors import FieldNotHonoured, InvalidParameter
+
+from . import activations
+from .activations import ActivationReader, ActivationsRequest
+from .errors import SAENotAttached
+from .features import Features, check_indices, is_int, parse_features
+from .header import intensity_value, steering_value, unknown_value
+from .intensity import Dial, parse_dial
+from .plan import Plan
+from .resolve import Entry, check_profile, global_entries, inline_entries, profile_entries, select_attachment
+from .state import Profile, Snapshot
+from .store import to_profile
+
+if TYPE_CHECKING:
+    from millm_host.context import RequestContext
+
+    from .service import SteeringService
+
+log = logging.getLogger("millm.steering")
+
+STATE_KEY = "steering"
+GENERATION_ENDPOINTS = frozenset({"chat.completions", "completions"})
+FIELDS = ("profile", "steering_intensity", "steering", "return_sae_activations")
+
+
+@dataclass(frozen=True)
+class InlineSet:
+    """A request's own feature set (``steering``); empty features mean explicitly unsteered."""
+
+    sae_id: str | None
+    layer: int | None
+    features: Features
+
+
+@dataclass
+class RequestSteering:
+    """Per-request state, from validation to the response."""
+
+    profile: Profile | None = None
+    dial: Dial | None = None
+    inline: InlineSet | None = None
+    activations: ActivationsRequest | None = None
+    echo: str | None = None  # X-miLLM-Steering-Intensity, settled before generation
+    plan: Plan | None = None
+    reader: ActivationReader | None = None
+    header: str | None = None  # X-miLLM-Steering, settled after generation
+    millm: dict[str, Any] | None = None
+
+
+def parse_inline(value: Any) -> InlineSet:
+    if not isinstance(value, dict):
+        raise InvalidParameter("steering must be an object with features (and optionally sae_id)", param="steering")
+    if value.get("features") is None:
+        raise InvalidParameter("steering.features is required ([] means explicitly unsteered)",
+                               param="steering.features")
+    features = parse_features(value["features"], "steering.features", strict_keys=False)
+    sae_id, layer = value.get("sae_id"), value.get("layer")
+    if sae_id is not None and not isinstance(sae_id, str):
+        raise InvalidParameter("steering.sae_id must be a string", param="steering.sae_id")
+    if layer is not None and (not is_int(layer) or layer < 0):
+        raise InvalidParameter("steering.layer must be a non-negative integer", param="steering.layer")
+    if not features and (sae_id is not None or layer is not None):
+        raise InvalidParameter("steering.features is empty (explicitly unsteered): it takes no sae_id or layer",
+                               param="steering.sae_id" if sae_id is not None else "steering.layer")
+    return InlineSet(sae_id, layer, features)
+
+
+def _sent(ctx: RequestContext) -> list[str]:
+    return [f for f in FIELDS if ctx.body.get(f) is not None and ctx.body.get(f) is not False]
+
+
+def validate(ctx: RequestContext, service: SteeringService) -> None:
+    """Check the request's steering fields before any model load (``validate_request``)."""
+    if ctx.endpoint not in GENERATION_ENDPOINTS:
+        return
+    sent = _sent(ctx)
+    if not sent:
+        return
+    if ctx.scoring:
+        raise FieldNotHonoured(f"{sent[0]} cannot be used on a scoring request: scoring is always unsteered",
+                               param=sent[0])
+    body = ctx.body
+    for other in ("profile", "steering_intensity"):
+        if "steering" in sent and other in sent:
+            raise InvalidParameter(f"steering and {other} are mutually exclusive: send one of them",
+                                   param=f"steering, {other}")
+    req = RequestSteering(dial=parse_dial(body.get("steering_intensity")))
+    if "profile" in sent:
+        name = body["profile"]
+        if not isinstance(name, str) or not name:
+            raise InvalidParameter("profile must be a profile name", param="profile")
+        req.profile = to_profile(service.store.profile(name))
+    if "steering" in sent:
+        req.inline = parse_inline(body["steering"])
+    req.activations = activations.parse(body.get("return_sae_activations"),
+                                        ctx.settings["SAE_ACTIVATIONS_MAX_TOP_K"])
+    if req.activations is not None:
+        activations.check_request_shape(ctx)
+    if service.is_resident(ctx.model.id):
+        _check(service.state.snapshot(), req, service)
+    else:  # SAEs only ever attach to the resident model: refuse before an auto-load would evict it
+        if req.inline is not None and req.inline.features:
+            raise SAENotAttached(f"no SAE is attached to model {ctx.model.id!r}: it is not resident",
+                                 param="steering")
+        if req.activations is not None:
+            raise SAENotAttached(f"no SAE is attached to model {ctx.model.id!r}: it is not resident",
+                                 param=activations.PARAM)
+    ctx.state[STATE_KEY] = req
+
+
+def _check(snap: Snapshot, req: RequestSteering, service: SteeringService) -> None:
+    """Refuse what the attached SAEs cannot serve."""
+    if req.inline is not None and req.inline.features:
+        _inline_attachment(snap, req.inline)
+    if req.profile is not None and service.lam(req.dial) != 0.0:
+        check_profile(snap, req.profile)
+    if req.activations is not None:
+        activations.select(snap, req.activations)
+
+
+def _inline_attachment(snap: Snapshot, inline: InlineSet):
+    attachment = select_attachment(snap, inline.sae_id, inline.layer, "steering")
+    check_indices([i for i, _ in inline.features], attachment.sae.cfg.d_sae, attachment.sae_id,
+                  lambda j: f"steering.features[{j}].index")
+    return attachment
+
+
+def recheck(ctx: RequestContext, service: SteeringService) -> None:
+    """The model is resident and the prompts tokenized (``after_tokenize``): check again, settle the echo."""
+    req = ctx.state.get(STATE_KEY)
+    if req is None:
+        return
+    snap = service.state.snapshot()
+    _check(snap, req, service)
+    if req.activations is not None and ctx.sampling is not None:
+        worst = activations.worst_case_entries(req.activations, len(ctx.prompts[0]), ctx.sampling.max_tokens)
+        limit = ctx.settings["SAE_ACTIVATIONS_MAX_ENTRIES"]
+        if worst > limit:
+            raise InvalidParameter(
+                f"return_sae_activations could return up to {worst} entries (positions × top_k, counting "
+                f"max_tokens in full); SAE_ACTIVATIONS_MAX_ENTRIES is {limit}: narrow positions or lower top_k",
+                param=activations.PARAM)
+    if req.dial is not None:
+        base = (req.profile.key in snap.attachments) if req.profile is not None else bool(global_entries(snap, 1.0))
+        req.echo = intensity_value(service.lam(req.dial)) if base else None
+
+
+def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
+    """Build the request's plan and hooks (``before_forward``, engine thread)."""
+    if ctx.endpoint not in GENERATION_ENDPOINTS or ctx.scoring or ctx.engine is None:
+        return None
+    req = ctx.state.setdefault(STATE_KEY, RequestSteering())
+    snap = service.state.snapshot()
+    if snap.model_load_id != ctx.engine.info.load_id:
+        snap = Snapshot(snap.epoch, {}, {}, snap.active, snap.model_load_id)  # state of another model
+    if not snap.attachments and req.inline is None and req.activations is None:
+        req.plan = Plan(service.state, snap, [], None)  # nothing attached: nothing to steer
+        return None
+    from .sae import model_dtype
+
+    dtype = model_dtype(ctx.engine.info.dtype)
+    refresh = None
+    if req.inline is not None:
+        entries = inline_entries(_inline_attachment(snap, req.inline), req.inline.features) \
+            if req.inline.features else []
+    elif req.profile is not None:
+        lam = service.lam(req.dial)
+        if lam != 0.0:
+            check_profile(snap, req.profile)
+        entries = profile_entries(snap, req.profile, lam, "request")
+    else:
+        lam = service.lam(req.dial)
+        entries = global_entries(snap, lam)
+        if lam != 0.0:  # live: re-read the state when the epoch moves
+            refresh = functools.partial(_scaled_global, lam)
+    req.plan = Plan(service.state, snap, entries, dtype, refresh)
+    installed = req.plan.hooks()
+    if req.activations is not None:
+        req.reader = ActivationReader(activations.select(snap, req.activations), req.activations,
+                                      len(ctx.prompts[0]))
+        installed.append(req.reader.hook())
+    return installed or None
+
+
+def _scaled_global(lam: float, snap: Snapshot) -> list[Entry]:
+    return global_entries(snap, lam)
+
+
+def finish(ctx: RequestContext) -> None:
+    """Generation ended (``after_generate``): settle the header and the activations."""
+    req = ctx.state.get(STATE_KEY)
+    if req is None or req.plan is None:
+        return
+    try:
+        req.header = steering_value(req.plan.applied(), req.plan.changed())
+    except Exception:
+        log.exception("reading the applied steering failed")
+        req.header = unknown_value("read_failed")
+    if req.reader is not None and ctx.outputs:
+        out = ctx.outputs[0]
+        req.millm = req.reader.payload(out.prompt_ids + out.token_ids)
+
+
+def header(ctx: RequestContext) -> str:
+    """The X-miLLM-Steering value: what the hooks applied (``none`` when nothing ran)."""
+    req = ctx.state.get(STATE_KEY)
+    return req.header if req is not None and req.header is not None else steering_value([], False)

@@ -1,0 +1,276 @@
+"""The steering service: the live state, the stored data and the management operations.
+
+One per host, built at ``startup``. Management operations run on the event loop
+and push blocking work (database, reading SAE files) to threads; every change
+moves the steering epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from millm_host.engine import HookPoint
+from millm_host.errors import FieldNotHonoured, InvalidParameter, ModelBusy, ModelNotFound
+
+from .errors import Conflict, SAENotAttached
+from .features import Features, check_indices, features_json
+from .header import steering_value
+from .intensity import Dial, resolve
+from .resolve import global_entries, select_attachment
+from .saelens import CONFIG_FILE, SAEUnreadable
+from .saelens import describe as describe_sae_dir
+from .state import Attachment, Snapshot, SteeringState
+from .store import Store, to_profile
+
+if TYPE_CHECKING:
+    from millm_host.app import Host
+
+    from .models import ProfileRecord, SAERecord
+
+log = logging.getLogger("millm.steering")
+
+#: SAE ids appear in URLs, in header strings (printable ASCII) and in the hashed canonical form (one line).
+SAE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~\-]{0,199}$")
+#: Names the profile routes use for themselves.
+RESERVED_PROFILE_NAMES = frozenset({"deactivate"})
+
+
+class SteeringService:
+    """Live state plus stored data, and what the management API does with them."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.state = SteeringState()
+        self.store = Store(host.db)
+        self.locked_model: str | None = self.store.lock()
+
+    # --- shared with the request path -----------------------------------------------------
+    def lam(self, dial: Dial | None) -> float:
+        """λ of a dial against a base with no declared range (the cluster rule, server bounds)."""
+        settings = self.host.settings
+        return resolve(dial, settings["CLUSTER_INTENSITY_MIN"], settings["CLUSTER_INTENSITY_MAX"])
+
+    def is_resident(self, model_id: str) -> bool:
+        registry = self.host.registry
+        return registry.resident is not None and registry.engine is not None and registry.resident.id == model_id
+
+    # --- views ------------------------------------------------------------------------------
+    def sae_view(self, record: SAERecord, snap: Snapshot) -> dict[str, Any]:
+        return {
+            "sae_id": record.sae_id,
+            "path": record.path,
+            "d_in": record.d_in,
+            "d_sae": record.d_sae,
+            "layer": record.layer,
+            "hook_point": record.hook_point,
+            "architecture": record.architecture,
+            "k": record.cfg.get("k") if record.architecture == "topk" else None,
+            "apply_b_dec_to_input": bool(record.cfg.get("apply_b_dec_to_input", False)),
+            "model_name": record.cfg.get("model_name"),
+            "created": record.created,
+            "attached": [{"layer": a.layer, "hook_point": a.hook_name} for a in snap.attached(record.sae_id)],
+        }
+
+    def profile_view(self, record: ProfileRecord, snap: Snapshot) -> dict[str, Any]:
+        profile = to_profile(record)
+        active = snap.active is not None and snap.active.name == profile.name
+        return {
+            "name": profile.name,
+            "sae_id": profile.sae_id,
+            "layer": profile.layer,
+            "features": features_json(profile.features),
+            "created": record.created,
+            "active": active,
+            "live": active and profile.key in snap.attachments,
+        }
+
+    def steering_view(self, snap: Snapshot) -> dict[str, Any]:
+        """The whole live state, and the X-miLLM-Steering value a plain request would get now."""
+        return {
+            "epoch": snap.epoch,
+            "model": self.host.registry.resident.id if self.host.registry.resident else None,
+            "attached": [{"sae_id": a.sae_id, "layer": a.layer, "hook_point": a.hook_name} for a in snap.attached()],
+            "active_profile": snap.active.name if snap.active else None,
+            "active_profile_live": snap.active is not None and snap.active.key in snap.attachments,
+            "manual": [self.manual_view(snap, key) for key in sorted(snap.manual, key=lambda k: (k[1], k[0]))],
+            "applied": steering_value(global_entries(snap, 1.0), False),
+        }
+
+    def manual_view(self, snap: Snapshot, key: tuple[str, int]) -> dict[str, Any]:
+        live = snap.live_manual(key)
+        reason = None
+        if not live:
+            if key not in snap.attachments:
+                reason = "sae_not_attached"
+            elif not snap.manual.get(key):
+                reason = "empty"
+            else:
+                reason = "claimed_by_active_profile"
+        return {
+            "sae_id": key[0],
+            "layer": key[1],
+            "features": features_json(snap.manual.get(key, ())),
+            "live": live,
+            "reason": reason,
+        }
+
+    # --- SAEs -------------------------------------------------------------------------------
+    async def register_sae(self, path: str, sae_id: str | None) -> dict[str, Any]:
+        directory = Path(path).expanduser()
+        if not directory.is_absolute():
+            raise InvalidParameter("path must be an absolute path on the server", param="path")
+        sae_id = sae_id if sae_id is not None else directory.name
+        if not SAE_ID.match(sae_id):
+            raise InvalidParameter(
+                f"sae_id {sae_id!r} must be 1-200 characters of letters, digits and . _ ~ - (starting with a "
+                "letter or digit)", param="sae_id")
+
+        def register() -> SAERecord:
+            cfg = describe_sae_dir(directory)
+            raw = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+            return self.store.add_sae(sae_id, directory, cfg, raw)
+
+        record = await asyncio.to_thread(register)
+        log.info("registered SAE %s from %s", sae_id, directory)
+        return self.sae_view(record, self.state.touch())
+
+    async def list_saes(self) -> list[dict[str, Any]]:
+        records = await asyncio.to_thread(self.store.saes)
+        snap = self.state.snapshot()
+        return [self.sae_view(r, snap) for r in records]
+
+    async def get_sae(self, sae_id: str) -> dict[str, Any]:
+        record = await asyncio.to_thread(self.store.sae, sae_id)
+        return self.sae_view(record, self.state.snapshot())
+
+    async def delete_sae(self, sae_id: str) -> None:
+        if self.state.snapshot().attached(sae_id):
+            raise Conflict(f"SAE {sae_id!r} is attached; detach it first", param="sae_id", code="sae_attached")
+        await asyncio.to_thread(self.store.delete_sae, sae_id)
+        self.state.touch()
+
+    async def attach(self, sae_id: str, layer: int | None) -> dict[str, Any]:
+        """Attach a registered SAE to the resident model at its layer (or ``layer``)."""
+        from . import sae as sae_weights  # torch: imported when an SAE is first attached
+
+        engine, entry = self.host.registry.current()
+        record = await asyncio.to_thread(self.store.sae, sae_id)
+        if not engine.hook_points:
+            raise FieldNotHonoured(f"the {engine.name} engine has no hook points: SAEs cannot be attached to "
+                                   f"model {entry.id!r}", param="sae_id")
+        d_model = engine.info.d_model
+        if record.d_in != d_model:
+            raise InvalidParameter(
+                f"SAE {sae_id!r} has d_in {record.d_in}, but model {entry.id!r} has hidden size {d_model}",
+                param="sae_id", code="sae_incompatible")
+        layer = record.layer if layer is None else layer
+        point = record.hook_point.rsplit("hook_", 1)[1]
+        if HookPoint(layer, point) not in engine.hook_points:  # type: ignore[arg-type]
+            raise InvalidParameter(f"model {entry.id!r} has no layer {layer} (it has {engine.info.n_layers})",
+                                   param="layer")
+        snap = self.state.snapshot()
+        existing = snap.attachments.get((sae_id, layer))
+        if existing is not None:
+            return self.attachment_view(existing, entry.id, snap)
+        loaded = next((a.sae for a in snap.attached(sae_id)), None)
+        if loaded is None:
+            def load() -> Any:
+                cfg = describe_sae_dir(Path(record.path))
+                if (cfg.d_in, cfg.d_sae, cfg.hook_name, cfg.architecture) != (
+                        record.d_in, record.d_sae, record.hook_point, record.architecture):
+                    raise SAEUnreadable(f"{record.path} changed since it was registered; register it again",
+                                        param="sae_id")
+                return sae_weights.load(sae_id, Path(record.path), cfg, sae_weights.device_of(engine.info.device))
+
+            loaded = await asyncio.to_thread(load)
+        snap = self.state.attach(Attachment(loaded, layer, point), engine.info.load_id)
+        if snap is None:
+            raise ModelBusy(f"model {entry.id!r} was unloaded while SAE {sae_id!r} was attaching; retry")
+        log.info("attached SAE %s at layer %d of %s", sae_id, layer, entry.id)
+        return self.attachment_view(snap.attachments[(sae_id, layer)], entry.id, snap)
+
+    def attachment_view(self, attachment: Attachment, model_id: str, snap: Snapshot) -> dict[str, Any]:
+        return {"sae_id": attachment.sae_id, "layer": attachment.layer, "hook_point": attachment.hook_name,
+                "model": model_id, "epoch": snap.epoch}
+
+    async def detach(self, sae_id: str, layer: int | None) -> dict[str, Any]:
+        """Detach an SAE (at ``layer``, or everywhere it is attached); its live values go too."""
+        await asyncio.to_thread(self.store.sae, sae_id)
+        found = [a for a in self.state.snapshot().attached(sae_id) if layer is None or a.layer == layer]
+        if not found:
+            where = "" if layer is None else f" at layer {layer}"
+            raise SAENotAttached(f"SAE {sae_id!r} is not attached{where}", param="sae_id")
+        snap = self.state.detach([a.key for a in found])
+        return {"sae_id": sae_id, "detached": [{"layer": a.layer, "hook_point": a.hook_name} for a in found],
+                "epoch": snap.epoch}
+
+    # --- live values ----------------------------------------------------------------------
+    def set_manual(self, sae_id: str, layer: int | None, features: Features) -> dict[str, Any]:
+        """Replace the live values on one attachment (``features: []`` clears them)."""
+        attachment = select_attachment(self.state.snapshot(), sae_id, layer, "")
+        check_indices([i for i, _ in features], attachment.sae.cfg.d_sae, sae_id,
+                      lambda j: f"features[{j}].index")
+        snap = self.state.set_manual(attachment.key, features)
+        return {**self.manual_view(snap, attachment.key), "epoch": snap.epoch}
+
+    def clear_manual(self) -> dict[str, Any]:
+        return self.steering_view(self.state.clear_manual())
+
+    # --- profiles -------------------------------------------------------------------------
+    async def create_profile(self, name: str, sae_id: str, layer: int | None, features: Features) -> dict[str, Any]:
+        if name in RESERVED_PROFILE_NAMES:
+            raise InvalidParameter(f"{name!r} is reserved; choose another profile name", param="name")
+        record = await asyncio.to_thread(self.store.sae, sae_id)
+        check_indices([i for i, _ in features], record.d_sae, sae_id, lambda j: f"features[{j}].index")
+        profile = await asyncio.to_thread(
+            self.store.add_profile, name, sae_id, record.layer if layer is None else layer, features)
+        return self.profile_view(profile, self.state.touch())
+
+    async def list_profiles(self) -> list[dict[str, Any]]:
+        records = await asyncio.to_thread(self.store.profiles)
+        snap = self.state.snapshot()
+        return [self.profile_view(r, snap) for r in records]
+
+    async def get_profile(self, name: str) -> dict[str, Any]:
+        record = await asyncio.to_thread(self.store.profile, name)
+        return self.profile_view(record, self.state.snapshot())
+
+    async def delete_profile(self, name: str) -> None:
+        await asyncio.to_thread(self.store.delete_profile, name)
+        self.state.profile_deleted(name)
+
+    async def activate(self, name: str) -> dict[str, Any]:
+        record = await asyncio.to_thread(self.store.profile, name)
+        snap = self.state.activate(to_profile(record))
+        return {**self.profile_view(record, snap), "epoch": snap.epoch}
+
+    def deactivate(self) -> dict[str, Any]:
+        snap = self.state.activate(None)
+        return {"active_profile": None, "epoch": snap.epoch}
+
+    # --- the lock -------------------------------------------------------------------------
+    def lock_view(self) -> dict[str, Any]:
+        return {"locked": self.locked_model is not None, "model": self.locked_model}
+
+    async def set_lock(self, model_id: str | None) -> dict[str, Any]:
+        """Lock ``/v1/models`` to one model (default: the resident one); None unlocks."""
+        await asyncio.to_thread(self.store.set_lock, model_id)
+        self.locked_model = model_id
+        self.state.touch()
+        return self.lock_view()
+
+    def lock_target(self, model_id: str | None) -> str:
+        if model_id is None:
+            resident = self.host.registry.resident
+            if resident is None:
+                raise InvalidParameter("no model is resident; name the model to lock", param="model")
+            return resident.id
+        if model_id not in self.host.registry.entries:
+            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+        return model_id
+

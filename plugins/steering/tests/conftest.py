@@ -1,0 +1,85 @@
+"""Fixtures of the steering tests: SAE directories and a tiny-model server whose state each test resets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from millm_steering.testing import write_sae
+
+D_MODEL = 64  # the tiny model's hidden size
+#: Lowered for the server so a request can exceed it on a 512-token model.
+MAX_ENTRIES = 20000
+
+
+@pytest.fixture(scope="session")
+def sae_dir(tmp_path_factory) -> Callable[..., Path]:
+    """``sae_dir(name, d_sae=..., layer=..., ...)``: a SAE directory written once per session per name."""
+    root = tmp_path_factory.mktemp("saes")
+    made: dict[str, Path] = {}
+
+    def make(name: str, **kwargs) -> Path:
+        if name not in made:
+            kwargs.setdefault("d_in", D_MODEL)
+            kwargs.setdefault("d_sae", 256)
+            kwargs.setdefault("layer", 0)
+            made[name] = write_sae(root / name, **kwargs)
+        return made[name]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def steering_server(server_factory, tiny_model_dir):
+    """A tiny-model server of the steering tests' own (they change its state)."""
+    return server_factory(tiny_model_dir, env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES)})
+
+
+def reset(client: httpx.Client) -> None:
+    """Back to nothing: no live values, profile, attachment, registration or lock."""
+    client.delete("/api/steering").raise_for_status()
+    client.post("/api/profiles/deactivate").raise_for_status()
+    client.delete("/api/steering/lock").raise_for_status()
+    for profile in client.get("/api/profiles").json()["data"]:
+        client.delete(f"/api/profiles/{profile['name']}").raise_for_status()
+    for sae in client.get("/api/saes").json()["data"]:
+        if sae["attached"]:
+            client.post(f"/api/saes/{sae['sae_id']}/detach").raise_for_status()
+        client.delete(f"/api/saes/{sae['sae_id']}").raise_for_status()
+
+
+@pytest.fixture
+def server(steering_server) -> Iterator:
+    """The steering server, reset before the test."""
+    with steering_server.http() as client:
+        reset(client)
+    yield steering_server
+
+
+@pytest.fixture
+def client(server) -> Iterator[httpx.Client]:
+    with server.http() as c:
+        yield c
+
+
+@pytest.fixture
+def model_id(client) -> str:
+    return client.get("/api/health").json()["model"]
+
+
+@pytest.fixture
+def attach(client, sae_dir) -> Callable[..., dict]:
+    """``attach(sae_id, name=..., layer=None, **sae_kwargs)``: register a SAE directory and attach it."""
+
+    def register_and_attach(sae_id: str, *, name: str | None = None, layer: int | None = None, **kwargs) -> dict:
+        path = sae_dir(name or sae_id, **kwargs)
+        if client.get(f"/api/saes/{sae_id}").status_code == 404:
+            client.post("/api/saes", json={"path": str(path), "sae_id": sae_id}).raise_for_status()
+        response = client.post(f"/api/saes/{sae_id}/attach", json={} if layer is None else {"layer": layer})
+        response.raise_for_status()
+        return response.json()
+
+    return register_and_attach
