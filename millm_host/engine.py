@@ -270,6 +270,15 @@ class Engine(abc.ABC):
         """
         raise FieldNotHonoured(f"the {self.name} engine cannot embed", param="model")
 
+    @property
+    def embedding_window(self) -> int | None:
+        """The most tokens one ``embed`` input may have (None: no limit).
+
+        The context window, unless the engine embeds less at once (a GGUF model:
+        the smaller of its context window and its batch size).
+        """
+        return self.info.context_window
+
     def close(self) -> None:
         """Release the model's memory. Called once, on unload."""
 
