@@ -253,15 +253,6 @@ class Engine(abc.ABC):
         """
         raise FieldNotHonoured(f"the {self.name} engine cannot score", param="logprobs")
 
-    @property
-    def embedding_token_limit(self) -> int | None:
-        """Most tokens one embedding input may have (None: no stated limit, unchecked).
-
-        Inputs are never truncated: the host refuses any input past this. An engine
-        whose embedding batch is smaller than its window returns the smaller.
-        """
-        return self.info.context_window
-
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         """One input's vector: the last hidden layer pooled (``mean``, ``last`` or ``cls``).
 
@@ -269,6 +260,16 @@ class Engine(abc.ABC):
         normalises and checks the values.
         """
         raise FieldNotHonoured(f"the {self.name} engine cannot embed", param="model")
+
+    @property
+    def embedding_window(self) -> int | None:
+        """The most tokens one ``embed`` input may have (None: no stated limit, unchecked).
+
+        Inputs are never truncated: the host refuses any input past this. It is the
+        context window, unless the engine embeds less at once (a GGUF model: the
+        smaller of its context window and its batch size).
+        """
+        return self.info.context_window
 
     def close(self) -> None:
         """Release the model's memory. Called once, on unload."""

@@ -73,6 +73,16 @@ def test_mutated_requests_never_500(http, model, field, value, chat):
     check(post(http, "/v1/chat/completions" if chat else "/v1/completions", json.dumps(body).encode()))
 
 
+EMBEDDING_FIELDS = ["model", "input", "encoding_format", "pooling", "normalize", "dimensions", "user", "unknown"]
+
+
+@SETTINGS
+@given(field=st.sampled_from(EMBEDDING_FIELDS), value=JSON_VALUES)
+def test_mutated_embedding_requests_never_500(http, model, field, value):
+    body = {"model": model, "input": "hello", field: value}
+    check(post(http, "/v1/embeddings", json.dumps(body).encode()))
+
+
 @SETTINGS
 @given(field=st.sampled_from(FIELDS), literal=st.sampled_from(NUMBER_LITERALS))
 def test_non_finite_and_huge_numbers(http, model, field, literal):

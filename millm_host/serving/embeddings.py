@@ -100,7 +100,7 @@ async def serve_embeddings(host: Host, body: dict[str, Any], headers: dict[str, 
         for i, ids in enumerate(ctx.prompts):
             if not ids:
                 raise InvalidParameter(f"input[{i}] tokenises to nothing", param="input")
-        check_lengths(ctx, [len(ids) for ids in ctx.prompts], engine.embedding_token_limit)
+        check_lengths(ctx, [len(ids) for ids in ctx.prompts], engine.embedding_window)
 
     def embed(ctx: RequestContext) -> list[list[float]]:
         engine = ctx.engine

@@ -40,3 +40,48 @@ def test_scoring_and_embeddings_install_nothing_and_carry_the_right_header():
     request.validate(embeddings, service=None)
     assert request.hooks(embeddings, service=None) is None
     assert plugin.render_headers(embeddings) is None and plugin.response_extras(embeddings) is None
+
+
+# --- end to end, through the real endpoints ---------------------------------------------------
+
+
+def _steer_hard(client, attach, model_id):
+    """Attach a SAE and set strong live values: generation is visibly steered."""
+    attach("e2e-sae", d_sae=64, seed=3)
+    client.put("/api/steering", json={"sae_id": "e2e-sae", "features": [
+        {"index": i, "strength": 150.0} for i in range(8)]}).raise_for_status()
+
+
+def test_embeddings_are_identical_under_active_steering(client, attach, model_id):
+    body = {"model": model_id, "input": ["steer me not", "second input"], "encoding_format": "float"}
+    before = client.post("/v1/embeddings", json=body)
+    _steer_hard(client, attach, model_id)
+    chat = client.post("/v1/chat/completions", json={"model": model_id, "max_tokens": 1,
+                                                     "messages": [{"role": "user", "content": "x"}]})
+    assert chat.headers["x-millm-steering"].startswith("manual;")
+    after = client.post("/v1/embeddings", json=body)
+    assert before.status_code == after.status_code == 200
+    assert [d["embedding"] for d in after.json()["data"]] == [d["embedding"] for d in before.json()["data"]]
+    assert "x-millm-steering" not in after.headers
+
+
+def test_scoring_is_identical_under_active_steering(client, attach, model_id):
+    body = {"model": model_id, "prompt": "The answer is", "max_tokens": 1, "logprobs": 5}
+    before = client.post("/v1/completions", json=body)
+    _steer_hard(client, attach, model_id)
+    after = client.post("/v1/completions", json=body)
+    assert before.status_code == after.status_code == 200
+    assert after.json()["choices"][0]["logprobs"] == before.json()["choices"][0]["logprobs"]
+    assert after.headers["x-millm-steering"] == "none"
+    chat_body = {"model": model_id, "max_tokens": 1, "logprobs": True, "top_logprobs": 3,
+                 "messages": [{"role": "user", "content": "Hello"}]}
+    chat = client.post("/v1/chat/completions", json=chat_body)
+    assert chat.status_code == 200 and chat.headers["x-millm-steering"] == "none"
+
+
+@pytest.mark.parametrize("field,value", [("profile", "anything"), ("steering_intensity", 1.0),
+                                         ("steering", {"features": []})])
+def test_scoring_requests_carrying_steering_fields_are_400_through_the_server(client, model_id, field, value):
+    body = {"model": model_id, "prompt": "x", "max_tokens": 1, "logprobs": 2, field: value}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == field

@@ -1,0 +1,1 @@
+"""millm's GGUF engine: .gguf files served through llama-cpp-python."""

