@@ -85,7 +85,8 @@ def test_a_model_without_a_template_has_no_measurable_prefix(templateless_engine
 
 
 def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine, tmp_path, lab):
-    """No engine here lacks hooks (GGUF is another plugin), so one is stood in: the real engine with none."""
+    """A probe is armed only on a model whose parity ran, and an unload disarms it, so a served request
+    never meets a hookless engine with a probe armed; the live path is checked here with one stood in."""
     from millm_host.app import build
     from millm_host.settings import Settings
     from millm_probes.plugin import _runtimes
