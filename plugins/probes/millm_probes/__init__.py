@@ -1,0 +1,1 @@
+"""millm probe monitors: trained linear readouts, checked and read on live traffic."""

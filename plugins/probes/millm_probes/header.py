@@ -1,0 +1,61 @@
+"""``X-miLLM-Probe-Verdicts``: an RFC 8941 list, one member per probe and window.
+
+Serialised by http-sfv (decimals carry at most three fractional digits; the body
+and the stream chunk carry full precision). Bounded by
+``PROBE_VERDICT_HEADER_MAX_BYTES``: past it whole behaviours are left out and a
+last member ``"...";truncated;total=<n>`` says how many results there were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import groupby
+from typing import Any
+
+import http_sfv
+
+from millm_host.headers import Token, item, serialize_list
+
+HEADER = "X-miLLM-Probe-Verdicts"
+DECIMAL_LIMIT = 1e12  # RFC 8941 decimals have at most 12 integer digits
+
+
+def _decimal(value: float | None) -> float | None:
+    return value if value is not None and abs(value) < DECIMAL_LIMIT else None
+
+
+def member(result: dict[str, Any]) -> http_sfv.Item:
+    """One result as a header member: the probe's name, then its reading as parameters."""
+    params: dict[str, Any] = {}
+    if result["score"] is not None and result["status"] == "final":
+        params["score"] = _decimal(result["score"])
+        params["threshold"] = _decimal(result["threshold"])
+        params["verdict"] = result.get("verdict")
+    else:
+        params["scored"] = False
+    if result["reason"] is not None:
+        params["reason"] = Token(result["reason"])
+    params["rung"] = result["rung"]
+    params["window"] = Token(result["window"])
+    params["behaviour"] = result["behaviour"]
+    params["probe"] = result["probe_id"]
+    return item(result["name"], params)
+
+
+def render(results: Sequence[dict[str, Any]], max_bytes: int, group_of) -> str:
+    """The header value for ``results`` (already in listing order), within ``max_bytes``."""
+    members = [member(r) for r in results]
+    full = serialize_list(members)
+    if len(full) <= max_bytes:
+        return full
+    marker = item("...", {"truncated": True, "total": len(results)})
+    kept: list[http_sfv.Item] = []
+    position = 0
+    for _, group in groupby(results, key=group_of):
+        size = len(list(group))
+        candidate = kept + members[position:position + size]
+        if len(serialize_list([*candidate, marker])) > max_bytes:
+            break
+        kept = candidate
+        position += size
+    return serialize_list([*kept, marker])

@@ -1,0 +1,167 @@
+"""Live monitoring: the request-path half of the plugin.
+
+``before_forward`` snapshots what is armed and returns one read hook per residual
+point (none at all when nothing is armed, or when the request cannot be
+scored); the hooks gather rows on the device; ``after_generate`` scores every
+probe and window once, stores the results and keeps them for the header, the
+body field and the stream chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from millm_host.context import RequestContext
+from millm_host.engine import LayerHook
+from millm_host.output import ORDER_PROBE_VERDICTS, ResponseExtra
+
+from . import header, store
+from .capture import Capture
+from .evaluate import detail, read_pairs
+from .results import Reading, Served, Trace, ordered, result_object
+from .runtime import Runtime, Snapshot
+from .trace import new_trace
+from .windows import measure
+
+log = logging.getLogger("millm.probes")
+
+STATE = "probes"
+BODY_FIELD = "millm_probe_verdicts"
+_UNSEEN = object()  # before_forward never ran for this request
+
+
+@dataclass
+class LiveRequest:
+    """One monitored request's probe state (``ctx.state["probes"]``)."""
+
+    snapshot: Snapshot
+    trace: Trace
+    execution_mode: str
+    skip: str | None = None  # why the whole request is not scored
+    capture: Capture | None = None
+    began: float = field(default_factory=time.perf_counter)
+    setup_seconds: float = 0.0
+    results: list[dict[str, Any]] | None = None
+
+
+def _skip_reason(ctx: RequestContext, batched: bool) -> str | None:
+    if ctx.headers.get("x-millm-origin", "").strip().lower() == "judge":
+        return "judge_traffic"
+    if ctx.engine is None or not ctx.engine.hook_points:
+        return "engine_unsupported"
+    if batched:
+        return "batched_request"
+    return None
+
+
+def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
+    """Claim the armed probes' layers for this request; None when there is nothing to read."""
+    if ctx.scoring or ctx.endpoint == "embeddings":
+        return None
+    snapshot = runtime.snapshot
+    if not snapshot.armed:
+        ctx.state[STATE] = None  # seen, and nothing was armed
+        return None
+    batched = len(ctx.prompts) > 1 or ctx.n > 1
+    request = LiveRequest(snapshot, new_trace(ctx.headers), "batched" if batched else "serial")
+    request.skip = _skip_reason(ctx, batched)
+    ctx.state[STATE] = request
+    if request.skip is not None or snapshot.bank is None:
+        return None
+    capacity = len(ctx.prompts[0]) + (ctx.sampling.max_tokens if ctx.sampling else 0)
+    request.capture = Capture(snapshot.bank.points, capacity)
+    hooks = request.capture.hooks()
+    request.setup_seconds = time.perf_counter() - request.began
+    return hooks
+
+
+def finish(runtime: Runtime, ctx: RequestContext) -> None:
+    """Score, store and keep the results of a monitored request (also an interrupted one)."""
+    if ctx.scoring or ctx.endpoint == "embeddings":
+        return
+    request = ctx.state.get(STATE, _UNSEEN)
+    if request is None:
+        return
+    if request is _UNSEEN:  # before_forward never ran: the request failed before generation
+        if not ctx.interrupted or not runtime.snapshot.armed:
+            return
+        request = ctx.state[STATE] = LiveRequest(runtime.snapshot, new_trace(ctx.headers), "serial")
+    started = time.perf_counter()
+    snapshot, capture = request.snapshot, request.capture
+    pairs = ordered([(a.view, window) for a in snapshot.armed for window in a.view.windows])
+    copies = 0
+    ids: list[int] = []
+    if request.skip is not None and not ctx.interrupted:
+        readings = [Reading("skipped", request.skip) for _ in pairs]
+    elif capture is None:
+        readings = [Reading("interrupted", ctx.interrupted or "generation_error", "unavailable") for _ in pairs]
+    else:
+        engine = ctx.engine
+        prompt = ctx.prompts[0]
+        ids = prompt + (ctx.outputs[0].token_ids if ctx.outputs else [])
+        views = [a.view for a in snapshot.armed]
+        layout = measure(
+            engine, ids, capture.positions,
+            prompt_len=len(prompt),
+            prefix_ids=runtime.prefix_ids(engine) if any(v.definition.aggregation.skip_template_prefix for v in views) else None,
+            conversation=ctx.conversations[0] if ctx.is_chat and ctx.conversations else None,
+            no_turns="last_user_span_unknown" if ctx.is_chat else "text_completion_has_no_user_turn",
+            tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs,
+            need_last_user=any("last_user" in v.windows for v in views),
+        )
+        columns = None
+        if capture.positions:
+            columns = snapshot.bank.columns(capture.rows())
+            copies = 1
+        readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
+    scored_at = time.perf_counter()
+    served = Served.of(ctx.engine, request.execution_mode)
+    results = [
+        result_object(view, window, reading, served, request.trace, ctx.request_id, "persisted")
+        for (view, window), reading in zip(pairs, readings, strict=True)
+    ]
+    details = [detail(ctx.engine, ids, reading) if ids else None for reading in readings]
+    try:
+        store.write_events(runtime.host.db, results, details)
+    except Exception:
+        log.exception("storing %d probe results failed", len(results))
+        for result in results:
+            result["persistence"] = "not_persisted"
+    request.results = results
+    done = time.perf_counter()
+    hooks_ms = (capture.seconds if capture else 0.0) * 1000
+    runtime.record(results, {
+        "request_id": ctx.request_id,
+        "overhead_ms": round(request.setup_seconds * 1000 + hooks_ms + (done - started) * 1000, 3),
+        "setup_ms": round(request.setup_seconds * 1000, 3),
+        "hooks_ms": round(hooks_ms, 3),
+        "scoring_ms": round((scored_at - started) * 1000, 3),
+        "recording_ms": round((done - scored_at) * 1000, 3),
+        "forward_passes": capture.passes if capture else 0,
+        "positions": capture.positions if capture else 0,
+        "device_to_host_copies": copies,
+        "results": len(results),
+    })
+
+
+def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:
+    """``X-miLLM-Probe-Verdicts`` on a finished non-streaming response that was monitored."""
+    request = ctx.state.get(STATE)
+    if ctx.streaming or not ctx.finished or request is None or request.results is None:
+        return None
+    value = header.render(
+        request.results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"],
+        group_of=lambda r: r["behaviour"] if r["behaviour"] is not None else ("probe", r["probe_id"]),
+    )
+    return {header.HEADER: value}
+
+
+def extras(ctx: RequestContext) -> list[ResponseExtra] | None:
+    """``millm_probe_verdicts`` beside ``choices`` (a terminal chunk on a stream)."""
+    request = ctx.state.get(STATE)
+    if request is None or request.results is None:
+        return None
+    return [ResponseExtra({BODY_FIELD: request.results}, ORDER_PROBE_VERDICTS)]

@@ -1,0 +1,273 @@
+"""Managing probes: import, arming through the gates, disarming, deleting, parity, recalibration.
+
+Blocking work goes to a thread (the database) or the engine thread (forward
+passes); changes to what is armed happen one at a time under the runtime's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from millm_host.errors import InvalidParameter, ModelBusy
+from millm_host.protocol import validate
+
+from . import digests, gates, store
+from .definition import Decision, parse
+from .errors import GateRefused, IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
+from .models import Probe
+from .parity import run_parity
+from .results import ProbeView, now_iso
+from .runtime import Armed, Runtime
+from .scoring import ProbeUnusable, compile_probe
+
+
+class ArmRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    acknowledgement: Annotated[str, Field(max_length=4000)] | None = None
+
+
+class CutProvenance(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    probe_id: Annotated[str, Field(min_length=1)]
+    exported_at: str | None = None
+    producer: str | None = None
+
+
+class RecalibrationRequest(BaseModel):
+    """A new cut: the bar and nothing else (a detector field is an unknown field here)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    provenance: CutProvenance
+    decision: Decision
+    decision_digest: str | None = None
+
+
+def probe_json(runtime: Runtime, row: Probe, view: ProbeView) -> dict[str, Any]:
+    """A probe as the management API shows it (weights stay in the definition)."""
+    d = view.definition
+    armed = runtime.armed_entry(row.id)
+    return {
+        "id": row.id,
+        "object": "probe",
+        "name": row.name,
+        "behaviour": row.behaviour,
+        "version": row.version,
+        "provenance_probe_id": row.provenance_probe_id,
+        "model": d.model.model_dump(),
+        "read": d.read.model_dump(),
+        "scope": d.scope,
+        "basis": d.basis,
+        "sae": d.sae.model_dump() if d.sae else None,
+        "aggregation": d.aggregation.model_dump(),
+        "decision": row.decision,
+        "windows": view.windows,
+        "rung": d.evidence.rung,
+        "rung_language": d.rung_language,
+        "provisional": d.evidence.provisional,
+        "exporter_acknowledgement": d.evidence.acknowledgement,
+        "identity_algorithm": digests.ALGORITHM,
+        "detector_digest": row.detector_digest,
+        "detector_digest_source": row.detector_digest_source,
+        "decision_digest": row.decision_digest,
+        "decision_digest_source": row.decision_digest_source,
+        "decision_revision": row.decision_revision,
+        "threshold_revision": row.threshold_revision,
+        "n_test_vectors": len(d.test_vectors),
+        "parity_tolerance": d.parity.tolerance,
+        "armed": armed is not None,
+        "armed_at": armed.armed_at if armed else None,
+        "armed_load_id": armed.load_id if armed else None,
+        "disarmed_reason": None if armed else row.disarmed_reason,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def probe_list(runtime: Runtime) -> dict[str, Any]:
+    """Every imported probe (blocking: reads the database and parses definitions)."""
+    rows = store.list_probes(runtime.host.db)
+    return {"object": "list", "data": [probe_json(runtime, row, runtime.view(row)) for row in rows]}
+
+
+def _detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+    db = runtime.host.db
+    row = store.get_probe(db, probe_id)
+    data = probe_json(runtime, row, runtime.view(row))
+    reports = store.parity_reports(db, probe_id, 1)
+    data["parity"] = _parity_summary(reports[0] if reports else None)
+    data["acknowledgements"] = store.acknowledgements(db, probe_id)
+    data["recalibrations"] = store.recalibrations(db, probe_id)
+    return data
+
+
+async def probe_detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+    """A probe with its latest parity report, acknowledgements and recalibrations."""
+    return await asyncio.to_thread(_detail, runtime, probe_id)
+
+
+def _parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
+    if report is None:
+        return {"status": "never_run"}
+    return {"status": report["status"], "report_id": report["report_id"], "reason": report.get("reason"),
+            "model_load_id": report["model"].get("load_id"), "created_at": report["created_at"]}
+
+
+# --- import ---------------------------------------------------------------------------------
+
+
+async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
+    """Check a definition and its digests, then store it verbatim; nothing is stored on refusal."""
+    if on_conflict not in ("rename", "fail"):
+        raise InvalidParameter(f"on_conflict must be rename or fail, not {on_conflict!r}", param="on_conflict")
+    return await asyncio.to_thread(_import, runtime, raw, document, on_conflict)
+
+
+def _import(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
+    definition = parse(document)
+    computed = {
+        "detector_digest": digests.detector_digest(document),
+        "decision_digest": digests.decision_digest(document.get("decision")),
+    }
+    identity = document.get("identity")
+    try:
+        mismatches = digests.verify(identity, computed)
+    except ValueError:
+        raise IdentityAlgorithmUnknown(
+            f"identity.algorithm {identity.get('algorithm')!r} is not one this server knows "
+            f"({digests.ALGORITHM}); re-export the definition", param="identity.algorithm") from None
+    if mismatches:
+        raise IdentityMismatch(
+            "; ".join(f"{m['field']} is {m['stated']} in the definition but {m['computed']} here" for m in mismatches)
+            + "; re-export the definition",
+            param=mismatches[0]["field"], extra={"mismatches": mismatches})
+    row = Probe(
+        id=store.new_probe_id(),
+        name=definition.name,
+        behaviour=definition.behaviour,
+        version=None if definition.version is None else str(definition.version),
+        provenance_probe_id=definition.provenance.probe_id,
+        definition=raw.decode("utf-8"),
+        detector_digest=computed["detector_digest"],
+        detector_digest_source=digests.source(identity, "detector_digest"),
+        decision=document.get("decision"),
+        decision_digest=computed["decision_digest"],
+        decision_digest_source=digests.source(identity, "decision_digest"),
+        decision_revision=1,
+        threshold_revision=1,
+        armed=False,
+        created_at=store.now(),
+    )
+    row = store.insert_probe(runtime.host.db, row, on_conflict)
+    return probe_json(runtime, row, runtime.view(row))
+
+
+# --- parity, arming, disarming ---------------------------------------------------------------
+
+
+async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+    """Run parity on the resident model and store the report. Never arms."""
+    host = runtime.host
+    row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
+    engine, entry = host.registry.current()
+    report = await run_parity(runtime, runtime.view(row), engine, entry)
+    await asyncio.to_thread(store.add_parity_report, host.db, report)
+    return report
+
+
+async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Arm through the gates (limit, identity, evidence, parity, scope); a refusal names its gate."""
+    request = validate(ArmRequest, body)
+    host = runtime.host
+    async with runtime.lock:
+        row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
+        view = runtime.view(row)
+        if runtime.armed_entry(probe_id) is not None:
+            return {**probe_json(runtime, row, view), "warnings": []}
+        d = view.definition
+        engine, entry = host.registry.current()
+        gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
+        warnings = gates.gate_identity(d, gates.model_identity(engine, entry))
+        gates.gate_evidence(d, request.acknowledgement)
+        report = await run_parity(runtime, view, engine, entry)
+        await asyncio.to_thread(store.add_parity_report, host.db, report)
+        gates.gate_parity(report)
+        gates.gate_scope(d)
+        if request.acknowledgement and request.acknowledgement.strip():
+            await asyncio.to_thread(store.add_acknowledgement, host.db, probe_id, request.acknowledgement,
+                                    d.evidence.rung, engine.info.load_id)
+        await host.scheduler.run(_commit_arm, runtime, view, engine)
+        try:
+            await asyncio.to_thread(store.set_armed, host.db, probe_id, engine.info.load_id)
+        except BaseException:
+            runtime.disarm(probe_id)
+            raise
+        return {**probe_json(runtime, row, view), "warnings": warnings, "parity": _parity_summary(report)}
+
+
+def _commit_arm(runtime: Runtime, view: ProbeView, engine: Any) -> None:
+    """Compile the head for the resident model and publish it (engine thread: serialised with unloads)."""
+    if engine.info.load_id in runtime.unloaded or runtime.host.registry.engine is not engine:
+        raise ModelBusy("the model was unloaded while the probe was being armed; arm it again")
+    try:
+        compiled = compile_probe(view.probe_id, view.definition, engine, runtime.settings["PROBE_SAE_DIR"],
+                                 runtime.encoders)
+    except ProbeUnusable as exc:
+        raise GateRefused("parity", "PROBE_PARITY_FAILED", f"{exc.reason}: {exc}") from None
+    runtime.arm(Armed(view, compiled, engine.info.load_id, now_iso()))
+
+
+async def disarm(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+    host = runtime.host
+    async with runtime.lock:
+        row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
+        if runtime.disarm(probe_id):
+            await asyncio.to_thread(store.set_disarmed, host.db, "disarmed", probe_id)
+            row.disarmed_reason = "disarmed"
+        return probe_json(runtime, row, runtime.view(row))
+
+
+async def delete(runtime: Runtime, probe_id: str) -> dict[str, Any]:
+    """Delete a disarmed probe (its stored results stay, listed as another probe's)."""
+    host = runtime.host
+    async with runtime.lock:
+        await asyncio.to_thread(store.get_probe, host.db, probe_id)
+        if runtime.armed_entry(probe_id) is not None:
+            raise ProbeArmed(f"probe {probe_id} is armed; disarm it before deleting it", param="probe_id")
+        await asyncio.to_thread(store.delete_probe, host.db, probe_id)
+        runtime.forget_probe(probe_id)
+        return {"id": probe_id, "object": "probe", "deleted": True}
+
+
+# --- recalibration ---------------------------------------------------------------------------
+
+
+async def recalibrate(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Move the bar only: both revisions move, the stored definition never changes."""
+    request = validate(RecalibrationRequest, body)
+    decision = body["decision"]
+    host = runtime.host
+    if request.decision.threshold is not None and request.decision.target_fpr is None \
+            and not (request.decision.threshold_source or "").strip():
+        raise InvalidParameter("a threshold needs a false-positive budget (target_fpr) or a named source "
+                               "(threshold_source)", param="decision.threshold", code="PROBE_THRESHOLD_UNSOURCED")
+    computed = digests.decision_digest(decision)
+    if request.decision_digest is not None and request.decision_digest != computed:
+        raise IdentityMismatch(f"decision_digest is {request.decision_digest} in the cut but {computed} here",
+                               param="decision_digest", extra={"mismatches": [
+                                   {"field": "decision_digest", "stated": request.decision_digest, "computed": computed}]})
+    async with runtime.lock:
+        row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
+        if request.provenance.probe_id != row.provenance_probe_id:
+            raise ProvenanceMismatch(
+                f"the cut is for provenance.probe_id {request.provenance.probe_id!r}; this probe's is "
+                f"{row.provenance_probe_id!r}", param="provenance.probe_id")
+        source = "producer" if request.decision_digest is not None else "computed"
+        row = await asyncio.to_thread(store.recalibrate, host.db, probe_id, decision, computed, source)
+        view = runtime.view(row)
+        runtime.update_view(view)
+        return probe_json(runtime, row, view)

@@ -1,0 +1,154 @@
+"""The probes management API: thin Falcon resources over ``manage``, ``stateless`` and ``store``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import falcon
+
+from millm_host.errors import InvalidParameter
+from millm_host.protocol import parse_json_body
+from millm_host.resources.common import BodyTooLarge, UnsupportedMediaType, lower_headers, read_json
+
+from . import manage, stateless, store
+from .definition import WINDOWS
+from .runtime import Runtime
+
+
+async def read_raw(req: falcon.asgi.Request, settings: Any) -> tuple[bytes, Any]:
+    """The body's exact bytes and its JSON (a definition is stored as the bytes received)."""
+    limit = settings["MILLM_MAX_BODY_BYTES"]
+    raw = await req.stream.read(limit + 1)
+    if len(raw) > limit:
+        raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
+    media = (req.content_type or "application/json").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(f"the request body must be application/json, not {media}")
+    if not raw:
+        raise InvalidParameter("the request body is empty; send a probe definition", param="body")
+    return raw, parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"])
+
+
+class Probes:
+    """``GET /api/probes``; ``POST /api/probes/import``."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def on_get(self, req, resp) -> None:
+        resp.media = await asyncio.to_thread(manage.probe_list, self.runtime)
+
+    async def on_post_import(self, req, resp) -> None:
+        raw, document = await read_raw(req, self.runtime.settings)
+        on_conflict = req.get_param("on_conflict") or "fail"
+        resp.media = await manage.import_probe(self.runtime, raw, document, on_conflict)
+        resp.status = falcon.HTTP_201
+
+
+class ProbeItem:
+    """One probe: read, delete, its definition, parity, arming and its bar."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def on_get(self, req, resp, probe_id: str) -> None:
+        resp.media = await manage.probe_detail(self.runtime, probe_id)
+
+    async def on_delete(self, req, resp, probe_id: str) -> None:
+        resp.media = await manage.delete(self.runtime, probe_id)
+
+    async def on_get_definition(self, req, resp, probe_id: str) -> None:
+        row = await asyncio.to_thread(store.get_probe, self.runtime.host.db, probe_id)
+        resp.content_type = falcon.MEDIA_JSON
+        resp.text = row.definition
+
+    async def on_get_parity(self, req, resp, probe_id: str) -> None:
+        await asyncio.to_thread(store.get_probe, self.runtime.host.db, probe_id)
+        reports = await asyncio.to_thread(store.parity_reports, self.runtime.host.db, probe_id)
+        resp.media = {"object": "list", "data": reports}
+
+    async def on_post_parity(self, req, resp, probe_id: str) -> None:
+        await read_json(req, self.runtime.settings, required=False)
+        resp.media = await manage.check_parity(self.runtime, probe_id)
+
+    async def on_post_arm(self, req, resp, probe_id: str) -> None:
+        body = await read_json(req, self.runtime.settings, required=False)
+        resp.media = await manage.arm(self.runtime, probe_id, body)
+
+    async def on_post_disarm(self, req, resp, probe_id: str) -> None:
+        await read_json(req, self.runtime.settings, required=False)
+        resp.media = await manage.disarm(self.runtime, probe_id)
+
+    async def on_post_recalibrate(self, req, resp, probe_id: str) -> None:
+        body = await read_json(req, self.runtime.settings)
+        resp.media = await manage.recalibrate(self.runtime, probe_id, body)
+
+
+class Score:
+    """``POST /api/probes/score``: stateless scoring."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def on_post(self, req, resp) -> None:
+        body = await read_json(req, self.runtime.settings)
+        resp.media = await stateless.score(self.runtime, body, lower_headers(req))
+
+
+class Status:
+    """``GET /api/probes/status``: what is armed, why a quiet probe is quiet, the last overhead."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def on_get(self, req, resp) -> None:
+        resp.media = self.runtime.status()
+
+
+def _bool_param(req, name: str) -> bool | None:
+    raw = req.get_param(name)
+    if raw is None:
+        return None
+    if raw.lower() in ("true", "1"):
+        return True
+    if raw.lower() in ("false", "0"):
+        return False
+    raise InvalidParameter(f"{name} must be true or false, not {raw!r}", param=name)
+
+
+class Events:
+    """``GET /api/probes/events`` and ``GET /api/probes/events/{result_id}`` (the detail, with text)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def on_get(self, req, resp) -> None:
+        window = req.get_param("window")
+        if window is not None and window not in WINDOWS:
+            raise InvalidParameter(f"window must be one of {', '.join(WINDOWS)}", param="window")
+        limit_raw = req.get_param("limit") or "50"
+        if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= store.EVENT_LIST_MAX:
+            raise InvalidParameter(f"limit is an integer from 1 to {store.EVENT_LIST_MAX}", param="limit")
+        resp.media = await asyncio.to_thread(
+            store.list_events, self.runtime.host.db,
+            probe_id=req.get_param("probe_id"), result_id=req.get_param("result_id"),
+            trace_id=req.get_param("trace_id"), fired=_bool_param(req, "fired"), window=window,
+            limit=int(limit_raw), after=req.get_param("after"),
+        )
+
+    async def on_get_detail(self, req, resp, result_id: str) -> None:
+        resp.media = await asyncio.to_thread(store.get_event, self.runtime.host.db, result_id)
+
+
+def install(runtime: Runtime, add_route) -> None:
+    probes, item, events = Probes(runtime), ProbeItem(runtime), Events(runtime)
+    add_route("/api/probes", probes)
+    add_route("/api/probes/import", probes, suffix="import")
+    add_route("/api/probes/score", Score(runtime))
+    add_route("/api/probes/status", Status(runtime))
+    add_route("/api/probes/events", events)
+    add_route("/api/probes/events/{result_id}", events, suffix="detail")
+    add_route("/api/probes/{probe_id}", item)
+    for action in ("definition", "parity", "arm", "disarm", "recalibrate"):
+        add_route(f"/api/probes/{{probe_id}}/{action}", item, suffix=action)

@@ -1,0 +1,235 @@
+"""``POST /api/probes/score``: asking imported probes about inputs you already have.
+
+Nothing is persisted and nothing armed is touched. Each input takes its own
+place in the queue and its own unsteered forward pass on the resident model,
+scored by the code live serving uses. An input's windows are never guessed: a
+boundary that the input does not establish is reported, not assumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from millm_host.engine import NoChatTemplate
+from millm_host.errors import ContextLengthExceeded, InvalidParameter, ModelBusy, ModelNotLoaded
+from millm_host.protocol import ChatMessage, message_text, validate
+
+from . import store
+from .definition import Window
+from .errors import GateRefused, ModelChanged, mismatch_message
+from .evaluate import forward_columns, read_pairs
+from .gates import identity_check, model_identity
+from .results import ProbeView, Reading, Served, ordered, result_object
+from .runtime import Runtime
+from .scoring import Bank, ProbeUnusable, compile_probe
+from .trace import new_trace
+from .windows import common_prefix, measure
+
+
+class ScoreInput(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    prompt_tokens: int | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ScoreInput:
+        kinds = [k for k in ("token_ids", "messages", "text") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("an input carries exactly one of token_ids, messages or text")
+        if self.prompt_tokens is not None and self.text is not None:
+            raise ValueError("prompt_tokens goes with token_ids or messages, not text")
+        return self
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    probe_ids: Annotated[list[str], Field(min_length=1)] | None = None
+    inputs: Annotated[list[ScoreInput], Field(min_length=1)]
+    windows: Annotated[list[Window], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> ScoreRequest:
+        for name in ("probe_ids", "windows"):
+            values = getattr(self, name)
+            if values is not None and len(set(values)) != len(values):
+                raise ValueError(f"{name} lists a value twice")
+        return self
+
+
+class Prepared:
+    """One input as ids, with the boundaries it states or implies."""
+
+    def __init__(self, ids: list[int], prompt_len: int | None, failure: str | None,
+                 conversation: list[dict[str, Any]] | None) -> None:
+        self.ids, self.prompt_len, self.failure, self.conversation = ids, prompt_len, failure, conversation
+
+
+def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": message_text(m, i)} for i, m in enumerate(messages)]
+
+
+def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
+    """Tokenize and check every input before any forward pass (engine thread)."""
+    info = engine.info
+    prepared = []
+    for i, item in enumerate(inputs):
+        where = f"inputs[{i}]"
+        stated = item.prompt_tokens
+        conversation = None
+        if item.token_ids is not None:
+            ids = list(item.token_ids)
+            derived = None
+        else:
+            conversation = _conversation(item.messages) if item.messages else [{"role": "user", "content": item.text}]
+            try:
+                ids = engine.chat_ids(conversation, fallback=False)
+                ends_with_reply = conversation[-1]["role"] == "assistant"
+                derived = common_prefix(engine.chat_ids(conversation[:-1], fallback=False), ids) if ends_with_reply else len(ids)
+            except NoChatTemplate as exc:
+                raise NoChatTemplate(exc.message, param=f"{where}.{'messages' if item.messages else 'text'}") from None
+        bad = [t for t in ids if t >= info.vocab_size]
+        if bad:
+            raise InvalidParameter(f"token id {bad[0]} is outside the vocabulary (size {info.vocab_size})",
+                                   param=f"{where}.token_ids")
+        if not ids:
+            raise InvalidParameter("the input is empty", param=where)
+        if info.context_window is not None and len(ids) > info.context_window:
+            raise ContextLengthExceeded(
+                f"this model's maximum context length is {info.context_window} tokens; the input has {len(ids)}",
+                param=where)
+        prompt_len, failure = derived, None
+        if stated is not None:
+            if not 0 <= stated <= len(ids):
+                prompt_len, failure = None, "prompt_boundary_invalid"
+            elif derived is not None and stated != derived:
+                prompt_len, failure = None, "prompt_boundary_conflict"
+            else:
+                prompt_len = stated
+        prepared.append(Prepared(ids, prompt_len, failure, conversation))
+    return prepared
+
+
+def _score_one(runtime: Runtime, engine: Any, views: list[ProbeView], windows: dict[str, list[str]],
+               item: Prepared, compiled: dict[str, Any]) -> list[Any]:
+    """Readings of one input, in listing order (engine thread)."""
+    pairs = ordered([(view, window) for view in views for window in windows[view.probe_id]])
+    if not engine.hook_points:  # llama.cpp exposes no layers to read
+        return [(pair, Reading("skipped", "engine_unsupported")) for pair in pairs]
+    if "bank" not in compiled:
+        usable, unusable = [], {}
+        for view in views:
+            try:
+                usable.append(compile_probe(view.probe_id, view.definition, engine,
+                                            runtime.settings["PROBE_SAE_DIR"], runtime.encoders))
+            except ProbeUnusable as exc:
+                unusable[view.probe_id] = exc
+        compiled.update(bank=Bank(usable) if usable else None, unusable=unusable)
+    bank = compiled["bank"]
+    columns = forward_columns(engine, bank, item.ids) if bank is not None else None
+    layout = measure(
+        engine, item.ids, len(item.ids), prompt_len=item.prompt_len, boundary_failure=item.failure,
+        prefix_ids=runtime.prefix_ids(engine) if any(v.definition.aggregation.skip_template_prefix for v in views) else None,
+        conversation=item.conversation, no_turns="token_ids_have_no_turns",
+        need_last_user=any("last_user" in w for w in windows.values()),
+    )
+    return list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
+
+
+async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """Score every input with every chosen probe; nothing is stored."""
+    host = runtime.host
+    settings = runtime.settings
+    request = validate(ScoreRequest, body)
+    if len(request.inputs) > settings["PROBE_SCORE_MAX_INPUTS"]:
+        raise InvalidParameter(f"at most {settings['PROBE_SCORE_MAX_INPUTS']} inputs per request "
+                               "(PROBE_SCORE_MAX_INPUTS)", param="inputs", code="PROBE_SCORE_MAX_INPUTS")
+    if request.probe_ids is not None and len(request.probe_ids) > settings["PROBE_MAX_ARMED"]:
+        raise InvalidParameter(f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
+                               param="probe_ids", code="PROBE_MAX_ARMED")
+    engine, entry = host.registry.current()
+    identity = model_identity(engine, entry)
+    all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
+    views, skipped, refused = [], [], []
+    for view in all_views:
+        mismatches, _ = identity_check(view.definition.model, identity)
+        if not mismatches:
+            views.append(view)
+        elif request.probe_ids:
+            refused.append({"probe_id": view.probe_id, "mismatches": mismatches})
+        else:
+            skipped.append({"probe_id": view.probe_id, "name": view.name, "reason": "model_mismatch",
+                            "mismatches": mismatches})
+    if refused:
+        raise GateRefused("identity", "PROBE_MODEL_MISMATCH", "the loaded model is not the one these probes were "
+                          "fitted on: " + "; ".join(f"{r['probe_id']}: {mismatch_message(r['mismatches'])}" for r in refused),
+                          probes=refused)
+    windows = {v.probe_id: list(request.windows) if request.windows else v.windows for v in views}
+    parity = await asyncio.to_thread(_parity_states, host.db, views)
+    trace = new_trace(headers)
+    request_id = "score-" + uuid.uuid4().hex
+    load_id = engine.info.load_id
+    with host.scheduler.reserve():
+        prepared = await host.scheduler.run(_prepare, engine, request.inputs)
+    served = Served.of(engine, "stateless")
+    compiled: dict[str, Any] = {}
+    outputs: list[dict[str, Any]] = []
+    changed = False
+    for index, item in enumerate(prepared):
+        output: dict[str, Any] = {"index": index, "n_tokens": len(item.ids), "prompt_tokens": item.prompt_len}
+        outputs.append(output)
+        changed = changed or host.registry.engine is not engine or engine.info.load_id != load_id
+        if not changed and views:
+            with host.scheduler.reserve():
+                try:
+                    lease = await host.registry.acquire(entry)
+                except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
+                    changed = True
+                else:
+                    try:
+                        readings = await host.scheduler.run(_score_one, runtime, engine, views, windows, item, compiled)
+                    finally:
+                        lease.release()
+        if changed:
+            output["error"] = ModelChanged(
+                "the model changed during this request; no input is scored on a different model from the first",
+                param=f"inputs[{index}]").to_dict()
+            continue
+        output["results"] = [result_object(view, window, reading, served, trace, request_id, "not_persisted")
+                             for (view, window), reading in (readings if views else [])]
+    return {
+        "object": "probe.score",
+        "request_id": request_id,
+        "model": identity,
+        "results": outputs,
+        "skipped": skipped,
+        "probes": [{"probe_id": v.probe_id, "name": v.name, "windows": windows[v.probe_id],
+                    "parity": parity[v.probe_id]} for v in views],
+    }
+
+
+def _load_views(runtime: Runtime, probe_ids: list[str] | None) -> list[ProbeView]:
+    """The named probes, or every imported one (blocking: database and definition parsing)."""
+    rows = store.find_probes(runtime.host.db, probe_ids) if probe_ids else store.list_probes(runtime.host.db)
+    return [runtime.view(row) for row in rows]
+
+
+def _parity_states(db: Any, views: list[ProbeView]) -> dict[str, dict[str, Any]]:
+    """Each probe's stored parity: passed, failed (or another status) or never_run, and its model load."""
+    states = {}
+    for view in views:
+        reports = store.parity_reports(db, view.probe_id, limit=1)
+        if not reports:
+            states[view.probe_id] = {"status": "never_run", "model_load_id": None}
+        else:
+            latest = reports[0]
+            states[view.probe_id] = {"status": latest["status"], "report_id": latest["report_id"],
+                                     "model_load_id": (latest.get("model") or {}).get("load_id") or "unknown"}
+    return states

@@ -1,0 +1,224 @@
+"""Reading and writing the probes plugin's tables (blocking: call from a worker or the engine thread)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from .definition import Decision, parse
+from .errors import NameConflict, ProbeNotFound, ResultNotFound
+from .models import Acknowledgement, ParityReport, Probe, ProbeEvent, Recalibration
+from .results import ProbeView
+
+EVENT_LIST_MAX = 500
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_probe_id() -> str:
+    return "pr_" + secrets.token_hex(6)
+
+
+def view_of(row: Probe) -> ProbeView:
+    """The probe as results see it: its verbatim definition and its current bar."""
+    definition = parse(json.loads(row.definition))
+    return ProbeView(
+        probe_id=row.id,
+        name=row.name,
+        behaviour=row.behaviour,
+        version=row.version,
+        definition=definition,
+        decision=Decision.model_validate(row.decision) if row.decision is not None else None,
+        decision_digest=row.decision_digest,
+        decision_revision=row.decision_revision,
+        threshold_revision=row.threshold_revision,
+        detector_digest=row.detector_digest,
+        detector_digest_source=row.detector_digest_source,
+    )
+
+
+def insert_probe(db: Any, row: Probe, on_conflict: str) -> Probe:
+    """Store a new probe; a taken name fails (409) or is renamed ``name (2)``, ``name (3)``, …"""
+    base = row.name
+    attempt = 1
+    while True:
+        with db.session() as session:
+            taken = session.scalar(sa.select(Probe.id).where(Probe.name == row.name))
+            if taken is None:
+                session.add(row)
+                try:
+                    session.commit()
+                    return row
+                except IntegrityError:  # a concurrent import took the name
+                    session.rollback()
+            elif on_conflict == "fail":
+                raise NameConflict(
+                    f"a probe named {row.name!r} already exists ({taken}); import with on_conflict=rename, "
+                    f"or disarm, delete and import again", param="name",
+                )
+        attempt += 1
+        row.name = f"{base} ({attempt})"
+
+
+def get_probe(db: Any, probe_id: str) -> Probe:
+    with db.session() as session:
+        row = session.get(Probe, probe_id)
+        if row is None:
+            raise ProbeNotFound(f"no probe {probe_id!r}", param="probe_id")
+        return row
+
+
+def list_probes(db: Any) -> list[Probe]:
+    with db.session() as session:
+        return list(session.scalars(sa.select(Probe).order_by(Probe.created_at, Probe.id)))
+
+
+def find_probes(db: Any, ids: Sequence[str]) -> list[Probe]:
+    """The probes ``ids`` names, in that order; 404 naming the first unknown one."""
+    with db.session() as session:
+        rows = {r.id: r for r in session.scalars(sa.select(Probe).where(Probe.id.in_(list(ids))))}
+    for i, probe_id in enumerate(ids):
+        if probe_id not in rows:
+            raise ProbeNotFound(f"no probe {probe_id!r}", param=f"probe_ids[{i}]")
+    return [rows[i] for i in ids]
+
+
+def delete_probe(db: Any, probe_id: str) -> None:
+    with db.session() as session:
+        session.execute(sa.delete(Probe).where(Probe.id == probe_id))
+        session.commit()
+
+
+def set_armed(db: Any, probe_id: str, load_id: str) -> None:
+    with db.session() as session:
+        session.execute(sa.update(Probe).where(Probe.id == probe_id).values(
+            armed=True, armed_at=now(), armed_load_id=load_id, disarmed_reason=None))
+        session.commit()
+
+
+def set_disarmed(db: Any, reason: str, probe_id: str | None = None) -> None:
+    """Disarm one probe, or every armed probe when ``probe_id`` is None."""
+    with db.session() as session:
+        query = sa.update(Probe).where(Probe.armed.is_(True))
+        if probe_id is not None:
+            query = query.where(Probe.id == probe_id)
+        session.execute(query.values(armed=False, disarmed_reason=reason))
+        session.commit()
+
+
+def add_acknowledgement(db: Any, probe_id: str, text: str, rung: int, load_id: str | None) -> None:
+    with db.session() as session:
+        session.add(Acknowledgement(probe_id=probe_id, text=text, rung=rung, model_load_id=load_id, created_at=now()))
+        session.commit()
+
+
+def acknowledgements(db: Any, probe_id: str) -> list[dict[str, Any]]:
+    with db.session() as session:
+        rows = session.scalars(sa.select(Acknowledgement).where(Acknowledgement.probe_id == probe_id)
+                               .order_by(Acknowledgement.id))
+        return [{"text": a.text, "rung": a.rung, "model_load_id": a.model_load_id,
+                 "created_at": a.created_at.isoformat()} for a in rows]
+
+
+def add_parity_report(db: Any, report: dict[str, Any]) -> None:
+    with db.session() as session:
+        session.add(ParityReport(
+            id=report["report_id"], probe_id=report["probe_id"], status=report["status"],
+            model_id=report["model"]["id"], model_load_id=report["model"]["load_id"], report=report,
+            created_at=now(),
+        ))
+        session.commit()
+
+
+def parity_reports(db: Any, probe_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    """Stored reports, newest first."""
+    with db.session() as session:
+        rows = session.scalars(sa.select(ParityReport).where(ParityReport.probe_id == probe_id)
+                               .order_by(ParityReport.created_at.desc()).limit(limit))
+        return [r.report for r in rows]
+
+
+def recalibrate(db: Any, probe_id: str, decision: dict[str, Any] | None, digest: str, source: str) -> Probe:
+    """Move the bar: store the new decision, bump both revisions, record the change."""
+    with db.session() as session:
+        row = session.get(Probe, probe_id)
+        if row is None:
+            raise ProbeNotFound(f"no probe {probe_id!r}", param="probe_id")
+        previous = row.decision
+        row.decision, row.decision_digest, row.decision_digest_source = decision, digest, source
+        row.decision_revision += 1
+        row.threshold_revision += 1
+        session.add(Recalibration(
+            probe_id=probe_id, previous=previous, decision=decision, decision_digest=digest,
+            decision_revision=row.decision_revision, threshold_revision=row.threshold_revision, created_at=now(),
+        ))
+        session.commit()
+        return row
+
+
+def recalibrations(db: Any, probe_id: str) -> list[dict[str, Any]]:
+    with db.session() as session:
+        rows = session.scalars(sa.select(Recalibration).where(Recalibration.probe_id == probe_id)
+                               .order_by(Recalibration.id))
+        return [{"decision_revision": r.decision_revision, "threshold_revision": r.threshold_revision,
+                 "decision_digest": r.decision_digest, "previous": r.previous, "decision": r.decision,
+                 "created_at": r.created_at.isoformat()} for r in rows]
+
+
+# --- events ------------------------------------------------------------------------------
+
+
+def write_events(db: Any, results: Sequence[dict[str, Any]], details: Sequence[dict[str, Any] | None]) -> None:
+    """Store a request's results in one transaction (a Core insert: this runs on the request path)."""
+    stamp = now()
+    rows = [
+        {"result_id": r["result_id"], "probe_id": r["probe_id"], "request_id": r["request_id"],
+         "trace_id": r["trace_id"], "window": r["window"], "outcome": r["outcome"], "fired": r["fires"],
+         "result": r, "detail": detail, "created_at": stamp}
+        for r, detail in zip(results, details, strict=True)
+    ]
+    with db.engine.begin() as connection:
+        connection.execute(sa.insert(ProbeEvent), rows)
+
+
+def list_events(db: Any, *, probe_id: str | None, result_id: str | None, trace_id: str | None,
+                fired: bool | None, window: str | None, limit: int, after: str | None) -> dict[str, Any]:
+    """Stored results, newest first, as an OpenAI-style page (``after`` is a result id)."""
+    query = sa.select(ProbeEvent).order_by(ProbeEvent.id.desc())
+    for column, value in ((ProbeEvent.probe_id, probe_id), (ProbeEvent.result_id, result_id),
+                          (ProbeEvent.trace_id, trace_id), (ProbeEvent.window, window)):
+        if value is not None:
+            query = query.where(column == value)
+    if fired is not None:
+        query = query.where(ProbeEvent.fired.is_(fired))
+    with db.session() as session:
+        if after is not None:
+            cursor = session.scalar(sa.select(ProbeEvent.id).where(ProbeEvent.result_id == after))
+            if cursor is None:
+                raise ResultNotFound(f"no result {after!r} to page after", param="after")
+            query = query.where(ProbeEvent.id < cursor)
+        rows = list(session.scalars(query.limit(limit + 1)))
+    page = [r.result for r in rows[:limit]]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["result_id"] if page else None,
+        "last_id": page[-1]["result_id"] if page else None,
+        "has_more": len(rows) > limit,
+    }
+
+
+def get_event(db: Any, result_id: str) -> dict[str, Any]:
+    with db.session() as session:
+        row = session.scalar(sa.select(ProbeEvent).where(ProbeEvent.result_id == result_id))
+        if row is None:
+            raise ResultNotFound(f"no result {result_id!r}", param="result_id")
+        return {**row.result, "detail": row.detail}

@@ -1,0 +1,136 @@
+"""Pieces checked in-process: window arithmetic, the header bound, trace parsing, and two paths no
+served model here reaches (a model without a chat template, an engine without hooks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from millm_host.context import RequestContext
+from millm_probes import header, live, store
+from millm_probes.trace import trace_id_from
+from millm_probes.windows import Layout, NotScored, Span, last_user_span, measure, template_prefix_ids, window_span
+
+
+def test_window_spans():
+    layout = Layout(positions=20, prompt_len=12, prefix=5, last_user=Span(3, 10))
+    assert window_span(layout, "all", False) == Span(0, 20)
+    assert window_span(layout, "all", True) == Span(5, 20)
+    assert window_span(layout, "prompt", True) == Span(5, 12)
+    assert window_span(layout, "response", True) == Span(12, 20)  # the prefix never touches response
+    assert window_span(layout, "last_user", True) == Span(5, 10)
+    assert window_span(layout, "last_user", False) == Span(3, 10)
+    unknown = Layout(positions=20, prompt_len=None, prefix=None, last_user_reason="token_ids_have_no_turns")
+    assert window_span(unknown, "all", True) == NotScored("skipped", "template_prefix_unknown")
+    assert window_span(unknown, "all", False) == Span(0, 20)
+    assert window_span(unknown, "prompt", False) == NotScored("skipped", "prompt_boundary_unknown")
+    assert window_span(unknown, "last_user", False) == NotScored("skipped", "token_ids_have_no_turns")
+    failed = Layout(positions=20, boundary_failure="prompt_boundary_conflict")
+    assert window_span(failed, "response", False) == NotScored("failed", "prompt_boundary_conflict")
+    assert window_span(Layout(positions=12, prompt_len=12), "response", False) == NotScored("skipped", "no_scored_tokens")
+
+
+def test_traceparent_parsing():
+    good = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert trace_id_from(f"00-{good}-00f067aa0ba902b7-01") == good
+    assert trace_id_from(f"01-{good}-00f067aa0ba902b7-01-future") == good  # a later version may add fields
+    for bad in (None, "", f"ff-{good}-00f067aa0ba902b7-01", f"00-{good}-0000000000000000-01",
+                f"00-{good}-00f067aa0ba902b7-01-extra", f"00-{good[:-1]}-00f067aa0ba902b7-01",
+                f"00-{good}-00f067aa0ba902b7-01, 00-{good}-00f067aa0ba902b7-01"):
+        assert trace_id_from(bad) is None, bad
+
+
+def _result(i: int, behaviour: str | None) -> dict:
+    return {"name": f"probe-{i}", "score": 1.23456, "threshold": 1.0, "verdict": True, "status": "final",
+            "reason": None, "rung": 2, "window": "all", "behaviour": behaviour, "probe_id": f"pr_{i:012x}"}
+
+
+def test_header_truncates_whole_behaviours():
+    results = [_result(0, "a"), _result(1, "a"), _result(2, "b"), _result(3, None)]
+    group = lambda r: r["behaviour"] or r["probe_id"]  # noqa: E731
+    full = header.render(results, 8192, group)
+    assert full.count("probe-") == 4 and "score=1.235" in full
+    two = len(header.render(results[:2], 8192, group))
+    cut = header.render(results, two + 30, group)
+    assert cut.count("probe-") == 2 and cut.endswith('"...";truncated;total=4')
+    assert header.render(results, 40, group) == '"...";truncated;total=4'
+
+
+@pytest.fixture(scope="module")
+def templateless_engine():
+    """A real transformers engine, in this process, on a tiny model without a chat template."""
+    from millm_engine_transformers.engine import TransformersEngine
+    from millm_engine_transformers.spec import describe
+    from millm_host.settings import Settings
+    from millm_host.testing.models import tiny_llama
+
+    path = tiny_llama("probe-llama-plain", num_hidden_layers=2, chat_template=False)
+    engine = TransformersEngine.load(describe(str(path)), Settings(environ={}), lambda message: None)
+    engine.info.load_id = "in-process"
+    return engine
+
+
+def test_a_model_without_a_template_has_no_measurable_prefix(templateless_engine):
+    engine = templateless_engine
+    ids = engine.tokenize("user: hello\nassistant:")
+    assert template_prefix_ids(engine) is None
+    assert last_user_span(engine, [{"role": "user", "content": "hello"}], ids) == "no_chat_template"
+    layout = measure(engine, ids, len(ids), prompt_len=len(ids), prefix_ids=template_prefix_ids(engine),
+                     conversation=[{"role": "user", "content": "hello"}], need_last_user=True)
+    assert window_span(layout, "all", True) == NotScored("skipped", "template_prefix_unknown")
+    assert window_span(layout, "all", False) == Span(0, len(ids))
+    assert window_span(layout, "last_user", False) == NotScored("skipped", "no_chat_template")
+
+
+def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine, tmp_path, lab):
+    """A probe is armed only on a model whose parity ran, and an unload disarms it, so a served request
+    never meets a hookless engine with a probe armed; the live path is checked here with one stood in."""
+    from millm_host.app import build
+    from millm_host.settings import Settings
+    from millm_probes.plugin import _runtimes
+    from millm_probes.results import now_iso
+    from millm_probes.runtime import Armed
+    from millm_probes.scoring import compile_probe
+
+    settings = Settings(environ={"MILLM_DATA_DIR": str(tmp_path), "MILLM_LOAD_ON_START": "false"})
+    app, host = build(settings)
+    try:
+        runtime = _runtimes[id(settings)]
+        engine = templateless_engine
+        identity = {"hf_id": engine.info.id, "revision": None, "d_model": engine.info.d_model,
+                    "n_layers": engine.info.n_layers, "chat_template_sha256": None}
+        doc = lab.definition(identity, name="hookless", layer=0, vectors=0)
+        row = store.insert_probe(host.db, store.Probe(
+            id=store.new_probe_id(), name="hookless", behaviour=None, version="1", provenance_probe_id=None,
+            definition=json.dumps(doc), detector_digest="sha256:" + "0" * 64,
+            detector_digest_source="computed", decision=doc["decision"], decision_digest="sha256:" + "0" * 64,
+            decision_digest_source="computed", decision_revision=1, threshold_revision=1, armed=False,
+            created_at=store.now()), "fail")
+        view = runtime.view(row)
+        runtime.arm(Armed(view, compile_probe(row.id, view.definition, engine, None), "in-process", now_iso()))
+
+        class Hookless:  # the engine's identity, without a module tree to hook
+            name, info, hook_points = "gguf", engine.info, ()
+
+        ctx = RequestContext(endpoint="completions", body={}, params=None, headers={}, model=None,
+                             engine_name="gguf", settings=settings, engine=Hookless(), prompts=[[1, 2, 3]])
+        assert live.begin(runtime, ctx) is None  # no hook for an engine that has none
+        ctx.finished = True
+        live.finish(runtime, ctx)
+        [result] = ctx.state["probes"].results
+        assert (result["outcome"], result["reason"], result["engine"]) == ("skipped", "engine_unsupported", "gguf")
+        assert header.HEADER in live.headers(runtime, ctx)
+        stored = store.list_events(host.db, probe_id=row.id, result_id=None, trace_id=None, fired=None,
+                                   window=None, limit=10, after=None)["data"]
+        assert stored == [result]
+
+        for endpoint, scoring in (("chat.completions", True), ("embeddings", False)):  # never monitored
+            quiet = dataclasses.replace(ctx, endpoint=endpoint, scoring=scoring, engine=engine, state={})
+            assert live.begin(runtime, quiet) is None
+            live.finish(runtime, quiet)
+            assert quiet.state == {} and live.headers(runtime, quiet) is None and live.extras(quiet) is None
+    finally:
+        host.stop()
+
