@@ -104,7 +104,11 @@ def startup(host: Host) -> None:
 
 @hookspec
 def shutdown(host: Host) -> None:
-    """The server is stopping. Called once."""
+    """The server is stopping: release what ``startup`` took.
+
+    Called once, on the event loop's shutdown (a worker thread), after the last
+    request and before the resident model is closed.
+    """
 
 
 @hookspec
