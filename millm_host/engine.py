@@ -244,11 +244,14 @@ class Engine(abc.ABC):
         """One forward pass over ``ids`` with ``hooks`` installed, nothing generated."""
         raise FieldNotHonoured(f"the {self.name} engine cannot run hooked forward passes", param=None)
 
-    def score_next_token(self, prompts: Sequence[Sequence[int]], params: ScoringParams) -> list[NextTokenScores]:
+    def score_next_token(
+        self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()
+    ) -> list[NextTokenScores]:
         """Next-token log-probabilities of each prompt: one forward pass each, nothing generated.
 
-        Runs with no layer hook installed (scoring is never steered nor monitored).
-        Raises ``NonFiniteLogits`` (naming the prompt's index) and, for
+        ``hooks`` are read hooks only (``before_scoring``: scoring is never steered);
+        they run on the native-precision forward, never on a float32 copy. Raises
+        ``NonFiniteLogits`` (naming the prompt's index) and, for
         ``params.precision == "float32"``, ``ScoringPrecisionUnavailable``.
         """
         raise FieldNotHonoured(f"the {self.name} engine cannot score", param="logprobs")

@@ -188,6 +188,17 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
 
 
 @hookspec
+def before_scoring(ctx: RequestContext) -> list[LayerHook] | None:
+    """Return read hooks for a scoring request's forward passes, or None.
+
+    Called once per scoring request (``ctx.scoring``) on the engine thread, before
+    its forward passes, in place of ``before_forward``. Scoring is never steered:
+    what a callback returns is discarded, so a hook can only read (e.g. per-request
+    SAE activations, reported as unsteered). Not called for float32 scoring.
+    """
+
+
+@hookspec
 def after_generate(ctx: RequestContext) -> None:
     """Generation ended: ``ctx.outputs`` holds every sequence.
 

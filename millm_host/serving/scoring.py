@@ -10,10 +10,11 @@ are not called, and ``ctx.scoring`` tells the header and extras hooks so.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..context import RequestContext, SequenceOutput
+from ..engine import LayerHook
 from ..engine_scoring import (
     InvalidScoringRequest,
     NonFiniteLogits,
@@ -40,6 +41,7 @@ from ..protocol_scoring import (
     Usage,
 )
 from .responses import response_id
+from .generation import flatten
 from .run import collect_extras, collect_headers
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
 
 #: Fields that steer, constrain or monitor generation: a scoring request carrying one is refused.
 UNSCORABLE_FIELDS = (
-    "profile", "steering_intensity", "steering", "response_format", "return_sae_activations",
+    "profile", "steering_intensity", "steering", "response_format",
     "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
 )
 #: Sampling fields that change nothing when nothing is sampled: reported as unused.
@@ -107,6 +109,13 @@ def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
         # Every listed token is returned: the set is what the answer is normalised over.
         top = (len(allowed) if allowed else params.logprobs) if logprobs else 0
         precision_sent = params.scoring_precision
+    if precision_sent == "float32" and not is_no_change("return_sae_activations", body.get("return_sae_activations")) \
+            and body.get("return_sae_activations") is not False:
+        raise InvalidParameter(
+            "scoring_precision float32 runs on a copy of the model that reads no activations; "
+            "drop return_sae_activations or score natively",
+            param="scoring_precision",
+        )
     _report_not_applied(ctx)
     return ScoringRequest(
         params=ScoringParams(
@@ -163,7 +172,7 @@ class Scoring:
         try:
             admission = await host.pipeline.prepare(ctx, tokenize=lambda c: self._tokenize(host, c, request))
             try:
-                scores = await host.scheduler.run(self._score, ctx, request, cancel=ctx.cancel_event)
+                scores = await host.scheduler.run(self._score, host, ctx, request, cancel=ctx.cancel_event)
             finally:
                 admission.release()
         finally:
@@ -216,12 +225,15 @@ class Scoring:
                 )
             request.holds_float32 = True
 
-    def _score(self, ctx: RequestContext, request: ScoringRequest) -> list[dict[str, Any]]:
+    def _score(self, host: Host, ctx: RequestContext, request: ScoringRequest) -> list[dict[str, Any]]:
         """Score every prompt and render each answer's tokens (tokenizers live on this thread)."""
         engine = ctx.engine
         assert engine is not None
+        hooks = []
+        if request.params.precision != "float32":
+            hooks = [read_only(h) for h in flatten(host.pm.hook.before_scoring(ctx=ctx)) if isinstance(h, LayerHook)]
         try:
-            results = engine.score_next_token(ctx.prompts, request.params)
+            results = engine.score_next_token(ctx.prompts, request.params, hooks=hooks)
         except NonFiniteLogits as exc:
             where = prompt_location(ctx, exc.index)
             failed = NonFiniteLogits(f"{where}: {exc.message}", index=exc.index)
@@ -240,6 +252,15 @@ class Scoring:
                 "prompt_chars": _prompt_chars(ctx, engine, index),
             })
         return rendered
+
+
+def read_only(hook: LayerHook) -> LayerHook:
+    """The same hook with its return value dropped: nothing a scoring hook does can steer."""
+
+    def read(hidden: Any, start: int) -> None:
+        hook.callback(hidden, start)
+
+    return replace(hook, callback=read)
 
 
 def _token(engine: Any, token: TokenLogprob) -> dict[str, Any]:

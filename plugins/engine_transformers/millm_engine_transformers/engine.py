@@ -193,16 +193,28 @@ class TransformersEngine(Engine):
         finally:
             layer_hooks.remove(handles)
 
-    def score_next_token(self, prompts: Sequence[Sequence[int]], params: ScoringParams) -> list[NextTokenScores]:
-        """One unhooked forward pass per prompt; the math is in ``scoring``, the copy in ``float32``."""
+    def score_next_token(
+        self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()
+    ) -> list[NextTokenScores]:
+        """One forward pass per prompt; the math is in ``scoring``, the copy in ``float32``."""
 
         def score(model: Any, device: torch.device) -> list[NextTokenScores]:
-            return [next_token_scores(last_logits(model, ids, device), params, index)
-                    for index, ids in enumerate(prompts)]
+            results = []
+            for index, ids in enumerate(prompts):
+                self._position.start = 0  # read hooks see each prompt from its first position
+                results.append(next_token_scores(last_logits(model, ids, device), params, index))
+            return results
 
         if params.precision != "float32":
-            with self._typed_out_of_memory("scoring"):
-                return score(self.model, self.device)
+            handles = layer_hooks.install(self.layers, hooks, self._position) if hooks else []
+            try:
+                with self._typed_out_of_memory("scoring"):
+                    return score(self.model, self.device)
+            finally:
+                layer_hooks.remove(handles)
+        if hooks:
+            raise InvalidParameter("float32 scoring runs on a copy of the model: it takes no layer hooks",
+                                   param="scoring_precision")
         settings = self.settings or {}
         return score_in_float32(
             self.model, self.device, self.dtype, self.descriptor.format,

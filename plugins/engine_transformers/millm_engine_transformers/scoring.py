@@ -12,7 +12,7 @@ from millm_host.engine_scoring import NextTokenScores, NonFiniteLogits, ScoringP
 
 @torch.inference_mode()
 def last_logits(model: Any, ids: Sequence[int], device: torch.device) -> torch.Tensor:
-    """The next-token logits after ``ids``, as float32 (no cache, no hook, nothing generated)."""
+    """The next-token logits after ``ids``, as float32 (no cache, nothing generated)."""
     output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False, logits_to_keep=1)
     return output.logits[0, -1].float()
 

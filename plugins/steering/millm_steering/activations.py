@@ -27,6 +27,9 @@ POSITIONS = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
 DEFAULT_TOP_K = 8
 
+#: The read point a scoring request reports: its forward pass is never steered.
+UNSTEERED = "unsteered"
+
 NOTES = {
     "post_steering": (
         "post_steering is what the model computed at this layer for this request; it is not an unsteered "
@@ -36,6 +39,7 @@ NOTES = {
         "pre_steering is read before this layer's own steering delta; steering at earlier layers, and "
         "tokens generated under steering, still shape it."
     ),
+    UNSTEERED: "a scoring request's forward pass is never steered: these are the unsteered model's activations.",
 }
 
 
@@ -180,16 +184,20 @@ class ActivationReader:
         order = ORDER_READ_POST_STEERING if self.request.read_point == "post_steering" else ORDER_READ_PRE_STEERING
         return LayerHook(self.attachment.layer, self.attachment.point, self.read, order, owner="steering")
 
-    def payload(self, token_ids: list[int]) -> dict[str, Any]:
-        """The ``millm`` object of the response; ``token_ids`` is prompt then generated."""
+    def payload(self, token_ids: list[int], read_point: str | None = None) -> dict[str, Any]:
+        """The ``millm`` object of the response; ``token_ids`` is prompt then generated.
+
+        ``read_point`` overrides the requested one (a scoring request reports ``unsteered``).
+        """
+        read_point = read_point or self.request.read_point
         return {"sae_activations": {
             "sae_id": self.attachment.sae_id,
             "layer": self.attachment.layer,
-            "read_point": self.request.read_point,
+            "read_point": read_point,
             "positions": [
                 {"position": p, "token_id": token_ids[p],
                  "features": [{"index": i, "value": v} for i, v in self.records[p]]}
                 for p in sorted(self.records)
             ],
-            "note": NOTES[self.request.read_point],
+            "note": NOTES[read_point],
         }}

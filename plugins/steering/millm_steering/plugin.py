@@ -119,6 +119,12 @@ def before_forward(ctx) -> list[Any] | None:
 
 
 @hookimpl
+def before_scoring(ctx) -> list[Any] | None:
+    """A scoring request's activation read hook (read only: scoring is never steered)."""
+    return request.scoring_hooks(ctx, service())
+
+
+@hookimpl
 def after_generate(ctx) -> None:
     """Record what the hooks applied and the activations read."""
     request.finish(ctx)
@@ -144,8 +150,11 @@ def render_headers(ctx) -> dict[str, str] | None:
 @hookimpl
 def response_extras(ctx) -> list[ResponseExtra] | None:
     """The ``millm`` activations object; on a stream, the terminal ``millm_steering`` chunk (always)."""
-    if ctx.endpoint not in request.GENERATION_ENDPOINTS or ctx.scoring:
+    if ctx.endpoint not in request.GENERATION_ENDPOINTS:
         return None
+    if ctx.scoring:
+        millm = request.scoring_activations(ctx)
+        return None if millm is None else [ResponseExtra({"millm": millm}, ORDER_SAE_ACTIVATIONS)]
     extras = []
     req = ctx.state.get(request.STATE_KEY)
     if req is not None and req.millm is not None:

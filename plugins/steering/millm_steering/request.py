@@ -92,9 +92,10 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
     sent = _sent(ctx)
     if not sent:
         return
-    if ctx.scoring:
-        raise FieldNotHonoured(f"{sent[0]} cannot be used on a scoring request: scoring is always unsteered",
-                               param=sent[0])
+    steering_sent = [f for f in sent if f != activations.PARAM]
+    if ctx.scoring and steering_sent:  # activations are read on scoring requests, unsteered
+        raise FieldNotHonoured(f"{steering_sent[0]} cannot be used on a scoring request: scoring is always unsteered",
+                               param=steering_sent[0])
     body = ctx.body
     for other in ("profile", "steering_intensity"):
         if "steering" in sent and other in sent:
@@ -148,8 +149,9 @@ def recheck(ctx: RequestContext, service: SteeringService) -> None:
         return
     snap = service.state.snapshot()
     _check(snap, req, service)
-    if req.activations is not None and ctx.sampling is not None:
-        worst = activations.worst_case_entries(req.activations, len(ctx.prompts[0]), ctx.sampling.max_tokens)
+    if req.activations is not None and (ctx.sampling is not None or ctx.scoring):
+        generated = 0 if ctx.scoring else ctx.sampling.max_tokens  # scoring generates nothing
+        worst = activations.worst_case_entries(req.activations, len(ctx.prompts[0]), generated)
         limit = ctx.settings["SAE_ACTIVATIONS_MAX_ENTRIES"]
         if worst > limit:
             raise InvalidParameter(
@@ -196,6 +198,24 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
                                       len(ctx.prompts[0]))
         installed.append(req.reader.hook())
     return installed or None
+
+
+def scoring_hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
+    """The activation read hook of a scoring request (``before_scoring``): unsteered by construction."""
+    req = ctx.state.get(STATE_KEY)
+    if not ctx.scoring or req is None or req.activations is None or ctx.engine is None:
+        return None
+    snap = service.state.snapshot()
+    req.reader = ActivationReader(activations.select(snap, req.activations), req.activations, len(ctx.prompts[0]))
+    return [req.reader.hook()]
+
+
+def scoring_activations(ctx: RequestContext) -> dict[str, Any] | None:
+    """The ``millm`` object of a scoring response: activations of the prompt, read unsteered."""
+    req = ctx.state.get(STATE_KEY)
+    if req is None or req.reader is None or not ctx.prompts:
+        return None
+    return req.reader.payload(ctx.prompts[0], read_point=activations.UNSTEERED)
 
 
 def _scaled_global(lam: float, snap: Snapshot) -> list[Entry]:

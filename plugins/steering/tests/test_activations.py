@@ -130,3 +130,52 @@ def test_refusals_that_name_candidates_or_need_one_axis(client, model_id, attach
     rows = client.post("/v1/chat/completions", json={**body, "return_sae_activations": {"layer": 1},
                                                      "extra_messages": [[{"role": "user", "content": "Yo"}]]})
     assert rows.json()["error"]["param"] == "extra_messages"
+
+
+# --- scoring requests: activations of the unsteered forward ------------------------------------
+
+
+def _score(client, model_id, activations, **fields):
+    body = {"model": model_id, "prompt": "The lighthouse keeper", "max_tokens": 1, "logprobs": 3,
+            "return_sae_activations": activations, **fields}
+    return client.post("/v1/completions", json=body)
+
+
+def test_scoring_reads_activations_reported_unsteered(ask, client, model_id):
+    generated = read(ask({"positions": "prompt", "read_point": "pre_steering"}))
+    response = _score(client, model_id, {"positions": "all"})
+    scored = read(response)
+    assert scored["read_point"] == "unsteered" and scored["note"].startswith("a scoring request")
+    assert response.headers["x-millm-steering"] == "none"
+    # The scoring forward is the prompt alone: its activations are the prompt's, unsteered.
+    assert scored["positions"] == generated["positions"]
+    assert read(_score(client, model_id, {"positions": "completion"}))["positions"] == []
+    assert response.json()["choices"][0]["logprobs"]["top_logprobs"]
+
+
+def test_scoring_activations_ignore_live_steering(ask, client, model_id):
+    before = read(_score(client, model_id, {"positions": "prompt", "top_k": 16}))
+    client.put("/api/steering", json={"sae_id": "reader", "features": [{"index": 3, "strength": 120.0}]}
+               ).raise_for_status()
+    steered_chat = client.post("/v1/completions", json={"model": model_id, "prompt": "x", "max_tokens": 1})
+    assert steered_chat.headers["x-millm-steering"].startswith("manual;")
+    response = _score(client, model_id, {"positions": "prompt", "top_k": 16})
+    assert read(response) == before and response.headers["x-millm-steering"] == "none"
+
+
+def test_chat_scoring_reads_activations(ask, client, model_id):
+    body = {"model": model_id, "max_tokens": 1, "logprobs": True, "messages": [{"role": "user", "content": "Hi"}],
+            "return_sae_activations": {"positions": "last"}}
+    response = client.post("/v1/chat/completions", json=body)
+    scored = read(response)
+    assert scored["read_point"] == "unsteered" and len(scored["positions"]) == 1
+    assert scored["positions"][0]["position"] == response.json()["usage"]["prompt_tokens"] - 1
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"scoring_precision": "float32"}, "scoring_precision"),
+])
+def test_scoring_activation_refusals(ask, client, model_id, fields, param):
+    response = _score(client, model_id, {"positions": "all"}, **fields)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param

@@ -22,10 +22,10 @@ def context(endpoint="completions", scoring=True, **body):
                           settings=Settings(environ={}), scoring=scoring)
 
 
-@pytest.mark.parametrize("field", ["profile", "steering_intensity", "steering", "return_sae_activations"])
+@pytest.mark.parametrize("field", ["profile", "steering_intensity", "steering"])
 @pytest.mark.parametrize("endpoint", ["completions", "chat.completions"])
 def test_scoring_requests_refuse_steering_fields(field, endpoint):
-    value = {"steering": {"features": []}, "return_sae_activations": {}}.get(field, "x")
+    value = {"steering": {"features": []}}.get(field, "x")
     with pytest.raises(FieldNotHonoured) as err:
         request.validate(context(endpoint, logprobs=2, **{field: value}), service=None)
     assert err.value.param == field and err.value.status == 400
