@@ -1,7 +1,7 @@
 """Hook implementations of the steering plugin.
 
-The service (live state and stored data) is built at ``startup``; request hooks
-reach it through this module, one host per process (``millm serve`` builds one).
+The service (live state and stored data) is built at ``startup``, one per host
+(keyed by the host's settings, which every hook reaches through ``host`` or ``ctx``).
 A request with nothing attached installs no hook and pays one snapshot read.
 """
 
@@ -32,14 +32,15 @@ REQUEST_FIELDS = (
     "return_sae_activations.read_point",
 )
 
-_service: SteeringService | None = None
+_services: dict[int, SteeringService] = {}  # id(host.settings) -> that host's service
 
 
-def service() -> SteeringService:
-    """This process's steering service."""
-    if _service is None:
-        raise RuntimeError("the steering plugin has not started")
-    return _service
+def service(settings) -> SteeringService:
+    """The steering service of the host these settings belong to."""
+    try:
+        return _services[id(settings)]
+    except KeyError:
+        raise RuntimeError("the steering plugin has not started on this host") from None
 
 
 @hookimpl
@@ -71,57 +72,56 @@ def register_migrations(register) -> None:
 @hookimpl
 def startup(host) -> None:
     """Build the service: the stored lock is read; SAEs and profiles stay in the database."""
-    global _service
-    _service = SteeringService(host)
+    _services[id(host.settings)] = SteeringService(host)
 
 
 @hookimpl
 def register_routes(host, add_route) -> None:
     """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``)."""
-    routes.install(host, service(), add_route)
+    routes.install(host, service(host.settings), add_route)
 
 
 @hookimpl
 def filter_listed_models(host, model_ids: list[str]) -> list[str] | None:
     """While the steering lock is set, ``/v1/models`` lists only the locked model."""
-    locked = service().locked_model
+    locked = service(host.settings).locked_model
     return None if locked is None else [m for m in model_ids if m == locked]
 
 
 @hookimpl
 def model_loaded(host, engine) -> None:
     """SAEs may attach to the new resident model (and only to it)."""
-    service().state.model_loaded(engine.info.load_id)
+    service(host.settings).state.model_loaded(engine.info.load_id)
 
 
 @hookimpl
 def model_unloading(host, engine) -> None:
     """Attached SAEs (and their live values) go with the model."""
-    service().state.model_unloading()
+    service(host.settings).state.model_unloading()
 
 
 @hookimpl
 def validate_request(ctx) -> None:
     """Refuse malformed or unservable ``profile``/``steering_intensity``/``steering``/``return_sae_activations``."""
-    request.validate(ctx, service())
+    request.validate(ctx, service(ctx.settings))
 
 
 @hookimpl
 def after_tokenize(ctx) -> None:
     """Check again against the resident model's SAEs; settle ``X-miLLM-Steering-Intensity``."""
-    request.recheck(ctx, service())
+    request.recheck(ctx, service(ctx.settings))
 
 
 @hookimpl
 def before_forward(ctx) -> list[Any] | None:
     """The request's steering write hooks and activation read hook (none when nothing applies)."""
-    return request.hooks(ctx, service())
+    return request.hooks(ctx, service(ctx.settings))
 
 
 @hookimpl
 def before_scoring(ctx) -> list[Any] | None:
     """A scoring request's activation read hook (read only: scoring is never steered)."""
-    return request.scoring_hooks(ctx, service())
+    return request.scoring_hooks(ctx, service(ctx.settings))
 
 
 @hookimpl
