@@ -228,8 +228,9 @@ def render_headers(ctx: RequestContext) -> dict[str, str] | None:
 def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
     """Return body fields to add to the response.
 
-    Called once after generation (also after an interrupted stream, which cannot
-    deliver them). Non-streaming: each extra's fields are merged into the body.
+    Called once after generation completes, on the event loop; not for a stream
+    whose client went away (nothing can reach it: record such a request in
+    ``after_generate``). Non-streaming: each extra's fields are merged into the body.
     Streaming: each extra becomes one terminal chunk with ``choices: []``, sent in
     ascending ``order`` after the usage chunk and before ``[DONE]``.
     """
