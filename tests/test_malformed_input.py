@@ -59,7 +59,9 @@ def post(http: httpx.Client, path: str, content: bytes) -> httpx.Response:
     return response
 
 
-SETTINGS = settings(max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# derandomize: CI sees the same examples every run; setting MILLM_FUZZ_SEED (any value) explores others.
+SETTINGS = settings(max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "60")), deadline=None,
+                    derandomize="MILLM_FUZZ_SEED" not in os.environ, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @SETTINGS
