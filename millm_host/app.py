@@ -38,8 +38,8 @@ class Host:
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
         self.pipeline = Pipeline(self)
-        #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``; None: no scoring.
-        self.scoring: Any = Scoring()
+        #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``.
+        self.scoring = Scoring()
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None
@@ -63,12 +63,14 @@ class Host:
             except Exception:
                 log.exception("plugin %s failed in %s", impl.plugin_name, hook_name)
 
-    def models_filter(self, entry: Any) -> bool:
-        """Whether ``/v1/models`` lists ``entry`` (a plugin may narrow the list)."""
-        for allowed in self.pm.hook.filter_listed_models(host=self, model_ids=[entry.id]):
-            if allowed is not None and entry.id not in allowed:
-                return False
-        return True
+    def listed_models(self) -> list[Any]:
+        """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""
+        entries = self.registry.listed()
+        keep = {e.id for e in entries}
+        for allowed in self.pm.hook.filter_listed_models(host=self, model_ids=[e.id for e in entries]):
+            if allowed is not None:
+                keep &= set(allowed)
+        return [e for e in entries if e.id in keep]
 
     def migrations(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []

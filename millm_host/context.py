@@ -70,8 +70,6 @@ class RequestContext:
     #: Number of choices per prompt (``n``).
     n: int = 1
     outputs: list[SequenceOutput] = field(default_factory=list)
-    #: Index of the sequence the engine is generating now (for layer-hook callbacks).
-    current_sequence: int = 0
     #: True once generation ended (headers rendered after this are post-generation).
     finished: bool = False
     #: Why generation ended early: ``client_disconnected``, ``cancelled``,
@@ -83,10 +81,6 @@ class RequestContext:
     state: dict[str, Any] = field(default_factory=dict)
     #: Field locations the request sent that nothing used (``X-miLLM-Ignored-Fields``).
     unused_fields: list[str] = field(default_factory=list)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
 
     @property
     def is_chat(self) -> bool:

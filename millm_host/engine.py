@@ -197,10 +197,14 @@ class Engine(abc.ABC):
         otherwise the tokenizer adds what it normally adds. ``fallback`` allows the
         generic render on a model with no template (generation does, scoring does not).
         """
-        text = self.chat_text(messages, tools=tools, template_kwargs=template_kwargs, fallback=fallback)
+        return self.tokenize_chat_text(
+            self.chat_text(messages, tools=tools, template_kwargs=template_kwargs, fallback=fallback)
+        )
+
+    def tokenize_chat_text(self, text: str) -> list[int]:
+        """Ids of a rendered chat: no special tokens added when it already begins with BOS."""
         bos = self.info.bos_token
-        add_special = not (bos and text.startswith(bos))
-        return self.tokenize(text, add_special_tokens=add_special)
+        return self.tokenize(text, add_special_tokens=not (bos and text.startswith(bos)))
 
     def chat_text(
         self,
@@ -293,7 +297,6 @@ class EngineSpec:
     factory: str
     describe: str
     formats: frozenset[str]
-    has_hooks: bool = True
 
     def describe_path(self, path: str) -> ModelDescriptor | None:
         return resolve(self.describe)(path)

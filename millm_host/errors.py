@@ -12,7 +12,6 @@ from typing import Any
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
-NOT_FOUND = "not_found_error"
 
 
 class MillmError(Exception):
@@ -93,10 +92,6 @@ class InsufficientMemory(MillmError):
 
 class QueueFull(MillmError):
     status, code, type = 503, "queue_full", SERVER_ERROR
-
-
-class NotFound(MillmError):
-    status, code, type = 404, "not_found", NOT_FOUND
 
 
 class InternalError(MillmError):

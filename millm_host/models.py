@@ -132,10 +132,11 @@ class ModelRegistry:
         """Find the bundled default model and everything in ``MILLM_MODELS_DIR``."""
         settings = self.host.settings
         default = default_model_path()
+        default_entry = None
         if default is not None:
             described = self.describe(default)
             if described:
-                self.add(describe_default(described[0]), described[1])
+                default_entry = self.add(describe_default(described[0]), described[1])
         models_dir = settings["MILLM_MODELS_DIR"]
         if models_dir:
             for child in sorted(Path(models_dir).iterdir()):
@@ -145,10 +146,8 @@ class ModelRegistry:
         start = settings["MILLM_MODEL"]
         if start:
             self.start_model = self._start_entry(start)
-        elif default is not None:
-            self.start_model = next(
-                (e for e in self.entries.values() if e.descriptor.path == str(default)), None
-            )
+        else:
+            self.start_model = default_entry
 
     def _start_entry(self, name: str) -> ModelEntry:
         if name in self.entries:
@@ -265,7 +264,7 @@ class ModelRegistry:
         need = _disk_size(Path(entry.descriptor.path))
         if entry.descriptor.format == "gguf" and entry.spec.name != "gguf":
             need *= 8  # dequantized to float32
-        available = _available_memory()
+        available = available_memory()
         if available is not None and self.resident is not None:
             available += _disk_size(Path(self.resident.descriptor.path))  # freed by the unload
         if available is not None and need > available:
@@ -324,12 +323,20 @@ def _disk_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf"))
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
+    """The memory this process may still use: MemAvailable, within a cgroup v2 limit (None: unknown)."""
+    available = None
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
     except OSError:
-        return None
-    return None
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            room = int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    return available

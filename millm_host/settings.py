@@ -8,7 +8,7 @@ when ``Settings`` is built; tests build their own ``Settings`` from a mapping.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,17 +105,6 @@ class Settings(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._values)
 
-    def with_overrides(self, **values: Any) -> Settings:
-        """A copy with some values replaced (for tests and the CLI)."""
-        copy = Settings((), self._environ)
-        copy._declared = dict(self._declared)
-        copy._values = dict(self._values)
-        for name, value in values.items():
-            if name not in copy._declared:
-                raise KeyError(name)
-            copy._values[name] = value
-        return copy
-
     @property
     def data_dir(self) -> Path:
         return Path(self["MILLM_DATA_DIR"] or default_data_dir())
@@ -123,6 +112,3 @@ class Settings(Mapping[str, Any]):
     @property
     def cache_dir(self) -> Path:
         return Path(self["MILLM_CACHE_DIR"] or self.data_dir / "cache")
-
-    def register(self) -> Callable[[Setting], None]:
-        return self.declare

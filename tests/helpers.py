@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
 
 from millm_host.testing.openai_schema import validate_openai
+from millm_host.testing.sse import sse_events, stream_post
 
-
-def sse_events(response: httpx.Response) -> list[Any]:
-    """The ``data:`` payloads of an SSE response: dicts, and the string ``[DONE]``."""
-    events: list[Any] = []
-    for line in response.iter_lines():
-        if not line.startswith("data: "):
-            continue
-        payload = line[len("data: "):]
-        events.append(payload if payload == "[DONE]" else json.loads(payload))
-    return events
-
-
-def stream_post(client: httpx.Client, path: str, body: dict[str, Any]) -> tuple[httpx.Response, list[Any]]:
-    with client.stream("POST", path, json=body) as response:
-        response.read()
-        return response, sse_events(response) if response.status_code == 200 else []
+__all__ = ["assert_error", "chat_body", "sse_events", "stream_post"]
 
 
 def assert_error(response: httpx.Response, status: int, code: str, param: str | None = ...) -> dict[str, Any]:

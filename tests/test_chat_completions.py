@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import openai
 import pytest
 
 from millm_host.testing.openai_schema import validate_openai
 
 from .helpers import assert_error, chat_body, stream_post
-
-FINGERPRINT = re.compile(r"^millm:[^@]+@[^:]+:[^/]+/[^:]+:transformers$")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +22,6 @@ def test_chat_response_matches_openai_schema(tiny_server, model_id):
     body = response.json()
     validate_openai("CreateChatCompletionResponse", body)
     assert body["object"] == "chat.completion" and body["model"] == model_id
-    assert FINGERPRINT.match(body["system_fingerprint"]), body["system_fingerprint"]
     assert body["system_fingerprint"] == f"millm:{model_id}@unrecorded:float32/F32:transformers"
     choice = body["choices"][0]
     assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")

@@ -26,6 +26,12 @@ class BodyTooLarge(MillmError):
 
 async def read_json(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> dict[str, Any]:
     """The body as a JSON object: 415 for another media type, 413 past the size limit."""
+    raw = await read_body(req, settings, required=required)
+    return parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"]) if raw else {}
+
+
+async def read_body(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> bytes:
+    """The raw bytes of a JSON body, checked like ``read_json`` checks them (b"" when optional and absent)."""
     limit = settings["MILLM_MAX_BODY_BYTES"]
     if req.content_length is not None and req.content_length > limit:
         raise BodyTooLarge(f"the request body is {req.content_length} bytes; the limit is {limit}")
@@ -34,12 +40,12 @@ async def read_json(req: falcon.asgi.Request, settings: Settings, *, required: b
         raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
     if not raw:
         if not required:
-            return {}
+            return b""
         raise MillmError("the request body is empty; send a JSON object", code="invalid_request")
     media = (req.content_type or "application/json").split(";")[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         raise UnsupportedMediaType(f"the request body must be application/json, not {media}")
-    return parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"])
+    return raw
 
 
 def lower_headers(req: falcon.asgi.Request) -> dict[str, str]:

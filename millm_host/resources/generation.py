@@ -26,7 +26,7 @@ class GenerationResource:
         host = self.host
         body = await read_json(req, host.settings)
         ctx = host.pipeline.build_context(self.endpoint, body, lower_headers(req))
-        if ctx.scoring and host.scoring is not None:
+        if ctx.scoring:
             payload, headers = await host.scoring(host, ctx)
             resp.media = payload
             resp.set_headers(headers)

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import falcon
-
 from ..errors import ModelNotFound
-from ..models import ModelEntry, ModelState
-from .common import read_json
+from ..models import ModelEntry
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -20,10 +17,6 @@ def openai_model(entry: ModelEntry) -> dict[str, Any]:
     return {"id": entry.id, "object": "model", "created": entry.created, "owned_by": owner}
 
 
-def _listed(host: Host, entry: ModelEntry) -> bool:
-    return entry in host.registry.listed() and host.models_filter(entry)
-
-
 class OpenAIModels:
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -31,7 +24,7 @@ class OpenAIModels:
     async def on_get(self, req, resp) -> None:
         resp.media = {
             "object": "list",
-            "data": [openai_model(e) for e in self.host.registry.listed() if self.host.models_filter(e)],
+            "data": [openai_model(e) for e in self.host.listed_models()],
         }
 
 
@@ -41,7 +34,7 @@ class OpenAIModel:
 
     async def on_get(self, req, resp, model_id: str) -> None:
         entry = self.host.registry.entries.get(model_id)
-        if entry is None or not _listed(self.host, entry):
+        if entry is None or entry not in self.host.listed_models():
             raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
         resp.media = openai_model(entry)
 
@@ -109,5 +102,3 @@ class ManagedModel:
         await self.host.registry.unload(entry)
         resp.media = model_detail(self.host, entry)
 
-
-__all__ = ["OpenAIModels", "OpenAIModel", "ManagedModels", "ManagedModel", "ModelState", "read_json", "falcon"]

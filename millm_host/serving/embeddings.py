@@ -17,7 +17,7 @@ from ..context import RequestContext
 from ..engine_scoring import EmbeddingVectorInvalid
 from ..errors import ContextLengthExceeded, InvalidParameter
 from ..protocol_scoring import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
-from .run import collect_extras, collect_headers
+from .run import add_extras, collect_headers
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -122,6 +122,5 @@ async def serve_embeddings(host: Host, body: dict[str, Any], headers: dict[str, 
         usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
     payload = response.model_dump(mode="json")
-    for extra in collect_extras(host, ctx):
-        payload.update(extra.fields)
+    add_extras(host, ctx, payload)
     return payload, collect_headers(host, ctx)

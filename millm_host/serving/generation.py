@@ -99,7 +99,6 @@ class GenerationJob:
         assert engine is not None and ctx.sampling is not None
         out = SequenceOutput(index=len(ctx.outputs), prompt_index=prompt_index, prompt_ids=prompt)
         ctx.outputs.append(out)
-        ctx.current_sequence = out.index
         params = replace(ctx.sampling, seed=derive_seed(ctx.sampling.seed, choice))
         seq_filters = [f.make(out.index) for f in filters]
         assembler = TextAssembler(engine.decode, ctx.params.stop_list)

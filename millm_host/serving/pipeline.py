@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..context import RequestContext
 from ..engine import SamplingParams
-from ..errors import ContextLengthExceeded, InvalidParameter, MillmError
+from ..engine_scoring import InvalidScoringRequest
+from ..errors import ContextLengthExceeded, InternalError, InvalidParameter, MillmError
 from ..fields import check_fields, strict_mode
 from ..models import Lease
 from ..protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, message_text, validate
@@ -149,10 +150,11 @@ class Pipeline:
                 for p in ctx.params.prompts
             ]
             vocab = engine.info.vocab_size
-            for i, ids in enumerate(ctx.prompts):
+            refusal = InvalidScoringRequest if ctx.scoring else InvalidParameter
+            for ids in ctx.prompts:
                 bad = [t for t in ids if t >= vocab]
                 if bad:
-                    raise InvalidParameter(f"token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt")
+                    raise refusal(f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt")
 
     def check_context(self, ctx: RequestContext) -> None:
         """Refuse prompt + max_tokens over the window; settle the sampling parameters."""
@@ -211,6 +213,4 @@ def raise_for(exc: BaseException) -> MillmError:
     """A MillmError for any exception (internal errors are not leaked verbatim)."""
     if isinstance(exc, MillmError):
         return exc
-    from ..errors import InternalError
-
     return InternalError(f"internal error: {type(exc).__name__}")

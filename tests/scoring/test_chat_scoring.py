@@ -12,19 +12,14 @@ MESSAGES = [{"role": "system", "content": "Answer true or false."},
 OTHER = [{"role": "user", "content": "Say something."}]
 
 
-def model_of(server) -> str:
-    with server.http() as client:
-        return client.get("/api/health").json()["model"]
-
-
 def chat(server, model=None, **body):
     with server.http() as client:
-        return client.post("/v1/chat/completions", json={"model": model or model_of(server), "max_tokens": 1, **body})
+        return client.post("/v1/chat/completions", json={"model": model or server.model_id, "max_tokens": 1, **body})
 
 
 def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(tiny_server, reference):
     client = tiny_server.openai()
-    model = model_of(tiny_server)
+    model = tiny_server.model_id
     reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1, logprobs=True, top_logprobs=5)
     rendered = reference.chat_text(MESSAGES)
     assert rendered.startswith(reference.tokenizer.bos_token)  # the template writes its own BOS

@@ -14,12 +14,7 @@ PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
 
 def score(server, **body):
     with server.http() as client:
-        return client.post("/v1/completions", json={"model": server_model(server), "max_tokens": 1, **body})
-
-
-def server_model(server) -> str:
-    with server.http() as client:
-        return client.get("/api/health").json()["model"]
+        return client.post("/v1/completions", json={"model": server.model_id, "max_tokens": 1, **body})
 
 
 def ids_of(key: str) -> int:
@@ -29,7 +24,7 @@ def ids_of(key: str) -> int:
 
 def test_logprobs_equal_a_direct_float32_forward(tiny_server, reference):
     client = tiny_server.openai()
-    model = server_model(tiny_server)
+    model = tiny_server.model_id
     reply = client.completions.create(model=model, prompt=PROMPTS, max_tokens=1, logprobs=5,
                                       extra_body={"return_tokens_as_token_ids": True})
     assert len(reply.choices) == len(PROMPTS)
@@ -112,7 +107,7 @@ def test_allowed_without_logprobs_constrains_and_returns_null(tiny_server, refer
 def test_max_completion_tokens_one_and_seed_are_accepted(tiny_server):
     with tiny_server.http() as client:
         reply = client.post("/v1/completions", json={
-            "model": server_model(tiny_server), "prompt": "Hi", "max_completion_tokens": 1, "logprobs": 0, "seed": 7})
+            "model": tiny_server.model_id, "prompt": "Hi", "max_completion_tokens": 1, "logprobs": 0, "seed": 7})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["logprobs"]["top_logprobs"] == [{}]
     assert reply.headers["x-millm-seed"] == '7;scope="request"'
@@ -124,7 +119,7 @@ def test_sampling_fields_that_do_not_apply_are_reported(tiny_server):
     assert reply.headers["x-millm-ignored-fields"] == '"top_p", "stop"'
     with tiny_server.http() as client:
         strict = client.post("/v1/completions", headers={"X-miLLM-Strict": "true"}, json={
-            "model": server_model(tiny_server), "prompt": "Hi", "max_tokens": 1, "logprobs": 1, "top_p": 0.5})
+            "model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 1, "logprobs": 1, "top_p": 0.5})
     assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"
 
 
@@ -181,7 +176,7 @@ def test_the_server_keeps_serving_after_refusals(tiny_server):
     assert score(tiny_server, prompt="Hi", logprobs=1).status_code == 200
     with tiny_server.http() as client:
         generated = client.post("/v1/completions", json={
-            "model": server_model(tiny_server), "prompt": "Hi", "max_tokens": 3, "temperature": 0})
+            "model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 3, "temperature": 0})
     assert generated.status_code == 200 and generated.json()["choices"][0]["logprobs"] is None
 
 

@@ -16,14 +16,9 @@ from .conftest import NAN_TOKEN
 TEXTS = ["The quick brown fox", "jumps over the lazy dog.", "Hello"]
 
 
-def model_of(server) -> str:
-    with server.http() as client:
-        return client.get("/api/health").json()["model"]
-
-
 def embed(server, model=None, **body):
     with server.http() as client:
-        return client.post("/v1/embeddings", json={"model": model or model_of(server), **body})
+        return client.post("/v1/embeddings", json={"model": model or server.model_id, **body})
 
 
 def pooled(reference, text: str, pooling: str) -> torch.Tensor:
@@ -32,7 +27,7 @@ def pooled(reference, text: str, pooling: str) -> torch.Tensor:
 
 
 def test_the_openai_sdk_gets_the_mean_pooled_last_hidden_state(tiny_server, reference):
-    reply = tiny_server.openai().embeddings.create(model=model_of(tiny_server), input=TEXTS)  # base64 on the wire
+    reply = tiny_server.openai().embeddings.create(model=tiny_server.model_id, input=TEXTS)  # base64 on the wire
     assert [d.index for d in reply.data] == [0, 1, 2]
     for item, text in zip(reply.data, TEXTS, strict=True):
         assert item.embedding == pytest.approx(pooled(reference, text, "mean").tolist(), abs=1e-5)
@@ -102,7 +97,7 @@ def test_refused_before_any_load(bf16_server, fields, code, param, words):
     error = reply.json()["error"]
     assert (error["code"], error["param"]) == (code, param)
     assert words in error["message"]
-    assert model_of(bf16_server) == "bf16"
+    assert bf16_server.model_id == "bf16"
 
 
 def test_non_finite_vector_is_a_500_naming_the_input(bf16_server):

@@ -102,14 +102,14 @@ def refused(reply, reason: str) -> None:
 
 def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(server_factory, bf16_model_dir):
     server = server_factory(bf16_model_dir, env={"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_DEVICE": "cuda"})
-    model = health(server)["model"]
+    model = server.model_id
     refused(score(server, model=model, scoring_precision="float32"), "device")
     assert score(server, model=model).status_code == 200, "native scoring is unaffected"
 
 
 def test_a_copy_that_does_not_fit_is_refused_with_memory(server_factory, bf16_model_dir):
     server = server_factory(bf16_model_dir, env={"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)})
-    refused(score(server, model=health(server)["model"], scoring_precision="float32"), "memory")
+    refused(score(server, model=server.model_id, scoring_precision="float32"), "memory")
 
 
 def test_a_quantized_model_is_not_float32_castable(bf16_server):

@@ -18,7 +18,6 @@ SPEC = EngineSpec(
     factory="millm_engine_gguf.engine:GGUFEngine",
     describe="millm_engine_gguf.spec:describe",
     formats=frozenset({"gguf"}),
-    has_hooks=False,
 )
 
 _MAGIC = b"GGUF"

@@ -31,16 +31,13 @@ from .sampling import Penalties, choose, generator_for
 from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
 class TransformersEngine(Engine):
     """A HuggingFace model and tokenizer, with per-call forward hooks."""
 
     name = ENGINE_NAME
 
     def __init__(self, model: Any, tokenizer: Any, descriptor: ModelDescriptor, device: torch.device,
-                 dtype: torch.dtype, settings: Any = None) -> None:
+                 dtype: torch.dtype, settings: Any) -> None:
         self.model = model
         self.settings = settings
         self.tokenizer = tokenizer
@@ -60,7 +57,7 @@ class TransformersEngine(Engine):
             engine=ENGINE_NAME,
             hf_id=descriptor.hf_id,
             revision=descriptor.revision,
-            dtype=_DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+            dtype=str(dtype).removeprefix("torch."),
             quantization=descriptor.quantization,
             context_window=getattr(text_config, "max_position_embeddings", None),
             vocab_size=self._vocab_size(text_config),
@@ -139,13 +136,8 @@ class TransformersEngine(Engine):
             kwargs[self._cache_arg] = cache
         if keep_last:
             kwargs["logits_to_keep"] = 1
-        try:
+        with self._typed_out_of_memory("generating: the prompt and its KV cache do not fit beside the model"):
             return self.model(**kwargs)
-        except (torch.OutOfMemoryError, MemoryError) as exc:
-            raise InsufficientMemory(
-                f"{self.device} ran out of memory: the prompt and its KV cache do not fit beside the model ({exc})",
-                type="invalid_request_error",
-            ) from None
 
     def generate(
         self,
@@ -155,11 +147,8 @@ class TransformersEngine(Engine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
-        handles = layer_hooks.install(self.layers, hooks, self._position) if hooks else []
-        try:
+        with layer_hooks.installed(self.layers, hooks, self._position):
             yield from self._generate(prompt_ids, params, logits_processors)
-        finally:
-            layer_hooks.remove(handles)
 
     @torch.inference_mode()
     def _generate(self, prompt_ids: Sequence[int], params: SamplingParams,
@@ -187,11 +176,8 @@ class TransformersEngine(Engine):
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
-        handles = layer_hooks.install(self.layers, hooks, self._position) if hooks else []
-        try:
+        with layer_hooks.installed(self.layers, hooks, self._position):
             self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
-        finally:
-            layer_hooks.remove(handles)
 
     def score_next_token(
         self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()
@@ -206,23 +192,19 @@ class TransformersEngine(Engine):
             return results
 
         if params.precision != "float32":
-            handles = layer_hooks.install(self.layers, hooks, self._position) if hooks else []
-            try:
-                with self._typed_out_of_memory("scoring"):
-                    return score(self.model, self.device)
-            finally:
-                layer_hooks.remove(handles)
+            with layer_hooks.installed(self.layers, hooks, self._position), \
+                    self._typed_out_of_memory("scoring the input beside the model"):
+                return score(self.model, self.device)
         if hooks:
             raise InvalidParameter("float32 scoring runs on a copy of the model: it takes no layer hooks",
                                    param="scoring_precision")
-        settings = self.settings or {}
         return score_in_float32(
             self.model, self.device, self.dtype, self.descriptor.format,
-            settings.get("SCORING_FLOAT32_DEVICE", "auto"), settings.get("SCORING_FLOAT32_HEADROOM_MB", 0), score,
+            self.settings["SCORING_FLOAT32_DEVICE"], self.settings["SCORING_FLOAT32_HEADROOM_MB"], score,
         )
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
-        with self._typed_out_of_memory("embedding"):
+        with self._typed_out_of_memory("embedding the input beside the model"):
             return pooled_last_hidden(self.model, ids, self.device, pooling)
 
     @contextmanager
@@ -232,7 +214,7 @@ class TransformersEngine(Engine):
             yield
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise InsufficientMemory(
-                f"{self.device} ran out of memory {work} the input beside the model ({exc})",
+                f"{self.device} ran out of memory {work} ({exc})",
                 type="invalid_request_error",
             ) from None
 

@@ -13,12 +13,12 @@ import copy
 import gc
 import itertools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from millm_host.engine_scoring import ScoringPrecisionUnavailable
+from millm_host.models import available_memory
 
 MIB = 2**20
 T = TypeVar("T")
@@ -139,23 +139,6 @@ def free_bytes(place: torch.device) -> int | None:
     return available_memory()
 
 
-def available_memory() -> int | None:
-    """The memory this process may still use: MemAvailable, within a cgroup v2 limit."""
-    available = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            room = int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
-            available = room if available is None else min(available, room)
-    except (OSError, ValueError):
-        pass
-    return available
 
 
 def build_copy(model: Any, place: torch.device) -> Any:

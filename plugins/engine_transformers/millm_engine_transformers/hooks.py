@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -84,6 +85,12 @@ def _pre_hook(callbacks: Sequence[LayerHook], position: Position):
     return hook
 
 
-def remove(handles: list[Any]) -> None:
-    for handle in handles:
-        handle.remove()
+@contextmanager
+def installed(layers: torch.nn.ModuleList, hooks: Sequence[LayerHook], position: Position) -> Iterator[None]:
+    """``hooks`` installed for the ``with`` block (nothing at all when there are none)."""
+    handles = install(layers, hooks, position) if hooks else []
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ import torch
 import transformers
 
 from millm_host.engine import ModelDescriptor
+from millm_host.files import save_atomically
 
 log = logging.getLogger("millm.engine.transformers")
 
@@ -66,18 +64,12 @@ def convert_gguf(gguf_path: Path, target: Path, progress: Callable[[str], None])
         del model.config.quantization_config
     if hasattr(model, "is_quantized"):
         model.is_quantized = False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        try:
-            os.replace(staging, target)
-        except OSError:  # another process converted it first
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    save_atomically(target, save)  # another process may convert the same file at once
     progress("conversion saved")
 
 

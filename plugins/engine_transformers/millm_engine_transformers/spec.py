@@ -16,7 +16,6 @@ SPEC = EngineSpec(
     factory="millm_engine_transformers.engine:TransformersEngine",
     describe="millm_engine_transformers.spec:describe",
     formats=frozenset({"hf", "gguf"}),
-    has_hooks=True,
 )
 
 _HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{7,40})/?$")
