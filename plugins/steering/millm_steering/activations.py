@@ -9,13 +9,14 @@ response lists the positions actually read.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from millm_host.engine import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, LayerHook
 from millm_host.errors import InvalidParameter
 
-from .features import check_indices, is_int
+from .features import check_indices, is_int, non_negative_int
 from .resolve import select_attachment
 from .state import Attachment, Snapshot
 
@@ -71,15 +72,14 @@ def parse(value: Any, max_top_k: int) -> ActivationsRequest | None:
     if sae_id is not None and not isinstance(sae_id, str):
         raise InvalidParameter("sae_id must be a string", param=_field("sae_id"))
     layer = value.get("layer")
-    if layer is not None and (not is_int(layer) or layer < 0):
-        raise InvalidParameter("layer must be a non-negative integer", param=_field("layer"))
+    if layer is not None:
+        non_negative_int(layer, _field("layer"))
     features = value.get("features")
     if features is not None:
         if not isinstance(features, list) or not features:
             raise InvalidParameter("features must be a non-empty list of feature indices", param=_field("features"))
         for j, index in enumerate(features):
-            if not is_int(index) or index < 0:
-                raise InvalidParameter(f"features[{j}] must be a non-negative integer", param=f"{_field('features')}[{j}]")
+            non_negative_int(index, f"{_field('features')}[{j}]")
         if len(set(features)) != len(features):
             twice = next(i for i in features if features.count(i) > 1)
             raise InvalidParameter(f"feature {twice} is listed twice", param=_field("features"))
@@ -145,27 +145,32 @@ def worst_case_entries(request: ActivationsRequest, prompt_len: int, max_tokens:
     return count * request.top_k
 
 
+def _bounds(positions: str | tuple[int, int], prompt_len: int) -> tuple[int, float]:
+    """The fixed ``[start, end)`` of the positions read; ``last`` has none (it moves with each pass)."""
+    if positions in ("all", "last"):
+        return 0, math.inf
+    if positions == "prompt":
+        return 0, prompt_len
+    if positions == "completion":
+        return prompt_len, math.inf
+    return positions
+
+
 class ActivationReader:
     """The read hook's state: per position read, the top features."""
 
     def __init__(self, attachment: Attachment, request: ActivationsRequest, prompt_len: int) -> None:
         self.attachment = attachment
         self.request = request
-        self.prompt_len = prompt_len
         self.records: dict[int, list[tuple[int, float]]] = {}
         self._candidates = attachment.sae.candidates(request.features)
+        self._last = request.positions == "last"
+        self._bounds = _bounds(request.positions, prompt_len)
 
     def _window(self, lo: int, hi: int) -> tuple[int, int]:
-        positions = self.request.positions
-        if positions == "all":
-            return lo, hi
-        if positions == "prompt":
-            return lo, min(hi, self.prompt_len)
-        if positions == "completion":
-            return max(lo, self.prompt_len), hi
-        if positions == "last":
+        if self._last:
             return hi - 1, hi
-        start, end = positions
+        start, end = self._bounds
         return max(lo, start), min(hi, end)
 
     def read(self, hidden: Any, start: int) -> None:
@@ -174,7 +179,7 @@ class ActivationReader:
             return None
         rows = self.attachment.sae.top_features(hidden[0, lo - start:hi - start], self._candidates,
                                                 self.request.top_k)
-        if self.request.positions == "last":
+        if self._last:
             self.records.clear()
         for offset, top in enumerate(rows):
             self.records[lo + offset] = top

@@ -17,6 +17,13 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def non_negative_int(value: Any, param: str) -> int:
+    """``value`` if it is an integer >= 0 (booleans and None refused); else 400 naming ``param``."""
+    if not is_int(value) or value < 0:
+        raise InvalidParameter(f"{param} must be a non-negative integer, not {value!r}", param=param)
+    return value
+
+
 def parse_features(value: Any, param: str, *, strict_keys: bool, max_abs: float | None = None) -> Features:
     """``((index, strength), ...)`` in the order sent; 400 naming the first bad entry.
 
@@ -37,13 +44,12 @@ def parse_features(value: Any, param: str, *, strict_keys: bool, max_abs: float 
             extra = sorted(set(item) - {"index", "strength"})
             if extra:
                 raise InvalidParameter(f"{where} has unknown keys: {', '.join(extra)}", param=f"{where}.{extra[0]}")
-        index, strength = item.get("index"), item.get("strength")
-        if not is_int(index) or index < 0:
-            raise InvalidParameter(f"{where}.index must be a non-negative integer, not {index!r}", param=f"{where}.index")
+        index = non_negative_int(item.get("index"), f"{where}.index")
         if index in seen:
             raise InvalidParameter(
                 f"feature {index} is listed twice ({param}[{seen[index]}] and {where})", param=f"{where}.index"
             )
+        strength = item.get("strength")
         if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
             raise InvalidParameter(f"{where}.strength must be a finite number, not {strength!r}",
                                    param=f"{where}.strength")

@@ -37,6 +37,8 @@ class Slot:
         self.apply(entry, dtype)
 
     def apply(self, entry: Entry | None, dtype: Any) -> None:
+        if entry == self.entry:  # an epoch move elsewhere: this hook's vector still holds
+            return
         self.entry = entry
         self.delta = None if entry is None else entry.attachment.sae.steering_vector(entry.applied.values, dtype)
 

@@ -76,6 +76,12 @@ def startup(host) -> None:
 
 
 @hookimpl
+def shutdown(host) -> None:
+    """Forget this host's service."""
+    _services.pop(id(host.settings), None)
+
+
+@hookimpl
 def register_routes(host, add_route) -> None:
     """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``)."""
     routes.install(host, service(host.settings), add_route)

@@ -19,11 +19,11 @@ from millm_host.errors import FieldNotHonoured, InvalidParameter
 from . import activations
 from .activations import ActivationReader, ActivationsRequest
 from .errors import SAENotAttached
-from .features import Features, check_indices, is_int, parse_features
+from .features import Features, check_indices, non_negative_int, parse_features
 from .header import intensity_value, steering_value, unknown_value
 from .intensity import Dial, parse_dial
 from .plan import Plan
-from .resolve import Entry, check_profile, global_entries, inline_entries, profile_entries, select_attachment
+from .resolve import check_profile, global_entries, inline_entries, profile_entries, select_attachment
 from .state import Profile, Snapshot
 from .store import to_profile
 
@@ -54,6 +54,7 @@ class RequestSteering:
 
     profile: Profile | None = None
     dial: Dial | None = None
+    lam: float = 1.0  # λ of the dial (1.0 without one): it depends on settings only, so validation settles it
     inline: InlineSet | None = None
     activations: ActivationsRequest | None = None
     echo: str | None = None  # X-miLLM-Steering-Intensity, settled before generation
@@ -73,8 +74,8 @@ def parse_inline(value: Any) -> InlineSet:
     sae_id, layer = value.get("sae_id"), value.get("layer")
     if sae_id is not None and not isinstance(sae_id, str):
         raise InvalidParameter("steering.sae_id must be a string", param="steering.sae_id")
-    if layer is not None and (not is_int(layer) or layer < 0):
-        raise InvalidParameter("steering.layer must be a non-negative integer", param="steering.layer")
+    if layer is not None:
+        non_negative_int(layer, "steering.layer")
     if not features and (sae_id is not None or layer is not None):
         raise InvalidParameter("steering.features is empty (explicitly unsteered): it takes no sae_id or layer",
                                param="steering.sae_id" if sae_id is not None else "steering.layer")
@@ -101,7 +102,8 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
         if "steering" in sent and other in sent:
             raise InvalidParameter(f"steering and {other} are mutually exclusive: send one of them",
                                    param=f"steering, {other}")
-    req = RequestSteering(dial=parse_dial(body.get("steering_intensity")))
+    dial = parse_dial(body.get("steering_intensity"))
+    req = RequestSteering(dial=dial, lam=service.lam(dial))
     if "profile" in sent:
         name = body["profile"]
         if not isinstance(name, str) or not name:
@@ -114,22 +116,20 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
     if req.activations is not None:
         activations.check_request_shape(ctx)
     if service.is_resident(ctx.model.id):
-        _check(service.state.snapshot(), req, service)
+        _check(service.state.snapshot(), req)
     else:  # SAEs only ever attach to the resident model: refuse before an auto-load would evict it
-        if req.inline is not None and req.inline.features:
-            raise SAENotAttached(f"no SAE is attached to model {ctx.model.id!r}: it is not resident",
-                                 param="steering")
-        if req.activations is not None:
-            raise SAENotAttached(f"no SAE is attached to model {ctx.model.id!r}: it is not resident",
-                                 param=activations.PARAM)
+        needs_sae = "steering" if req.inline is not None and req.inline.features else (
+            activations.PARAM if req.activations is not None else None)
+        if needs_sae is not None:
+            raise SAENotAttached(f"no SAE is attached to model {ctx.model.id!r}: it is not resident", param=needs_sae)
     ctx.state[STATE_KEY] = req
 
 
-def _check(snap: Snapshot, req: RequestSteering, service: SteeringService) -> None:
+def _check(snap: Snapshot, req: RequestSteering) -> None:
     """Refuse what the attached SAEs cannot serve."""
     if req.inline is not None and req.inline.features:
         _inline_attachment(snap, req.inline)
-    if req.profile is not None and service.lam(req.dial) != 0.0:
+    if req.profile is not None and req.lam != 0.0:
         check_profile(snap, req.profile)
     if req.activations is not None:
         activations.select(snap, req.activations)
@@ -148,8 +148,8 @@ def recheck(ctx: RequestContext, service: SteeringService) -> None:
     if req is None:
         return
     snap = service.state.snapshot()
-    _check(snap, req, service)
-    if req.activations is not None and (ctx.sampling is not None or ctx.scoring):
+    _check(snap, req)
+    if req.activations is not None:
         generated = 0 if ctx.scoring else ctx.sampling.max_tokens  # scoring generates nothing
         worst = activations.worst_case_entries(req.activations, len(ctx.prompts[0]), generated)
         limit = ctx.settings["SAE_ACTIVATIONS_MAX_ENTRIES"]
@@ -160,13 +160,11 @@ def recheck(ctx: RequestContext, service: SteeringService) -> None:
                 param=activations.PARAM)
     if req.dial is not None:
         base = (req.profile.key in snap.attachments) if req.profile is not None else bool(global_entries(snap, 1.0))
-        req.echo = intensity_value(service.lam(req.dial)) if base else None
+        req.echo = intensity_value(req.lam) if base else None
 
 
 def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
-    """Build the request's plan and hooks (``before_forward``, engine thread)."""
-    if ctx.endpoint not in GENERATION_ENDPOINTS or ctx.scoring or ctx.engine is None:
-        return None
+    """Build the request's plan and hooks (``before_forward``, engine thread: generation only)."""
     req = ctx.state.setdefault(STATE_KEY, RequestSteering())
     snap = service.state.snapshot()
     if snap.model_load_id != ctx.engine.info.load_id:
@@ -182,15 +180,13 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
         entries = inline_entries(_inline_attachment(snap, req.inline), req.inline.features) \
             if req.inline.features else []
     elif req.profile is not None:
-        lam = service.lam(req.dial)
-        if lam != 0.0:
+        if req.lam != 0.0:
             check_profile(snap, req.profile)
-        entries = profile_entries(snap, req.profile, lam, "request")
+        entries = profile_entries(snap, req.profile, req.lam, "request")
     else:
-        lam = service.lam(req.dial)
-        entries = global_entries(snap, lam)
-        if lam != 0.0:  # live: re-read the state when the epoch moves
-            refresh = functools.partial(_scaled_global, lam)
+        entries = global_entries(snap, req.lam)
+        if req.lam != 0.0:  # live: re-read the state when the epoch moves
+            refresh = functools.partial(global_entries, lam=req.lam)
     req.plan = Plan(service.state, snap, entries, dtype, refresh)
     installed = req.plan.hooks()
     if req.activations is not None:
@@ -203,7 +199,7 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
 def scoring_hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
     """The activation read hook of a scoring request (``before_scoring``): unsteered by construction."""
     req = ctx.state.get(STATE_KEY)
-    if not ctx.scoring or req is None or req.activations is None or ctx.engine is None:
+    if req is None or req.activations is None:
         return None
     snap = service.state.snapshot()
     req.reader = ActivationReader(activations.select(snap, req.activations), req.activations, len(ctx.prompts[0]))
@@ -216,10 +212,6 @@ def scoring_activations(ctx: RequestContext) -> dict[str, Any] | None:
     if req is None or req.reader is None or not ctx.prompts:
         return None
     return req.reader.payload(ctx.prompts[0], read_point=activations.UNSTEERED)
-
-
-def _scaled_global(lam: float, snap: Snapshot) -> list[Entry]:
-    return global_entries(snap, lam)
 
 
 def finish(ctx: RequestContext) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from millm_host.errors import InvalidParameter
 from millm_host.resources.common import read_json
 
-from .features import is_int, parse_features
+from .features import non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
 
 if TYPE_CHECKING:
@@ -43,9 +43,7 @@ def _string(body: dict[str, Any], key: str) -> str | None:
 
 def _layer(body: dict[str, Any]) -> int | None:
     value = body.get("layer")
-    if value is not None and (not is_int(value) or value < 0):
-        raise InvalidParameter("layer must be a non-negative integer", param="layer")
-    return value
+    return None if value is None else non_negative_int(value, "layer")
 
 
 def _profile_name(value: str) -> str:

@@ -74,19 +74,14 @@ class LoadedSAE:
         return (strengths @ self.W_dec.index_select(0, indices)).to(dtype)
 
 
-def device_of(name: str) -> torch.device:
-    """The torch device of a model's ``ModelInfo.device``."""
-    return torch.device(name)
-
-
 def model_dtype(name: str | None) -> torch.dtype:
     """The torch dtype of a model's ``ModelInfo.dtype`` name (float32 when unrecorded)."""
     dtype = getattr(torch, name or "float32", None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-def load(sae_id: str, directory: Path, cfg: SAEConfig, device: torch.device) -> LoadedSAE:
-    """Read the weights onto ``device`` in float32."""
+def load(sae_id: str, directory: Path, cfg: SAEConfig, device: str | torch.device) -> LoadedSAE:
+    """Read the weights onto ``device`` (a torch device or its name, as ``ModelInfo.device``) in float32."""
     try:
         raw = load_file(str(directory / WEIGHTS_FILE), device="cpu")
     except Exception as exc:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from millm_host.errors import MillmError
+
+from .features import is_int
 
 CONFIG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
@@ -29,7 +31,8 @@ class SAEUnreadable(MillmError):
 
 @dataclass(frozen=True)
 class SAEConfig:
-    """What ``cfg.json`` says, checked. ``point`` is ``resid_pre`` or ``resid_post``."""
+    """What ``cfg.json`` says, checked. ``point`` is ``resid_pre`` or ``resid_post``; ``raw`` is the
+    parsed file, stored whole at registration."""
 
     d_in: int
     d_sae: int
@@ -41,11 +44,12 @@ class SAEConfig:
     model_name: str | None
     dtype: str | None
     hook_name: str
+    raw: dict[str, Any] = field(compare=False, repr=False)
 
 
 def _positive_int(cfg: dict[str, Any], key: str) -> int:
     value = cfg.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise SAEUnreadable(f"{CONFIG_FILE}: {key} must be a positive integer, not {value!r}", param="path")
     return value
 
@@ -93,6 +97,7 @@ def read_config(directory: Path) -> SAEConfig:
         model_name=cfg.get("model_name") if isinstance(cfg.get("model_name"), str) else None,
         dtype=cfg.get("dtype") if isinstance(cfg.get("dtype"), str) else None,
         hook_name=hook_name,
+        raw=cfg,
     )
 
 

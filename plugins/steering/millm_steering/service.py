@@ -8,21 +8,20 @@ moves the steering epoch.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from millm_host.engine import HookPoint
-from millm_host.errors import FieldNotHonoured, InvalidParameter, ModelBusy, ModelNotFound
+from millm_host.errors import FieldNotHonoured, InvalidParameter, ModelBusy
 
 from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
 from .header import steering_value
 from .intensity import Dial, resolve
 from .resolve import global_entries, select_attachment
-from .saelens import CONFIG_FILE, SAEUnreadable
+from .saelens import SAEUnreadable, read_config
 from .saelens import describe as describe_sae_dir
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
@@ -131,9 +130,7 @@ class SteeringService:
                 "letter or digit)", param="sae_id")
 
         def register() -> SAERecord:
-            cfg = describe_sae_dir(directory)
-            raw = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
-            return self.store.add_sae(sae_id, directory, cfg, raw)
+            return self.store.add_sae(sae_id, directory, describe_sae_dir(directory))
 
         record = await asyncio.to_thread(register)
         log.info("registered SAE %s from %s", sae_id, directory)
@@ -179,13 +176,13 @@ class SteeringService:
             return self.attachment_view(existing, entry.id, snap)
         loaded = next((a.sae for a in snap.attached(sae_id)), None)
         if loaded is None:
-            def load() -> Any:
-                cfg = describe_sae_dir(Path(record.path))
+            def load() -> Any:  # the weights' shapes are checked as they load
+                cfg = read_config(Path(record.path))
                 if (cfg.d_in, cfg.d_sae, cfg.hook_name, cfg.architecture) != (
                         record.d_in, record.d_sae, record.hook_point, record.architecture):
                     raise SAEUnreadable(f"{record.path} changed since it was registered; register it again",
                                         param="sae_id")
-                return sae_weights.load(sae_id, Path(record.path), cfg, sae_weights.device_of(engine.info.device))
+                return sae_weights.load(sae_id, Path(record.path), cfg, engine.info.device)
 
             loaded = await asyncio.to_thread(load)
         snap = self.state.attach(Attachment(loaded, layer, point), engine.info.load_id)
@@ -270,7 +267,5 @@ class SteeringService:
             if resident is None:
                 raise InvalidParameter("no model is resident; name the model to lock", param="model")
             return resident.id
-        if model_id not in self.host.registry.entries:
-            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
-        return model_id
+        return self.host.registry.resolve(model_id).id
 

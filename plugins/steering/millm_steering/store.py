@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -42,10 +41,10 @@ class Store:
             raise SAENotFound(f"no SAE is registered as {sae_id!r}", param="sae_id")
         return record
 
-    def add_sae(self, sae_id: str, path: Path, cfg: SAEConfig, raw_cfg: dict[str, Any]) -> SAERecord:
+    def add_sae(self, sae_id: str, path: Path, cfg: SAEConfig) -> SAERecord:
         record = SAERecord(
             sae_id=sae_id, path=str(path), d_in=cfg.d_in, d_sae=cfg.d_sae, layer=cfg.layer,
-            hook_point=cfg.hook_name, architecture=cfg.architecture, cfg=raw_cfg, created=int(time.time()),
+            hook_point=cfg.hook_name, architecture=cfg.architecture, cfg=cfg.raw, created=int(time.time()),
         )
         try:
             with self.db.session() as session, session.begin():

@@ -27,8 +27,9 @@ def read(response):
 
 
 def test_positions(ask):
-    full = read(ask({"positions": "all"}))
-    usage_prompt = len(ask({"positions": "prompt"}).json()["millm"]["sae_activations"]["positions"])
+    response = ask({"positions": "all"})
+    full = read(response)
+    usage_prompt = response.json()["usage"]["prompt_tokens"]
     positions = [p["position"] for p in full["positions"]]
     assert positions == list(range(usage_prompt + 3))  # 4 generated, the last never fed back
     assert full["sae_id"] == "reader" and full["layer"] == 0 and full["read_point"] == "post_steering"

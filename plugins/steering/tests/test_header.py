@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import http_sfv
 
+from millm_host.headers import parse_list
 from millm_steering.hashing import applied_set
 from millm_steering.header import intensity_value, percent_encode, steering_value, unknown_value
 from millm_steering.resolve import Entry
@@ -17,9 +18,7 @@ def attachment(sae_id, layer):
 
 
 def parse(value):
-    parsed = http_sfv.List()
-    parsed.parse(value.encode("ascii"))
-    return [(str(m.value), dict(m.params)) for m in parsed]
+    return [(str(m.value), dict(m.params)) for m in parse_list(value)]
 
 
 def test_none_and_unknown():

@@ -86,6 +86,19 @@ def test_attach_refusals(client, sae_dir):
     assert client.get("/api/steering").json()["attached"] == []
 
 
+def test_weights_changed_since_registration_are_refused_at_attach(client, tmp_path):
+    directory = write_sae(tmp_path / "moving", d_in=64, d_sae=10, layer=0)
+    client.post("/api/saes", json={"path": str(directory)}).raise_for_status()
+    weights = directory / "sae_weights.safetensors"
+    weights.write_bytes((write_sae(tmp_path / "wider", d_in=64, d_sae=12, layer=0) / weights.name).read_bytes())
+    assert "changed shape" in error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
+    weights.write_bytes(b"not safetensors")
+    assert "cannot be read" in error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
+    weights.unlink()
+    assert "cannot be read" in error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
+    assert client.get("/api/steering").json()["attached"] == []
+
+
 def test_live_values(client, attach):
     attach("sae-a")
     start = epoch(client)

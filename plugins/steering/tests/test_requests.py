@@ -6,8 +6,9 @@ import hashlib
 import json
 import struct
 
-import http_sfv
 import pytest
+
+from millm_host.headers import parse_list
 
 LFM = "LiquidAI--LFM2.5-1.2B-Instruct-sae--layer_11"
 GEMMA = "jbloom--gemma-2-2b-res-jb--layer_20--width_16k--average_l0_71"
@@ -23,9 +24,7 @@ def spec_hash(sae_id, features, scale=1.0):
 
 
 def members(value):
-    parsed = http_sfv.List()
-    parsed.parse(value.encode("ascii"))
-    return [(str(m.value), dict(m.params)) for m in parsed]
+    return [(str(m.value), dict(m.params)) for m in parse_list(value)]
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Scoring requests and embeddings are never steered, and scoring refuses the steering fields.
 
-The scoring and embeddings endpoints are built elsewhere; these tests drive the
-plugin's hooks with the contexts those paths build (``ctx.scoring`` set by the
-host, the ``embeddings`` endpoint), so the guarantees hold whichever path calls them.
+The header and body hooks are also driven with the contexts the scoring and
+embeddings paths build (``ctx.scoring`` set by the host, the ``embeddings``
+endpoint), so what they render holds whichever path calls them.
 """
 
 from __future__ import annotations
@@ -22,23 +22,12 @@ def context(endpoint="completions", scoring=True, **body):
                           settings=Settings(environ={}), scoring=scoring)
 
 
-@pytest.mark.parametrize("field", ["profile", "steering_intensity", "steering"])
-@pytest.mark.parametrize("endpoint", ["completions", "chat.completions"])
-def test_scoring_requests_refuse_steering_fields(field, endpoint):
-    value = {"steering": {"features": []}}.get(field, "x")
-    with pytest.raises(FieldNotHonoured) as err:
-        request.validate(context(endpoint, logprobs=2, **{field: value}), service=None)
-    assert err.value.param == field and err.value.status == 400
-
-
-def test_scoring_and_embeddings_install_nothing_and_carry_the_right_header():
+def test_scoring_and_embeddings_carry_the_right_header():
     scoring = context()
-    assert request.hooks(scoring, service=None) is None
     assert plugin.render_headers(scoring) == {"X-miLLM-Steering": "none"}
     assert plugin.response_extras(scoring) is None
     embeddings = context("embeddings", scoring=False, input="hello")
     request.validate(embeddings, service=None)
-    assert request.hooks(embeddings, service=None) is None
     assert plugin.render_headers(embeddings) is None and plugin.response_extras(embeddings) is None
 
 
@@ -79,9 +68,18 @@ def test_scoring_is_identical_under_active_steering(client, attach, model_id):
     assert chat.status_code == 200 and chat.headers["x-millm-steering"] == "none"
 
 
+SCORING_BODIES = {
+    "completions": {"prompt": "x", "max_tokens": 1, "logprobs": 2},
+    "chat.completions": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "logprobs": True},
+}
+
+
 @pytest.mark.parametrize("field,value", [("profile", "anything"), ("steering_intensity", 1.0),
                                          ("steering", {"features": []})])
-def test_scoring_requests_carrying_steering_fields_are_400_through_the_server(client, model_id, field, value):
-    body = {"model": model_id, "prompt": "x", "max_tokens": 1, "logprobs": 2, field: value}
-    response = client.post("/v1/completions", json=body)
-    assert response.status_code == 400 and response.json()["error"]["param"] == field
+@pytest.mark.parametrize("endpoint", ["completions", "chat.completions"])
+def test_scoring_requests_carrying_steering_fields_are_400_through_the_server(client, model_id, endpoint, field,
+                                                                               value):
+    body = {"model": model_id, **SCORING_BODIES[endpoint], field: value}
+    response = client.post("/v1/" + endpoint.replace(".", "/"), json=body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == field and error["code"] == FieldNotHonoured.code
