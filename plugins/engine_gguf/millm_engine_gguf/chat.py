@@ -21,7 +21,6 @@ class ChatTemplate:
     """A model's chat template, compiled once for each ``add_generation_prompt``."""
 
     def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
-        self.source = template
         self._formatters = {
             flag: Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token,
                                       add_generation_prompt=flag)

@@ -29,7 +29,6 @@ class MeanPoolingContext:
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.n_threads = n_threads
         params.n_threads_batch = n_threads_batch
-        self.window = window
         self.n_embd = llama_cpp.llama_model_n_embd(model)
         self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not self._ctx:
@@ -37,9 +36,7 @@ class MeanPoolingContext:
         self._batch = llama_cpp.llama_batch_init(window, 0, 1)
 
     def embed(self, ids: Sequence[int]) -> list[float]:
-        """The mean-pooled vector of ``ids`` (1 to ``window`` tokens)."""
-        if not 0 < len(ids) <= self.window:
-            raise ValueError(f"an embedding input has 1 to {self.window} tokens, not {len(ids)}")
+        """The mean-pooled vector of ``ids`` (1 to ``window`` tokens: ``GGUFEngine.embed`` checks)."""
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
         batch = self._batch
         batch.n_tokens = len(ids)

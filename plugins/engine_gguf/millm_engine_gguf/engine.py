@@ -18,7 +18,6 @@ from millm_host.engine import (
     LayerHook,
     ModelDescriptor,
     ModelInfo,
-    NoChatTemplate,
     SamplingParams,
 )
 from millm_host.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter
@@ -42,7 +41,6 @@ class GGUFEngine(Engine):
     def __init__(self, llm: llama_cpp.Llama, descriptor: ModelDescriptor, embedder: MeanPoolingContext | None,
                  embedding_window: int) -> None:
         self.llm = llm
-        self.descriptor = descriptor
         self.vocab = Vocab(llm.model)
         self._embedder = embedder
         self._embedding_window = embedding_window
@@ -122,7 +120,8 @@ class GGUFEngine(Engine):
         if tools:
             raise FieldNotHonoured("tools cannot be honoured by the gguf engine", param="tools")
         if self.template is None:
-            raise NoChatTemplate(f"model {self.info.id!r} has no chat template")
+            return super().render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                       template_kwargs=template_kwargs)
         return self.template.render(messages, add_generation_prompt)
 
     # --- compute ----------------------------------------------------------------------

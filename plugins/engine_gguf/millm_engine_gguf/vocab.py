@@ -43,9 +43,9 @@ class Vocab:
                 return buffer.raw[:n]
             size = -n  # too small: llama.cpp says how much it needs
 
-    def detokenize(self, ids: Sequence[int], special: bool = False) -> bytes:
-        """The bytes of ``ids``, piece after piece (no leading space is stripped)."""
-        return b"".join(self.piece(token, special) for token in ids)
+    def detokenize(self, ids: Sequence[int]) -> bytes:
+        """The bytes of ``ids``, piece after piece, control tokens empty (no leading space is stripped)."""
+        return b"".join(self.piece(token) for token in ids)
 
     def end_of_generation(self) -> frozenset[int]:
         """Every token llama.cpp ends a generation at (EOS, EOT, ...)."""

@@ -63,3 +63,23 @@ def reference_llama(gguf_path: Path) -> Iterator:
     )
     yield llm
     llm.close()
+
+
+def embedding_llama(gguf_path: Path, pooling: int):
+    """llama-cpp-python's ``Llama`` as an embedder pooling with ``pooling`` (a ``LLAMA_POOLING_TYPE_*``)."""
+    import llama_cpp
+
+    return llama_cpp.Llama(
+        model_path=str(gguf_path), n_ctx=N_CTX, n_batch=N_CTX, embedding=True, pooling_type=pooling,
+        n_threads=1, n_threads_batch=1, verbose=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def reference_embedder(gguf_path: Path) -> Iterator:
+    """llama-cpp-python's mean-pooling embedder on the same file (its ``embed`` is the reference)."""
+    import llama_cpp
+
+    llm = embedding_llama(gguf_path, llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+    yield llm
+    llm.close()

@@ -5,42 +5,32 @@ from __future__ import annotations
 import base64
 import struct
 
-import llama_cpp
 import numpy as np
 import pytest
 
 from millm_host.testing.openai_schema import validate_openai
 
-from .conftest import DEFAULT_ID
+from .conftest import DEFAULT_ID, SOLO_ID
 
 TEXTS = ["The quick brown fox.", "A second, rather longer sentence about embeddings and pooling."]
 
 
-@pytest.fixture(scope="module")
-def reference(gguf_path):
-    llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=512, n_batch=512, embedding=True,
-                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_threads=1, n_threads_batch=1,
-                          verbose=False)
-    yield llm
-    llm.close()
-
-
-def test_mean_pooled_vectors_equal_llama_cpp(gguf_server, reference):
+def test_mean_pooled_vectors_equal_llama_cpp(gguf_server, reference_embedder):
     with gguf_server.http() as http:
         response = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": TEXTS, "encoding_format": "float"})
     assert response.status_code == 200, response.text
     body = response.json()
     validate_openai("CreateEmbeddingResponse", body)
     for text, item in zip(TEXTS, body["data"]):
-        np.testing.assert_allclose(item["embedding"], reference.embed(text), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(item["embedding"], reference_embedder.embed(text), rtol=1e-4, atol=1e-4)
     assert body["usage"]["prompt_tokens"] > 0
 
 
-def test_sdk_base64_and_normalize(gguf_server, reference):
+def test_sdk_base64_and_normalize(gguf_server, reference_embedder):
     client = gguf_server.openai()
     plain = client.embeddings.create(model=DEFAULT_ID, input=TEXTS[0])  # the SDK asks for base64
     vector = np.array(plain.data[0].embedding)
-    np.testing.assert_allclose(vector, reference.embed(TEXTS[0]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(vector, reference_embedder.embed(TEXTS[0]), rtol=1e-4, atol=1e-4)
     with gguf_server.http() as http:
         raw = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": TEXTS[0], "encoding_format": "base64",
                                                 "normalize": True}).json()["data"][0]["embedding"]
@@ -52,7 +42,7 @@ def test_sdk_base64_and_normalize(gguf_server, reference):
 @pytest.mark.parametrize("pooling", ["last", "cls"])
 def test_pooling_other_than_mean_is_refused_before_any_load(gguf_server, pooling):
     with gguf_server.http() as http:
-        response = http.post("/v1/embeddings", json={"model": "Solo-Model:Q4_K_M", "input": "x", "pooling": pooling})
+        response = http.post("/v1/embeddings", json={"model": SOLO_ID, "input": "x", "pooling": pooling})
         health = http.get("/api/health").json()
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "field_not_honoured"
@@ -77,7 +67,7 @@ def test_an_input_past_the_embedding_window_is_refused_naming_it(gguf_server):
 ])
 def test_scoring_is_refused_on_gguf_before_any_load(gguf_server, body):
     with gguf_server.http() as http:
-        response = http.post("/v1/completions", json={"model": "Solo-Model:Q4_K_M", **body})
+        response = http.post("/v1/completions", json={"model": SOLO_ID, **body})
         health = http.get("/api/health").json()
     assert response.status_code == 400 and response.json()["error"]["code"] == "field_not_honoured"
     assert health["model"] == DEFAULT_ID

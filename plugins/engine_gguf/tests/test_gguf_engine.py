@@ -20,7 +20,8 @@ from millm_host.errors import ContextLengthExceeded, FieldNotHonoured, InvalidPa
 from millm_host.settings import HOST_SETTINGS, Settings
 from millm_host.testing.conformance import EngineConformance
 
-THREADS = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
+from .conftest import THREADS, embedding_llama
+
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog. " * 8, "<|im_start|>user\nhi<|im_end|>"]
 
 
@@ -116,15 +117,6 @@ def test_hooks_are_refused_never_dropped(engine):
         engine.forward([1, 2, 3])
 
 
-@pytest.fixture(scope="module")
-def reference_embedder(gguf_path):
-    llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=256, n_batch=128, embedding=True,
-                          pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_threads=1, n_threads_batch=1,
-                          verbose=False)
-    yield llm
-    llm.close()
-
-
 @pytest.mark.parametrize("text", TEXTS, ids=["short", "long", "special"])
 def test_embed_equals_llama_cpp_mean_pooling(engine, reference_embedder, text):
     expected = np.array(reference_embedder.embed(text))
@@ -135,9 +127,7 @@ def test_embed_equals_llama_cpp_mean_pooling(engine, reference_embedder, text):
 
 
 def test_embedding_is_the_mean_over_every_position(engine, gguf_path):
-    per_token = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=256, n_batch=128, embedding=True,
-                                pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE, n_threads=1, n_threads_batch=1,
-                                verbose=False)
+    per_token = embedding_llama(gguf_path, llama_cpp.LLAMA_POOLING_TYPE_NONE)
     try:
         expected = np.mean(np.array(per_token.embed(TEXTS[1])), axis=0)
     finally:

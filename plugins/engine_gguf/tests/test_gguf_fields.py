@@ -6,13 +6,12 @@ load, and the resident model must stay where it is.
 
 from __future__ import annotations
 
-import http_sfv
 import openai
 import pytest
 
-DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
-SOLO_ID = "Solo-Model:Q4_K_M"
-WINDOW = 512
+from millm_host.headers import parse_list
+
+from .conftest import DEFAULT_ID, N_CTX, SOLO_ID
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -55,11 +54,7 @@ def model_state(server, model_id: str) -> str:
 
 def ignored(response) -> list[str]:
     header = response.headers.get("x-millm-ignored-fields")
-    if header is None:
-        return []
-    parsed = http_sfv.List()
-    parsed.parse(header.encode())
-    return [item.value for item in parsed]
+    return [] if header is None else [item.value for item in parse_list(header)]
 
 
 @pytest.mark.parametrize(("endpoint", "field", "value"), CHAT_REFUSED + COMPLETIONS_REFUSED,
@@ -119,13 +114,13 @@ def long_text(tokens: int) -> str:
 def test_oversized_chat_prompt_is_context_length_exceeded(gguf_server, stream):
     with pytest.raises(openai.BadRequestError) as caught:
         gguf_server.openai().chat.completions.create(
-            model=DEFAULT_ID, messages=[{"role": "user", "content": long_text(WINDOW + 50)}], stream=stream
+            model=DEFAULT_ID, messages=[{"role": "user", "content": long_text(N_CTX + 50)}], stream=stream
         )
     error = caught.value.body
     assert (caught.value.status_code, error["code"], error["param"]) == (400, "context_length_exceeded", "messages")
-    assert str(WINDOW) in error["message"]
+    assert str(N_CTX) in error["message"]
     prompt_tokens = int(error["message"].split("(")[1].split(" in the prompt")[0])
-    assert prompt_tokens > WINDOW
+    assert prompt_tokens > N_CTX
 
 
 def test_prompt_plus_max_tokens_over_the_window_names_both_counts(gguf_server):
@@ -133,13 +128,13 @@ def test_prompt_plus_max_tokens_over_the_window_names_both_counts(gguf_server):
         gguf_server.openai().completions.create(model=DEFAULT_ID, prompt=long_text(400), max_tokens=200)
     error = caught.value.body
     assert (error["code"], error["param"]) == ("context_length_exceeded", "max_tokens")
-    assert f"maximum context length is {WINDOW} tokens" in error["message"]
+    assert f"maximum context length is {N_CTX} tokens" in error["message"]
     assert "200 for the completion" in error["message"]
 
 
 def test_a_prompt_near_the_window_fills_it_and_stops(gguf_server):
-    reply = gguf_server.openai().completions.create(model=DEFAULT_ID, prompt=long_text(WINDOW - 8), temperature=0)
-    assert reply.usage.total_tokens <= WINDOW
+    reply = gguf_server.openai().completions.create(model=DEFAULT_ID, prompt=long_text(N_CTX - 8), temperature=0)
+    assert reply.usage.total_tokens <= N_CTX
     if reply.choices[0].finish_reason == "length":  # the default max_tokens is the room left
-        assert reply.usage.total_tokens == WINDOW
+        assert reply.usage.total_tokens == N_CTX
     assert gguf_server.http().get("/api/health").json()["status"] == "ok"

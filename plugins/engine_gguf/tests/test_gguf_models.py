@@ -7,9 +7,7 @@ import pytest
 
 from millm_engine_gguf.spec import describe
 
-DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
-SECOND_QUANT_ID = "SmolLM2-135M-Instruct:Q8_0"
-SOLO_ID = "Solo-Model:Q4_K_M"
+from .conftest import DEFAULT_ID, SECOND_QUANT_ID, SOLO_ID
 
 
 def test_describe_names_by_repository_and_quantization(tmp_path, gguf_path):

@@ -132,7 +132,7 @@ def before_tokenize(ctx) -> None:
                 raise FieldNotHonoured(f"the chat template of {info.id} cannot render tool calls",
                                        param=plan.history[0])
             write_calls_into_content(ctx.conversations, traits.call_format, ctx.body)
-    if tools is not None and tools.opens_call and plan.call_format is not None:
+    if tools is not None and tools.opens_call:  # opens_call implies shown, so call_format is set
         plan.opening = plan.call_format.opening(tools.forced)
         for conversation in ctx.conversations:
             _open_call(conversation, plan.opening)
@@ -157,15 +157,12 @@ def before_forward(ctx) -> list[Any] | None:
     engine = ctx.engine
     fmt = plan.response_format
     if fmt is not None:
-        info = engine.info
-
-        def constraint(index: int) -> JsonConstraint:
-            return JsonConstraint(COMPILER.matcher(engine, fmt), info.vocab_size, sorted(info.eos_token_ids))
-
-        installed.append(LogitsProcessorFactory(make=constraint, owner=NAME))
-    tools = plan.tools
-    if tools is not None and tools.shown and plan.call_format is not None:
-        call_format, opening = plan.call_format, plan.opening
+        ready = COMPILER.prepare(engine, fmt)
+        vocab_size, eos_ids = engine.info.vocab_size, sorted(engine.info.eos_token_ids)
+        installed.append(LogitsProcessorFactory(
+            make=lambda index: JsonConstraint(ready.deep_copy(), vocab_size, eos_ids), owner=NAME))
+    if plan.call_format is not None:  # set exactly when the tools are shown
+        tools, call_format, opening = plan.tools, plan.call_format, plan.opening
         installed.append(OutputFilterFactory(
             make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening), owner=NAME))
     return installed or None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import jsonschema
@@ -27,7 +28,7 @@ class ResponseFormat:
     name: str | None
     schema: dict[str, Any] | bool
 
-    @property
+    @cached_property
     def key(self) -> str:
         """The schema as canonical JSON: what compiled constraints are cached by."""
         return json.dumps(self.schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -7,7 +7,7 @@ The templates reproduce the tool sections of the real ones (Qwen2.5's
 
 from __future__ import annotations
 
-import base64
+from millm_scripted_output import HEADER, encode
 
 QWEN25_TEMPLATE = """\
 {%- if tools %}
@@ -218,4 +218,4 @@ TIME_TOOL = {
 
 def scripted(text: str) -> dict[str, str]:
     """Headers that make the model write ``text``."""
-    return {"X-Test-Scripted-Output": base64.b64encode(text.encode("utf-8")).decode("ascii")}
+    return {HEADER: encode(text)}

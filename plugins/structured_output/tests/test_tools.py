@@ -13,6 +13,8 @@ import httpx
 import pytest
 import transformers
 
+from millm_host.testing.sse import sse_events
+
 from .family import TIME_TOOL, WEATHER_TOOL, scripted
 
 QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
@@ -67,14 +69,9 @@ def assert_weather_call(choice, content=None):
 
 
 def sse_chunks(http, body: dict, headers: dict) -> list[dict]:
-    chunks = []
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as response:
         assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                data = line[len("data: "):]
-                chunks.append(data if data == "[DONE]" else json.loads(data))
-    return chunks
+        return sse_events(response)
 
 
 # --- Hermes / Qwen2.5 ----------------------------------------------------------------
