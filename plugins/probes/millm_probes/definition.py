@@ -10,7 +10,7 @@ an error rather than a silent default.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -19,8 +19,6 @@ from millm_host.protocol import loc_to_param
 from .errors import InvalidDefinition
 
 FORMAT = "mi.probe.definition/v1"
-WINDOWS = ("all", "prompt", "response", "last_user")
-RULES = ("mean", "max", "last", "attention", "topk_mean")
 RUNG_LANGUAGE = {
     0: "trained",
     1: "detects on held-out data",
@@ -29,6 +27,7 @@ RUNG_LANGUAGE = {
 }
 
 Window = Literal["all", "prompt", "response", "last_user"]
+WINDOWS: tuple[str, ...] = get_args(Window)  # also the order results are listed in
 NonNegative = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
 

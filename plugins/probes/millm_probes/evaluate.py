@@ -2,18 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .capture import Capture
-from .results import ProbeView, Reading, not_scored, read_window
-from .scoring import Bank, ProbeUnusable
+from .results import ProbeView, Reading, not_scored, ordered, read_window
+from .scoring import Bank, ProbeUnusable, compile_probe
 from .windows import Layout
 
 CONTEXT_TOKENS = 16  # tokens either side of the top position in an event's detail
 _EMPTY = np.zeros(0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a set of probes reads: each (probe, window) in listing order, and the boundaries they need."""
+
+    pairs: tuple[tuple[ProbeView, str], ...] = ()
+    skip_prefix: bool = False  # some probe leaves the template prefix out
+    last_user: bool = False  # some probe reads the newest user message
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[ProbeView, str]]) -> Plan:
+        listed = tuple(ordered(list(pairs)))
+        return cls(listed, any(v.definition.aggregation.skip_template_prefix for v, _ in listed),
+                   any(window == "last_user" for _, window in listed))
+
+
+def compile_bank(views: Sequence[ProbeView], engine: Any, sae_dir: str | None,
+                 encoders: dict[str, Any]) -> tuple[Bank | None, dict[str, ProbeUnusable]]:
+    """The views' heads compiled for ``engine`` as one bank (None when none compiles), and why the rest
+    cannot run there (engine thread)."""
+    usable, unusable = [], {}
+    for view in views:
+        try:
+            usable.append(compile_probe(view.probe_id, view.definition, engine, sae_dir, encoders))
+        except ProbeUnusable as exc:
+            unusable[view.probe_id] = exc
+    return (Bank(usable) if usable else None), unusable
 
 
 def read_pairs(
@@ -25,16 +54,17 @@ def read_pairs(
     interrupted: str | None = None,
 ) -> list[Reading]:
     """A reading for each (probe, window) from the request's per-position columns."""
+    unread = bank is None or columns is None
+    if unread:  # no position was read: every window is empty
+        layout = replace(layout, positions=0)
     readings = []
     for view, window in pairs:
         problem = (unusable or {}).get(view.probe_id)
         if problem is not None:
             readings.append(not_scored("failed", problem.reason, interrupted))
             continue
-        if bank is None or columns is None:
+        if unread:
             per_token, logits = _EMPTY, None
-            layout = Layout(positions=0, prompt_len=layout.prompt_len, boundary_failure=layout.boundary_failure,
-                            prefix=layout.prefix, last_user=layout.last_user, last_user_reason=layout.last_user_reason)
         else:
             per_token, logits = bank.per_token(columns, view.probe_id), bank.logits(columns, view.probe_id)
         readings.append(read_window(view, window, layout, per_token, logits, interrupted))

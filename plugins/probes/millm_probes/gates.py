@@ -9,25 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from millm_host.resources.models import model_detail
+
 from .definition import ModelBlock, ProbeDefinition
 from .errors import GateRefused, mismatch_message
 
 IDENTITY_FIELDS = ("hf_id", "d_model", "n_layers", "chat_template_sha256")
+MODEL_KEYS = ("id", "hf_id", "revision", "d_model", "n_layers", "chat_template_sha256", "load_id")
 PARITY_PASSING = ("passed", "cannot_check")  # cannot_check is the scope gate's to refuse
 
 
-def model_identity(engine: Any, entry: Any) -> dict[str, Any]:
-    """The resident model's identity, as ``GET /api/models/{id}`` reports it."""
-    info = engine.info
-    return {
-        "id": entry.id,
-        "hf_id": info.hf_id or entry.id,
-        "revision": info.revision,
-        "d_model": info.d_model,
-        "n_layers": info.n_layers,
-        "chat_template_sha256": info.chat_template_sha256,
-        "load_id": info.load_id,
-    }
+def model_identity(host: Any, entry: Any) -> dict[str, Any]:
+    """The resident model's identity, as ``GET /api/models/{id}`` reports it (``entry`` is resident)."""
+    detail = model_detail(host, entry)
+    return {key: detail[key] for key in MODEL_KEYS}
 
 
 def identity_check(model: ModelBlock, identity: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:

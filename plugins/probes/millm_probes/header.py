@@ -42,7 +42,12 @@ def member(result: dict[str, Any]) -> http_sfv.Item:
     return item(result["name"], params)
 
 
-def render(results: Sequence[dict[str, Any]], max_bytes: int, group_of) -> str:
+def _group(result: dict[str, Any]) -> Any:
+    """What is kept or left out whole: a behaviour's results; a probe naming none is a group of its own."""
+    return result["behaviour"] if result["behaviour"] is not None else ("probe", result["probe_id"])
+
+
+def render(results: Sequence[dict[str, Any]], max_bytes: int) -> str:
     """The header value for ``results`` (already in listing order), within ``max_bytes``."""
     members = [member(r) for r in results]
     full = serialize_list(members)
@@ -51,7 +56,7 @@ def render(results: Sequence[dict[str, Any]], max_bytes: int, group_of) -> str:
     marker = item("...", {"truncated": True, "total": len(results)})
     kept: list[http_sfv.Item] = []
     position = 0
-    for _, group in groupby(results, key=group_of):
+    for _, group in groupby(results, key=_group):
         size = len(list(group))
         candidate = kept + members[position:position + size]
         if len(serialize_list([*candidate, marker])) > max_bytes:

@@ -21,7 +21,7 @@ from millm_host.output import ORDER_PROBE_VERDICTS, ResponseExtra
 from . import header, store
 from .capture import Capture
 from .evaluate import detail, read_pairs
-from .results import Reading, Served, Trace, ordered, result_object
+from .results import Reading, Served, Trace, result_object
 from .runtime import Runtime, Snapshot
 from .trace import new_trace
 from .windows import measure
@@ -59,8 +59,6 @@ def _skip_reason(ctx: RequestContext, batched: bool) -> str | None:
 
 def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     """Claim the armed probes' layers for this request; None when there is nothing to read."""
-    if ctx.scoring or ctx.endpoint == "embeddings":
-        return None
     snapshot = runtime.snapshot
     if not snapshot.armed:
         ctx.state[STATE] = None  # seen, and nothing was armed
@@ -69,9 +67,9 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     request = LiveRequest(snapshot, new_trace(ctx.headers), "batched" if batched else "serial")
     request.skip = _skip_reason(ctx, batched)
     ctx.state[STATE] = request
-    if request.skip is not None or snapshot.bank is None:
+    if request.skip is not None:
         return None
-    capacity = len(ctx.prompts[0]) + (ctx.sampling.max_tokens if ctx.sampling else 0)
+    capacity = len(ctx.prompts[0]) + ctx.sampling.max_tokens
     request.capture = Capture(snapshot.bank.points, capacity)
     hooks = request.capture.hooks()
     request.setup_seconds = time.perf_counter() - request.began
@@ -80,8 +78,6 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
 
 def finish(runtime: Runtime, ctx: RequestContext) -> None:
     """Score, store and keep the results of a monitored request (also an interrupted one)."""
-    if ctx.scoring or ctx.endpoint == "embeddings":
-        return
     request = ctx.state.get(STATE, _UNSEEN)
     if request is None:
         return
@@ -91,7 +87,8 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         request = ctx.state[STATE] = LiveRequest(runtime.snapshot, new_trace(ctx.headers), "serial")
     started = time.perf_counter()
     snapshot, capture = request.snapshot, request.capture
-    pairs = ordered([(a.view, window) for a in snapshot.armed for window in a.view.windows])
+    plan = snapshot.plan
+    pairs = plan.pairs
     copies = 0
     ids: list[int] = []
     if request.skip is not None and not ctx.interrupted:
@@ -102,15 +99,14 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         engine = ctx.engine
         prompt = ctx.prompts[0]
         ids = prompt + (ctx.outputs[0].token_ids if ctx.outputs else [])
-        views = [a.view for a in snapshot.armed]
         layout = measure(
             engine, ids, capture.positions,
             prompt_len=len(prompt),
-            prefix_ids=runtime.prefix_ids(engine) if any(v.definition.aggregation.skip_template_prefix for v in views) else None,
+            prefix_ids=runtime.prefix_ids(engine) if plan.skip_prefix else None,
             conversation=ctx.conversations[0] if ctx.is_chat and ctx.conversations else None,
             no_turns="last_user_span_unknown" if ctx.is_chat else "text_completion_has_no_user_turn",
             tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs,
-            need_last_user=any("last_user" in v.windows for v in views),
+            need_last_user=plan.last_user,
         )
         columns = None
         if capture.positions:
@@ -150,13 +146,9 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
 def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:
     """``X-miLLM-Probe-Verdicts`` on a finished non-streaming response that was monitored."""
     request = ctx.state.get(STATE)
-    if ctx.streaming or not ctx.finished or request is None or request.results is None:
+    if request is None or request.results is None:  # a stream's headers go out before anything ran
         return None
-    value = header.render(
-        request.results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"],
-        group_of=lambda r: r["behaviour"] if r["behaviour"] is not None else ("probe", r["probe_id"]),
-    )
-    return {header.HEADER: value}
+    return {header.HEADER: header.render(request.results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"])}
 
 
 def extras(ctx: RequestContext) -> list[ResponseExtra] | None:

@@ -16,12 +16,12 @@ from millm_host.protocol import validate
 
 from . import digests, gates, store
 from .definition import Decision, parse
-from .errors import GateRefused, IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
+from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
 from .models import Probe
-from .parity import run_parity
+from .parity import parity_summary, run_parity
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
-from .scoring import ProbeUnusable, compile_probe
+from .scoring import CompiledProbe
 
 
 class ArmRequest(BaseModel):
@@ -98,8 +98,7 @@ def _detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     db = runtime.host.db
     row = store.get_probe(db, probe_id)
     data = probe_json(runtime, row, runtime.view(row))
-    reports = store.parity_reports(db, probe_id, 1)
-    data["parity"] = _parity_summary(reports[0] if reports else None)
+    data["parity"] = parity_summary(store.latest_parity_reports(db, [probe_id]).get(probe_id))
     data["acknowledgements"] = store.acknowledgements(db, probe_id)
     data["recalibrations"] = store.recalibrations(db, probe_id)
     return data
@@ -108,13 +107,6 @@ def _detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
 async def probe_detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     """A probe with its latest parity report, acknowledgements and recalibrations."""
     return await asyncio.to_thread(_detail, runtime, probe_id)
-
-
-def _parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
-    if report is None:
-        return {"status": "never_run"}
-    return {"status": report["status"], "report_id": report["report_id"], "reason": report.get("reason"),
-            "model_load_id": report["model"].get("load_id"), "created_at": report["created_at"]}
 
 
 # --- import ---------------------------------------------------------------------------------
@@ -174,7 +166,7 @@ async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     host = runtime.host
     row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
     engine, entry = host.registry.current()
-    report = await run_parity(runtime, runtime.view(row), engine, entry)
+    report, _ = await run_parity(runtime, runtime.view(row), engine, entry)
     await asyncio.to_thread(store.add_parity_report, host.db, report)
     return report
 
@@ -191,33 +183,29 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
         d = view.definition
         engine, entry = host.registry.current()
         gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
-        warnings = gates.gate_identity(d, gates.model_identity(engine, entry))
+        warnings = gates.gate_identity(d, gates.model_identity(host, entry))
         gates.gate_evidence(d, request.acknowledgement)
-        report = await run_parity(runtime, view, engine, entry)
+        report, compiled = await run_parity(runtime, view, engine, entry)
         await asyncio.to_thread(store.add_parity_report, host.db, report)
         gates.gate_parity(report)
         gates.gate_scope(d)
         if request.acknowledgement and request.acknowledgement.strip():
             await asyncio.to_thread(store.add_acknowledgement, host.db, probe_id, request.acknowledgement,
                                     d.evidence.rung, engine.info.load_id)
-        await host.scheduler.run(_commit_arm, runtime, view, engine)
+        assert compiled is not None  # parity passed, so every vector was scored with it
+        await host.scheduler.run(_commit_arm, runtime, view, compiled, engine)
         try:
             await asyncio.to_thread(store.set_armed, host.db, probe_id, engine.info.load_id)
         except BaseException:
             runtime.disarm(probe_id)
             raise
-        return {**probe_json(runtime, row, view), "warnings": warnings, "parity": _parity_summary(report)}
+        return {**probe_json(runtime, row, view), "warnings": warnings, "parity": parity_summary(report)}
 
 
-def _commit_arm(runtime: Runtime, view: ProbeView, engine: Any) -> None:
-    """Compile the head for the resident model and publish it (engine thread: serialised with unloads)."""
+def _commit_arm(runtime: Runtime, view: ProbeView, compiled: CompiledProbe, engine: Any) -> None:
+    """Publish the head parity compiled for ``engine`` (engine thread: serialised with unloads)."""
     if engine.info.load_id in runtime.unloaded or runtime.host.registry.engine is not engine:
         raise ModelBusy("the model was unloaded while the probe was being armed; arm it again")
-    try:
-        compiled = compile_probe(view.probe_id, view.definition, engine, runtime.settings["PROBE_SAE_DIR"],
-                                 runtime.encoders)
-    except ProbeUnusable as exc:
-        raise GateRefused("parity", "PROBE_PARITY_FAILED", f"{exc.reason}: {exc}") from None
     runtime.arm(Armed(view, compiled, engine.info.load_id, now_iso()))
 
 

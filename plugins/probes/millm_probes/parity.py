@@ -17,16 +17,18 @@ import numpy as np
 from millm_host.engine import NoChatTemplate
 
 from .definition import TestVector
-from .evaluate import forward_columns, read_pairs
+from .evaluate import compile_bank, forward_columns, read_pairs
 from .gates import model_identity
 from .results import ProbeView, now_iso
 from .runtime import Runtime
-from .scoring import Bank, ProbeUnusable, compile_probe
+from .scoring import CompiledProbe
 from .windows import common_prefix, measure
 
 
-async def run_parity(runtime: Runtime, view: ProbeView, engine: Any, entry: Any) -> dict[str, Any]:
-    """Score every test vector on ``engine`` and return the report (the caller stores it)."""
+async def run_parity(runtime: Runtime, view: ProbeView, engine: Any,
+                     entry: Any) -> tuple[dict[str, Any], CompiledProbe | None]:
+    """Score every test vector on ``engine``: the report (the caller stores it), and the head as compiled
+    for ``engine`` for arming to reuse (None when it was not compiled)."""
     host = runtime.host
     d = view.definition
     report: dict[str, Any] = {
@@ -38,20 +40,20 @@ async def run_parity(runtime: Runtime, view: ProbeView, engine: Any, entry: Any)
         "tolerance": d.parity.tolerance,
         "window": d.scope,
         "vectors": [],
-        "model": model_identity(engine, entry),
+        "model": model_identity(host, entry),
         "created_at": now_iso(),
     }
     if not engine.hook_points:
         report.update(status="cannot_run", reason="engine_unsupported")
-        return report
+        return report, None
     if not d.test_vectors:
         report.update(status="no_test_vectors", reason="the definition carries no test vectors")
-        return report
+        return report, None
     prepared: dict[str, Any] = {}
     for index, vector in enumerate(d.test_vectors):
         if host.registry.engine is not engine:
             report.update(status="model_changed", reason="the model changed while parity ran")
-            return report
+            return report, None
         with host.scheduler.reserve():
             lease = await host.registry.acquire(entry)
             try:
@@ -66,7 +68,16 @@ async def run_parity(runtime: Runtime, view: ProbeView, engine: Any, entry: Any)
         first = failed[0]
         why = first.get("reason") or f"difference {first['difference']:.6g} > tolerance {d.parity.tolerance}"
         report.update(status="failed", reason=f"{len(failed)} of {len(d.test_vectors)} vectors differ (vector {first['index']}: {why})")
-    return report
+    bank = prepared["bank"]
+    return report, (bank.probes[0] if bank is not None else None)
+
+
+def parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
+    """A probe's newest parity report in brief (``never_run`` without one)."""
+    if report is None:
+        return {"status": "never_run"}
+    return {"status": report["status"], "report_id": report["report_id"], "reason": report.get("reason"),
+            "model_load_id": report["model"]["load_id"], "created_at": report["created_at"]}
 
 
 def _score_vector(runtime: Runtime, view: ProbeView, engine: Any, index: int, vector: TestVector,
@@ -75,15 +86,13 @@ def _score_vector(runtime: Runtime, view: ProbeView, engine: Any, index: int, ve
     d = view.definition
     row: dict[str, Any] = {"index": index, "n_tokens": len(vector.token_ids), "score": None,
                            "recorded": vector.score, "difference": None, "passed": False, "reason": None}
-    if "bank" not in prepared:
-        try:
-            compiled = compile_probe(view.probe_id, d, engine, runtime.settings["PROBE_SAE_DIR"], runtime.encoders)
-            prepared["bank"] = Bank([compiled])
-        except ProbeUnusable as exc:
-            prepared["bank"] = exc
+    if "bank" not in prepared:  # compiled once, on the first vector's turn on the engine thread
+        prepared["bank"], prepared["unusable"] = compile_bank([view], engine, runtime.settings["PROBE_SAE_DIR"],
+                                                              runtime.encoders)
     bank = prepared["bank"]
-    if isinstance(bank, ProbeUnusable):
-        row["reason"] = f"{bank.reason}: {bank}"
+    if bank is None:
+        problem = prepared["unusable"][view.probe_id]
+        row["reason"] = f"{problem.reason}: {problem}"
         return row
     ids = vector.token_ids
     info = engine.info

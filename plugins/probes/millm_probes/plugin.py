@@ -50,9 +50,8 @@ def register_routes(host, add_route) -> None:
 
 @hookimpl
 def startup(host) -> None:
-    """Nothing is armed after a restart: clear what the last process left armed."""
-    runtime = _runtimes.setdefault(id(host.settings), Runtime(host))
-    runtime.disarm_all()
+    """Nothing is armed after a restart: mark what the last process left armed as disarmed."""
+    _runtimes.setdefault(id(host.settings), Runtime(host))
     store.set_disarmed(host.db, "restart")
 
 

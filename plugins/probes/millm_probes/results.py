@@ -7,6 +7,7 @@ and stateless scoring all show this same object (the header a subset of it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -14,9 +15,9 @@ from typing import Any
 import numpy as np
 import uuid6
 
-from .definition import RUNG_LANGUAGE, Decision, ProbeDefinition
+from .definition import WINDOWS, Decision, ProbeDefinition
 from .digests import ALGORITHM
-from .scoring import aggregate, is_finite
+from .scoring import aggregate
 from .windows import Layout, NotScored, window_span
 
 SCHEMA = "mi.probe.result/v1"
@@ -130,7 +131,7 @@ def read_window(
     window_logits = logits[span.start:span.end] if logits is not None else None
     with np.errstate(all="ignore"):
         score = aggregate(d.aggregation.rule, d.aggregation.params.get("k"), scores, window_logits)
-    if not is_finite(score):
+    if not math.isfinite(score):
         return not_scored("failed", "non_finite_score", interrupted)
     threshold = threshold_for(view.decision, span.length)
     top = span.start + int(np.nanargmax(scores)) if np.isfinite(scores).any() else None
@@ -182,7 +183,7 @@ def result_object(
         "fires": reading.verdict,
         "n_scored_tokens": reading.n_scored_tokens,
         "rung": d.evidence.rung,
-        "rung_language": RUNG_LANGUAGE[d.evidence.rung],
+        "rung_language": d.rung_language,
         "provisional": d.evidence.provisional,
         "detector_digest": view.detector_digest,
         "detector_digest_source": view.detector_digest_source,
@@ -204,7 +205,7 @@ def result_object(
     return obj
 
 
-WINDOW_ORDER = {"all": 0, "prompt": 1, "response": 2, "last_user": 3}
+WINDOW_ORDER = {window: i for i, window in enumerate(WINDOWS)}
 
 
 def ordered(pairs: list[tuple[ProbeView, str]]) -> list[tuple[ProbeView, str]]:

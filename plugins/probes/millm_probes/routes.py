@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import falcon
 
 from millm_host.errors import InvalidParameter
 from millm_host.protocol import parse_json_body
-from millm_host.resources.common import BodyTooLarge, UnsupportedMediaType, lower_headers, read_json
+from millm_host.resources.common import lower_headers, read_body, read_json
 
 from . import manage, stateless, store
 from .definition import WINDOWS
 from .runtime import Runtime
-
-
-async def read_raw(req: falcon.asgi.Request, settings: Any) -> tuple[bytes, Any]:
-    """The body's exact bytes and its JSON (a definition is stored as the bytes received)."""
-    limit = settings["MILLM_MAX_BODY_BYTES"]
-    raw = await req.stream.read(limit + 1)
-    if len(raw) > limit:
-        raise BodyTooLarge(f"the request body is over the {limit}-byte limit")
-    media = (req.content_type or "application/json").split(";")[0].strip().lower()
-    if media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(f"the request body must be application/json, not {media}")
-    if not raw:
-        raise InvalidParameter("the request body is empty; send a probe definition", param="body")
-    return raw, parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"])
 
 
 class Probes:
@@ -40,7 +25,9 @@ class Probes:
         resp.media = await asyncio.to_thread(manage.probe_list, self.runtime)
 
     async def on_post_import(self, req, resp) -> None:
-        raw, document = await read_raw(req, self.runtime.settings)
+        settings = self.runtime.settings
+        raw = await read_body(req, settings)  # a definition is stored as the bytes received
+        document = parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"])
         on_conflict = req.get_param("on_conflict") or "fail"
         resp.media = await manage.import_probe(self.runtime, raw, document, on_conflict)
         resp.status = falcon.HTTP_201

@@ -8,9 +8,10 @@ unload or a restart.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .evaluate import Plan
 from .results import ProbeView, now_iso
 from .scoring import Bank, CompiledProbe
 from .store import view_of
@@ -34,8 +35,14 @@ class Armed:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """What is armed; a request keeps the one current when it began."""
+
     armed: tuple[Armed, ...] = ()
     bank: Bank | None = None
+    plan: Plan = field(init=False)  # derived once per armed set, not once per request
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", Plan.of((a.view, window) for a in self.armed for window in a.view.windows))
 
     def ids(self) -> list[str]:
         return [a.view.probe_id for a in self.armed]
@@ -84,10 +91,11 @@ class Runtime:
         return next((a for a in self.snapshot.armed if a.view.probe_id == probe_id), None)
 
     def update_view(self, view: ProbeView) -> None:
-        """A moved bar reaches an armed probe at once; its head is untouched."""
+        """A moved bar reaches an armed probe at once; its head, and so the bank, is untouched."""
         entry = self.armed_entry(view.probe_id)
         if entry is not None:
-            self._publish(tuple(replace(a, view=view) if a is entry else a for a in self.snapshot.armed))
+            armed = tuple(replace(a, view=view) if a is entry else a for a in self.snapshot.armed)
+            self.snapshot = replace(self.snapshot, armed=armed)
 
     def forget_probe(self, probe_id: str) -> None:
         self.last_results.pop(probe_id, None)

@@ -10,7 +10,6 @@ then run there in float64.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,8 +37,6 @@ class CompiledProbe:
 
     key: str
     point: Point
-    rule: str
-    k: int | None
     weights: Any  # [width] float32 tensor: w / σ
     bias: float  # b − Σ w μ / σ, kept in float64 on the host
     query: Any  # [d_model] float32 tensor, attention rule only
@@ -62,7 +59,7 @@ def compile_probe(key: str, d: ProbeDefinition, engine: Any, sae_dir: str | None
         encoder = (encoders or {}).get(cache_key)
         if encoder is None:
             try:
-                encoder = load_encoder(sae_dir, d.sae.sae_id, d.sae.feature_indices, info.d_model, engine.device)
+                encoder = load_encoder(sae_dir, d.sae.sae_id, d.sae.feature_indices, info.d_model, info.device)
             except SaeUnavailable as exc:
                 raise ProbeUnusable("encoder_failed", str(exc)) from None
             if encoders is not None:
@@ -75,13 +72,11 @@ def compile_probe(key: str, d: ProbeDefinition, engine: Any, sae_dir: str | None
     folded = w / std
     query = None
     if d.aggregation.rule == "attention":
-        query = torch.tensor(d.head.attention_query, dtype=torch.float32, device=engine.device)
+        query = torch.tensor(d.head.attention_query, dtype=torch.float32, device=info.device)
     return CompiledProbe(
         key=key,
         point=(d.read.layer, d.read.hook_point),
-        rule=d.aggregation.rule,
-        k=d.aggregation.params.get("k") if d.aggregation.rule == "topk_mean" else None,
-        weights=torch.tensor(folded, dtype=torch.float32, device=engine.device),
+        weights=torch.tensor(folded, dtype=torch.float32, device=info.device),
         bias=float(d.head.bias - float(np.dot(folded, mean))),
         query=query,
         encoder=encoder,
@@ -180,7 +175,3 @@ def aggregate(rule: str, k: int | None, scores: np.ndarray, logits: np.ndarray |
         alpha /= alpha.sum()
         return float((alpha * scores).sum())
     raise ValueError(f"unknown aggregation rule {rule!r}")
-
-
-def is_finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)

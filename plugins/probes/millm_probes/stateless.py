@@ -21,11 +21,11 @@ from millm_host.protocol import ChatMessage, message_text, validate
 from . import store
 from .definition import Window
 from .errors import GateRefused, ModelChanged, mismatch_message
-from .evaluate import forward_columns, read_pairs
+from .evaluate import Plan, compile_bank, forward_columns, read_pairs
 from .gates import identity_check, model_identity
-from .results import ProbeView, Reading, Served, ordered, result_object
+from .parity import parity_summary
+from .results import ProbeView, Reading, Served, result_object
 from .runtime import Runtime
-from .scoring import Bank, ProbeUnusable, compile_probe
 from .trace import new_trace
 from .windows import common_prefix, measure
 
@@ -117,28 +117,21 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
     return prepared
 
 
-def _score_one(runtime: Runtime, engine: Any, views: list[ProbeView], windows: dict[str, list[str]],
-               item: Prepared, compiled: dict[str, Any]) -> list[Any]:
+def _score_one(runtime: Runtime, engine: Any, views: list[ProbeView], plan: Plan, item: Prepared,
+               compiled: dict[str, Any]) -> list[Any]:
     """Readings of one input, in listing order (engine thread)."""
-    pairs = ordered([(view, window) for view in views for window in windows[view.probe_id]])
+    pairs = plan.pairs
     if not engine.hook_points:  # llama.cpp exposes no layers to read
         return [(pair, Reading("skipped", "engine_unsupported")) for pair in pairs]
-    if "bank" not in compiled:
-        usable, unusable = [], {}
-        for view in views:
-            try:
-                usable.append(compile_probe(view.probe_id, view.definition, engine,
-                                            runtime.settings["PROBE_SAE_DIR"], runtime.encoders))
-            except ProbeUnusable as exc:
-                unusable[view.probe_id] = exc
-        compiled.update(bank=Bank(usable) if usable else None, unusable=unusable)
+    if "bank" not in compiled:  # compiled once, on the first input's turn on the engine thread
+        compiled["bank"], compiled["unusable"] = compile_bank(views, engine, runtime.settings["PROBE_SAE_DIR"],
+                                                              runtime.encoders)
     bank = compiled["bank"]
     columns = forward_columns(engine, bank, item.ids) if bank is not None else None
     layout = measure(
         engine, item.ids, len(item.ids), prompt_len=item.prompt_len, boundary_failure=item.failure,
-        prefix_ids=runtime.prefix_ids(engine) if any(v.definition.aggregation.skip_template_prefix for v in views) else None,
-        conversation=item.conversation, no_turns="token_ids_have_no_turns",
-        need_last_user=any("last_user" in w for w in windows.values()),
+        prefix_ids=runtime.prefix_ids(engine) if plan.skip_prefix else None,
+        conversation=item.conversation, no_turns="token_ids_have_no_turns", need_last_user=plan.last_user,
     )
     return list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
 
@@ -155,7 +148,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         raise InvalidParameter(f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
                                param="probe_ids", code="PROBE_MAX_ARMED")
     engine, entry = host.registry.current()
-    identity = model_identity(engine, entry)
+    identity = model_identity(host, entry)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
     views, skipped, refused = [], [], []
     for view in all_views:
@@ -172,10 +165,10 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
                           "fitted on: " + "; ".join(f"{r['probe_id']}: {mismatch_message(r['mismatches'])}" for r in refused),
                           probes=refused)
     windows = {v.probe_id: list(request.windows) if request.windows else v.windows for v in views}
-    parity = await asyncio.to_thread(_parity_states, host.db, views)
+    plan = Plan.of((view, window) for view in views for window in windows[view.probe_id])
+    reports = await asyncio.to_thread(store.latest_parity_reports, host.db, [v.probe_id for v in views])
     trace = new_trace(headers)
     request_id = "score-" + uuid.uuid4().hex
-    load_id = engine.info.load_id
     with host.scheduler.reserve():
         prepared = await host.scheduler.run(_prepare, engine, request.inputs)
     served = Served.of(engine, "stateless")
@@ -185,7 +178,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     for index, item in enumerate(prepared):
         output: dict[str, Any] = {"index": index, "n_tokens": len(item.ids), "prompt_tokens": item.prompt_len}
         outputs.append(output)
-        changed = changed or host.registry.engine is not engine or engine.info.load_id != load_id
+        changed = changed or host.registry.engine is not engine  # an unload or a reload replaces it
         if not changed and views:
             with host.scheduler.reserve():
                 try:
@@ -194,7 +187,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
                     changed = True
                 else:
                     try:
-                        readings = await host.scheduler.run(_score_one, runtime, engine, views, windows, item, compiled)
+                        readings = await host.scheduler.run(_score_one, runtime, engine, views, plan, item, compiled)
                     finally:
                         lease.release()
         if changed:
@@ -211,7 +204,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         "results": outputs,
         "skipped": skipped,
         "probes": [{"probe_id": v.probe_id, "name": v.name, "windows": windows[v.probe_id],
-                    "parity": parity[v.probe_id]} for v in views],
+                    "parity": parity_summary(reports.get(v.probe_id))} for v in views],
     }
 
 
@@ -220,16 +213,3 @@ def _load_views(runtime: Runtime, probe_ids: list[str] | None) -> list[ProbeView
     rows = store.find_probes(runtime.host.db, probe_ids) if probe_ids else store.list_probes(runtime.host.db)
     return [runtime.view(row) for row in rows]
 
-
-def _parity_states(db: Any, views: list[ProbeView]) -> dict[str, dict[str, Any]]:
-    """Each probe's stored parity: passed, failed (or another status) or never_run, and its model load."""
-    states = {}
-    for view in views:
-        reports = store.parity_reports(db, view.probe_id, limit=1)
-        if not reports:
-            states[view.probe_id] = {"status": "never_run", "model_load_id": None}
-        else:
-            latest = reports[0]
-            states[view.probe_id] = {"status": latest["status"], "report_id": latest["report_id"],
-                                     "model_load_id": (latest.get("model") or {}).get("load_id") or "unknown"}
-    return states

@@ -146,6 +146,16 @@ def parity_reports(db: Any, probe_id: str, limit: int = 20) -> list[dict[str, An
         return [r.report for r in rows]
 
 
+def latest_parity_reports(db: Any, probe_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each probe's newest stored report, in one query (a probe never checked is absent)."""
+    newest = sa.func.row_number().over(partition_by=ParityReport.probe_id, order_by=ParityReport.created_at.desc())
+    ranked = (sa.select(ParityReport.probe_id, ParityReport.report, newest.label("rank"))
+              .where(ParityReport.probe_id.in_(list(probe_ids))).subquery())
+    with db.session() as session:
+        rows = session.execute(sa.select(ranked.c.probe_id, ranked.c.report).where(ranked.c.rank == 1))
+        return {probe_id: report for probe_id, report in rows}
+
+
 def recalibrate(db: Any, probe_id: str, decision: dict[str, Any] | None, digest: str, source: str) -> Probe:
     """Move the bar: store the new decision, bump both revisions, record the change."""
     with db.session() as session:

@@ -87,12 +87,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def chat_tokenize(engine: Any, text: str) -> list[int]:
-    """Ids of (part of) a chat render, tokenized as chats are: one BOS, never two."""
-    bos = engine.info.bos_token
-    return engine.tokenize(text, add_special_tokens=not (bos and text.startswith(bos)))
-
-
 def template_prefix_ids(engine: Any) -> list[int] | None:
     """The template's render of one empty user message, up to the end of its header."""
     try:
@@ -100,7 +94,7 @@ def template_prefix_ids(engine: Any) -> list[int] | None:
     except Exception:
         return None
     cut = text.find(SENTINEL)
-    return None if cut < 0 else chat_tokenize(engine, text[:cut])
+    return None if cut < 0 else engine.tokenize_chat_text(text[:cut])
 
 
 def last_user_span(
@@ -143,8 +137,8 @@ def last_user_span(
     header = between[len(closing):]
     if not header or not one[:at].endswith(header):
         return "last_user_span_unresolved"
-    before = chat_tokenize(engine, one[: at - len(header)])
-    through = chat_tokenize(engine, real)
+    before = engine.tokenize_chat_text(one[: at - len(header)])
+    through = engine.tokenize_chat_text(real)
     start, end = common_prefix(before, ids), common_prefix(through, ids)
     if start < len(before) or end <= start:
         return "no_user_header"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import time
 
-import http_sfv
 import pytest
+
+from millm_host.headers import parse_list
 
 WINDOWS = ["all", "prompt", "response"]
 CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
@@ -36,12 +37,6 @@ def chat(http, model_id, headers=None, **extra):
     return response
 
 
-def parse_header(value: str) -> list[http_sfv.Item]:
-    parsed = http_sfv.List()
-    parsed.parse(value.encode("ascii"))
-    return list(parsed)
-
-
 def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model_id):
     client = probes_server.openai()
     raw = client.chat.completions.with_raw_response.create(model=model_id, messages=CHAT, max_tokens=5, temperature=0)
@@ -49,7 +44,7 @@ def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model
     results = completion.model_extra["millm_probe_verdicts"]
     assert [(r["probe_id"], r["window"]) for r in results] == \
         [(armed_pair[0], w) for w in WINDOWS] + [(armed_pair[1], "all")]  # behaviour by behaviour, then name
-    members = parse_header(raw.headers["x-millm-probe-verdicts"])
+    members = list(parse_list(raw.headers["x-millm-probe-verdicts"]))
     assert len(members) == len(results)
     for member, result in zip(members, results, strict=True):
         assert member.value == result["name"]
@@ -120,7 +115,7 @@ def test_batched_requests_are_recorded_as_skipped(probes_server, armed_pair, mod
     with probes_server.http() as http:
         for extra in ({"n": 2}, {"extra_messages": [[{"role": "user", "content": "another"}]]}):
             response = chat(http, model_id, **extra)
-            members = parse_header(response.headers["x-millm-probe-verdicts"])
+            members = list(parse_list(response.headers["x-millm-probe-verdicts"]))
             assert all(m.params["scored"] is False and str(m.params["reason"]) == "batched_request" for m in members)
             results = response.json()["millm_probe_verdicts"]
             assert {(r["outcome"], r["reason"], r["execution_mode"]) for r in results} == \
@@ -170,14 +165,14 @@ def test_traceparent_joins_the_callers_trace(probes_server, armed_pair, model_id
         assert {r["result_id"] for r in stored} >= {r["result_id"] for r in joined.json()["millm_probe_verdicts"]}
 
 
-def test_events_list_filters_pages_and_detail(probes_server, armed_pair, model_id):
+def test_events_list_filters_pages_and_detail(probes_server, armed_pair, model_id, lab):
     with probes_server.http() as http:
         results = chat(http, model_id).json()["millm_probe_verdicts"]
-        one = results[0]
+        one = next(r for r in results if r["window"] == "prompt")
         listed = http.get("/api/probes/events", params={"probe_id": armed_pair[0], "window": "prompt",
                                                          "limit": 500}).json()["data"]
         assert all(e["probe_id"] == armed_pair[0] and e["window"] == "prompt" for e in listed)
-        assert one["window"] != "prompt" or one in listed
+        assert one in listed
         fired = http.get("/api/probes/events", params={"fired": "true", "limit": 500}).json()["data"]
         assert fired and all(e["fires"] is True for e in fired)
         assert all("detail" not in e for e in listed + fired)  # text only on the detail route
@@ -191,8 +186,14 @@ def test_events_list_filters_pages_and_detail(probes_server, armed_pair, model_i
         detail = http.get(f"/api/probes/events/{one['result_id']}").json()
         assert {k: v for k, v in detail.items() if k != "detail"} == one
         text = detail["detail"]
-        assert text["context_start"] <= text["top_position"] < text["context_end"]
-        assert "lighthouse" in text["context_text"] or text["context_text"]
+        prompt = lab.chat_ids(CHAT)
+        ids = prompt + lab.greedy(prompt, 5)  # what the request above read
+        top = text["top_position"]
+        assert top < len(prompt)  # the prompt window's top position
+        assert (text["context_start"], text["context_end"]) == (max(0, top - 16), min(len(ids), top + 17))
+        assert text["top_token"] == lab.tokenizer.decode([ids[top]])
+        assert text["context_text"] == lab.tokenizer.decode(ids[text["context_start"]:text["context_end"]],
+                                                            skip_special_tokens=True)
         assert http.get("/api/probes/events/nope").status_code == 404
         assert http.get("/api/probes/events", params={"fired": "maybe"}).status_code == 400
         assert http.get("/api/probes/events", params={"limit": "0"}).status_code == 400

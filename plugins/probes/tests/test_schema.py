@@ -10,6 +10,8 @@ import http_sfv
 import jsonschema
 import pytest
 
+from millm_host.headers import parse_list
+
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "docs" / "schemas" / "probe-result-v1.json"
 CHAT = [{"role": "user", "content": "Describe the sea."}]
 HEADER_FIELDS = {"score": "score", "threshold": "threshold", "verdict": "verdict", "rung": "rung", "window": "window",
@@ -32,10 +34,8 @@ def header_validator(validator):
 
 
 def header_objects(value: str) -> list[dict]:
-    parsed = http_sfv.List()
-    parsed.parse(value.encode("ascii"))
     objects = []
-    for member in parsed:
+    for member in parse_list(value):
         obj = {"name": member.value}
         for key, param in member.params.items():
             obj[HEADER_FIELDS[key]] = str(param) if isinstance(param, http_sfv.Token) else (
