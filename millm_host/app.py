@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
 
 import falcon
 import falcon.asgi
 import pluggy
 
+from .admission import Admission, engine_slot
 from .db import Database, database_url
 from .engine import EngineSpec
-from .errors import MillmError
+from .errors import MillmError, ModelNotFound
 from .fields import FieldRegistry
 from .models import ModelRegistry
 from .plugins import build_plugin_manager, call_each
@@ -22,6 +25,8 @@ from .serving.scoring import Scoring
 from .settings import Settings
 
 log = logging.getLogger("millm")
+
+T = TypeVar("T")
 
 
 class Host:
@@ -40,6 +45,9 @@ class Host:
         self.pipeline = Pipeline(self)
         #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``.
         self.scoring = Scoring()
+        #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
+        #: ``startup``; like ``ctx.state``, a plugin never reads another's.
+        self.state: dict[str, Any] = {}
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None
@@ -62,6 +70,29 @@ class Host:
                 impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
             except Exception:
                 log.exception("plugin %s failed in %s", impl.plugin_name, hook_name)
+
+    # --- what plugins use (see millm_host.api) ----------------------------------------
+    def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:
+        """Admitted engine work on ``model`` (an id): a queue place, a lease, the engine thread.
+
+        ``async with host.engine_slot(model_id) as slot: result = await slot.run(fn, *args)``;
+        ``slot.engine`` is the resident model. Refused like a request (``queue_full``,
+        ``model_busy``, ``model_not_loaded``); a model that is not resident is loaded
+        first when ``MILLM_AUTOLOAD`` allows.
+        """
+        return engine_slot(self, model)
+
+    async def run_on_engine_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the engine thread, in order with loads, unloads and requests, without
+        a queue place or a lease (e.g. to publish state serialised with an unload)."""
+        return await self.scheduler.run(fn, *args)
+
+    def model_detail(self, model_id: str) -> dict[str, Any]:
+        """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
+        entry = self.registry.entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+        return self.registry.detail(entry)
 
     def listed_models(self) -> list[Any]:
         """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""

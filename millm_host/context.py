@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from .app import Host
     from .engine import Engine, ModelDescriptor, SamplingParams
     from .errors import MillmError
     from .settings import Settings
@@ -36,7 +37,9 @@ class SequenceOutput:
 class RequestContext:
     """Everything about one request, from parsing to the response.
 
-    Set by the host: ``endpoint``, ``body`` (the parsed JSON, as sent), ``params``
+    Set by the host: ``host`` (the ``Host`` serving the request: through it every
+    hook reaches the plugin's own per-host object, ``ctx.host.state[<plugin>]``),
+    ``endpoint``, ``body`` (the parsed JSON, as sent), ``params``
     (the validated protocol model), ``headers`` (lower-cased request headers),
     ``model`` (the descriptor of the requested model, known before any load),
     ``engine_name``, ``streaming``, ``scoring`` (a scoring request: feature plugins
@@ -55,6 +58,8 @@ class RequestContext:
     model: ModelDescriptor
     engine_name: str
     settings: Settings
+    #: The host serving the request (None only in tests that build a context by hand).
+    host: Host | None = None
     streaming: bool = False
     scoring: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .default_model import default_model_path, describe_default
 from .engine import Engine, EngineSpec, ModelDescriptor
@@ -179,6 +179,37 @@ class ModelRegistry:
                 code="AMBIGUOUS_MODEL_NAME",
             )
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+
+    def detail(self, entry: ModelEntry) -> dict[str, Any]:
+        """A model's state, and (when resident) the identity of the loaded weights probes are checked against."""
+        d = entry.descriptor
+        detail: dict[str, Any] = {
+            "id": entry.id,
+            "state": entry.state.value,
+            "engine": entry.spec.name,
+            "format": d.format,
+            "path": d.path,
+            "quantization": d.quantization,
+            "hf_id": d.hf_id or entry.id,
+            "revision": d.revision,
+            "error": entry.error,
+        }
+        engine = self.engine
+        if self.resident is entry and engine is not None:
+            info = engine.info
+            detail.update(
+                hf_id=info.hf_id or entry.id,
+                revision=info.revision,
+                d_model=info.d_model,
+                n_layers=info.n_layers,
+                chat_template_sha256=info.chat_template_sha256,
+                context_window=info.context_window,
+                dtype=info.dtype,
+                device=info.device,
+                load_id=info.load_id,
+                system_fingerprint=info.system_fingerprint,
+            )
+        return detail
 
     def listed(self) -> list[ModelEntry]:
         """What ``/v1/models`` shows: READY, LOADED and LOADING models, the resident first."""

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..admission import Admission, admit
 from ..context import RequestContext
 from ..engine import SamplingParams
 from ..engine_scoring import InvalidScoringRequest
 from ..errors import ContextLengthExceeded, InternalError, InvalidParameter, MillmError
 from ..fields import check_fields, strict_mode
-from ..models import Lease
 from ..protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, message_text, validate
-from ..scheduler import Ticket
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -47,19 +45,6 @@ def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
     return endpoint == "chat.completions" and body.get("top_logprobs") is not None
 
 
-@dataclass
-class Admission:
-    """What a prepared request holds until it finishes: a queue place and a model lease."""
-
-    ticket: Ticket
-    lease: Lease | None = None
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-        self.ticket.release()
-
-
 class Pipeline:
     """Turns a request body into a context ready for the engine."""
 
@@ -82,6 +67,7 @@ class Pipeline:
             model=entry.descriptor,
             engine_name=entry.spec.name,
             settings=host.settings,
+            host=host,
             streaming=bool(getattr(params, "stream", False)),
             scoring=is_scoring_request(endpoint, body),
         )
@@ -114,13 +100,10 @@ class Pipeline:
         """
         host = self.host
         await asyncio.to_thread(host.pm.hook.validate_request, ctx=ctx)
-        entry = host.registry.entries[ctx.model.id]
-        host.registry.check_available(entry)  # model_busy wins over queue_full
-        admission = Admission(host.scheduler.reserve())
+        admission = await admit(host, host.registry.entries[ctx.model.id])
         try:
-            admission.lease = await host.registry.acquire(entry)
-            ctx.engine = admission.lease.engine
-            await host.scheduler.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            ctx.engine = admission.engine
+            await admission.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
             await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)

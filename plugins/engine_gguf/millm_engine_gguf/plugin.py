@@ -5,8 +5,7 @@ Nothing here imports llama.cpp: the engine module loads only with a model.
 
 from __future__ import annotations
 
-from millm_host.errors import FieldNotHonoured
-from millm_host.hookspecs import hookimpl
+from millm_host.api import FieldNotHonoured, hookimpl
 
 from .settings import SETTINGS
 from .spec import ENGINE_NAME, SPEC

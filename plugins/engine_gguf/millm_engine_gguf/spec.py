@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from millm_host.engine import EngineSpec, ModelDescriptor
-from millm_host.naming import split_gguf_name
+from millm_host.api import EngineSpec, ModelDescriptor, split_gguf_name
 
 ENGINE_NAME = "gguf"
 

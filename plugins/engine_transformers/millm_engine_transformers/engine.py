@@ -11,17 +11,19 @@ import jinja2
 import torch
 import transformers
 
-from millm_host.engine import (
+from millm_host.api import (
     Engine,
     HookPoint,
+    InsufficientMemory,
+    InvalidParameter,
     LayerHook,
     ModelDescriptor,
     ModelInfo,
+    NextTokenScores,
     NoChatTemplate,
     SamplingParams,
+    ScoringParams,
 )
-from millm_host.engine_scoring import NextTokenScores, ScoringParams
-from millm_host.errors import InsufficientMemory, InvalidParameter
 
 from . import hooks as layer_hooks
 from .embedding import pooled_last_hidden

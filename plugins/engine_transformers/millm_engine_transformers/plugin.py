@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from millm_host.hookspecs import hookimpl
-from millm_host.settings import Setting
+from millm_host.api import Setting, hookimpl
 
 from .spec import ENGINE_NAME, SPEC
 

@@ -17,7 +17,7 @@ import torch
 from millm_engine_transformers import plugin
 from millm_engine_transformers.engine import TransformersEngine
 from millm_engine_transformers.spec import describe
-from millm_host.engine_scoring import ScoringParams, ScoringPrecisionUnavailable
+from millm_host.api import ScoringParams, ScoringPrecisionUnavailable
 from millm_host.settings import HOST_SETTINGS, Settings
 from millm_host.testing.models import tiny_llama
 

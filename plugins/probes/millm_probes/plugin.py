@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from millm_host.hookspecs import hookimpl
+from millm_host.api import hookimpl
 
 from . import live, routes, store
 from .runtime import Runtime

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from millm_host.context import RequestContext
+from millm_host.api import RequestContext
 from millm_probes import header, live, store
 from millm_probes.trace import trace_id_from
 from millm_probes.windows import Layout, NotScored, Span, last_user_span, measure, template_prefix_ids, window_span
@@ -64,7 +64,7 @@ def templateless_engine():
     """A real transformers engine, in this process, on a tiny model without a chat template."""
     from millm_engine_transformers.engine import TransformersEngine
     from millm_engine_transformers.spec import describe
-    from millm_host.settings import Settings
+    from millm_host.api import Settings
     from millm_host.testing.models import tiny_llama
 
     path = tiny_llama("probe-llama-plain", num_hidden_layers=2, chat_template=False)
@@ -89,7 +89,7 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
     """A probe is armed only on a model whose parity ran, and an unload disarms it, so a served request
     never meets a hookless engine with a probe armed; the live path is checked here with one stood in."""
     from millm_host.app import build
-    from millm_host.settings import Settings
+    from millm_host.api import Settings
     from millm_probes.plugin import _runtimes
     from millm_probes.results import now_iso
     from millm_probes.runtime import Armed

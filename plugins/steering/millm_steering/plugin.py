@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from millm_host.hookspecs import hookimpl
-from millm_host.output import ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra
-from millm_host.settings import Setting
+from millm_host.api import ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra, Setting, hookimpl
 
 from . import request, routes
 from .header import INTENSITY, STEERING

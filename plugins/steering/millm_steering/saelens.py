@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from millm_host.errors import MillmError
+from millm_host.api import MillmError
 
 from .features import is_int
 

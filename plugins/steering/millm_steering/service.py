@@ -13,8 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from millm_host.engine import HookPoint
-from millm_host.errors import FieldNotHonoured, InvalidParameter, ModelBusy
+from millm_host.api import FieldNotHonoured, HookPoint, InvalidParameter, ModelBusy
 
 from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
@@ -27,7 +26,7 @@ from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
 
 if TYPE_CHECKING:
-    from millm_host.app import Host
+    from millm_host.api import Host
 
     from .models import ProfileRecord, SAERecord
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from millm_host.db import Database
+from millm_host.api import Database
 
 from .errors import Conflict, ProfileNotFound, SAENotFound
 from .features import Features

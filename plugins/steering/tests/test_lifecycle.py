@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from millm_host.app import build
-from millm_host.settings import Settings
+from millm_host.api import Settings
 from millm_steering import plugin
 
 

@@ -12,10 +12,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from millm_host.engine import LogitsProcessorFactory, NoChatTemplate
-from millm_host.errors import FieldNotHonoured
-from millm_host.hookspecs import hookimpl
-from millm_host.output import OutputFilterFactory
+from millm_host.api import (
+    FieldNotHonoured,
+    LogitsProcessorFactory,
+    NoChatTemplate,
+    OutputFilterFactory,
+    hookimpl,
+)
 
 from .constraint import ConstraintCompiler, JsonConstraint
 from .errors import ConstrainedOutputInvalid, ResponseFormatUnsupported

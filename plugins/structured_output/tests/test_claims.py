@@ -10,12 +10,9 @@ from __future__ import annotations
 import pytest
 
 from millm_host import default_fields
-from millm_host.context import RequestContext
-from millm_host.engine import ModelDescriptor
-from millm_host.errors import FieldNotHonoured
+from millm_host.api import FieldNotHonoured, ModelDescriptor, RequestContext, Settings
 from millm_host.fields import FieldRegistry, check_fields
 from millm_host.protocol import ChatCompletionRequest, validate
-from millm_host.settings import Settings
 from millm_structured_output import plugin
 from millm_structured_output.errors import ResponseFormatUnsupported
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 from .formats import CallFormat, ParsedCall
 

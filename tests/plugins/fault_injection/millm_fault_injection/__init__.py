@@ -9,10 +9,7 @@ one server can serve both kinds.
 
 from __future__ import annotations
 
-from millm_host.engine import LogitsProcessorFactory
-from millm_host.errors import InsufficientMemory, MillmError
-from millm_host.hookspecs import hookimpl
-from millm_host.settings import Setting
+from millm_host.api import InsufficientMemory, LogitsProcessorFactory, MillmError, Setting, hookimpl
 
 
 @hookimpl
