@@ -12,13 +12,14 @@ import falcon
 import falcon.asgi
 import pluggy
 
+from . import hookcalls
 from .admission import Admission, engine_slot
 from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
 from .fields import FieldRegistry
 from .models import ModelRegistry
-from .plugins import build_plugin_manager, call_each
+from .plugins import build_plugin_manager
 from .scheduler import Scheduler
 from .serving.pipeline import Pipeline
 from .serving.scoring import Scoring
@@ -37,7 +38,7 @@ class Host:
         self.pm = pm
         self.report = pm.millm_report  # type: ignore[attr-defined]
         self.fields = FieldRegistry()
-        call_each(pm, "register_request_fields", register=self.fields.register)
+        hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
         self.engines = self._collect_engines()
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"])
         self.registry = ModelRegistry(self, self.engines)
@@ -60,16 +61,8 @@ class Host:
                 raise ValueError(f"engine {spec.name!r} is registered twice")
             engines[spec.name] = spec
 
-        call_each(self.pm, "register_engines", register=register)
+        hookcalls.startup(self.pm, "register_engines", register=register)
         return list(engines.values())
-
-    def call_each(self, hook_name: str, **kwargs: Any) -> None:
-        """Call a hook plugin by plugin; one plugin's failure is logged, not raised."""
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            try:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except Exception:
-                log.exception("plugin %s failed in %s", impl.plugin_name, hook_name)
 
     # --- what plugins use (see millm_host.api) ----------------------------------------
     def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:
@@ -98,14 +91,14 @@ class Host:
         """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""
         entries = self.registry.listed()
         keep = {e.id for e in entries}
-        for allowed in self.pm.hook.filter_listed_models(host=self, model_ids=[e.id for e in entries]):
+        for allowed in hookcalls.request(self.pm, "filter_listed_models", host=self, model_ids=[e.id for e in entries]):
             if allowed is not None:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
 
     def migrations(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        call_each(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
+        hookcalls.startup(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
         return found
 
     # --- lifecycle ------------------------------------------------------------------
@@ -113,7 +106,7 @@ class Host:
         """Migrate the database, discover models and let plugins load their state."""
         self.db.upgrade(self.migrations())
         self.registry.discover()
-        call_each(self.pm, "startup", host=self)
+        hookcalls.startup(self.pm, "startup", host=self)
 
     async def load_start_model(self) -> None:
         entry = self.registry.start_model
@@ -125,7 +118,7 @@ class Host:
             log.error("the start model %s failed to load: %s", entry.id, exc.message)
 
     def stop(self) -> None:
-        self.call_each("shutdown", host=self)
+        hookcalls.lifecycle(self.pm, "shutdown", host=self)
         if self.registry.engine is not None:
             engine = self.registry.engine
             try:

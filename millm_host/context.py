@@ -86,6 +86,8 @@ class RequestContext:
     state: dict[str, Any] = field(default_factory=dict)
     #: Field locations the request sent that nothing used (``X-miLLM-Ignored-Fields``).
     unused_fields: list[str] = field(default_factory=list)
+    #: Plugins whose ``render_headers`` or ``response_extras`` raised (``X-miLLM-Plugin-Errors``).
+    plugin_errors: list[str] = field(default_factory=list)
 
     @property
     def is_chat(self) -> bool:

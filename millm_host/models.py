@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import hookcalls
 from .default_model import default_model_path, describe_default
 from .engine import Engine, EngineSpec, ModelDescriptor
 from .errors import (
@@ -311,7 +312,7 @@ class ModelRegistry:
         engine = entry.spec.load(entry.descriptor, self.host.settings, lambda msg: log.info("%s: %s", entry.id, msg))
         engine.info.load_id = uuid.uuid4().hex[:16]
         log.info("model %s loaded in %.1f s", entry.id, time.monotonic() - started)
-        self.host.call_each("model_loaded", host=self.host, engine=engine)
+        hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
         return engine
 
     async def unload(self, entry: ModelEntry) -> None:
@@ -339,7 +340,7 @@ class ModelRegistry:
             log.warning("unloading %s: %d requests still running after %.0f s", entry.id, self._leases, timeout)
 
         def close() -> None:
-            self.host.call_each("model_unloading", host=self.host, engine=engine)
+            hookcalls.lifecycle(self.host.pm, "model_unloading", host=self.host, engine=engine)
             engine.close()
 
         await self.host.scheduler.run(close)

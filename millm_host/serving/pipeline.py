@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..admission import Admission, admit
 from ..context import RequestContext
 from ..engine import SamplingParams
@@ -99,14 +100,14 @@ class Pipeline:
         releases it when the request ends.
         """
         host = self.host
-        await asyncio.to_thread(host.pm.hook.validate_request, ctx=ctx)
+        await asyncio.to_thread(hookcalls.request, host.pm, "validate_request", ctx=ctx)
         admission = await admit(host, host.registry.entries[ctx.model.id])
         try:
             ctx.engine = admission.engine
             await admission.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
-            await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
+            await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
         except BaseException:
             admission.release()
             raise
@@ -114,7 +115,7 @@ class Pipeline:
 
     def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
         """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
-        self.host.pm.hook.before_tokenize(ctx=ctx)
+        hookcalls.request(self.host.pm, "before_tokenize", ctx=ctx)
         tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
