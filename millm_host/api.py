@@ -18,7 +18,8 @@ What is here:
   ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
   (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
   ``resident``, ``engine``) and ``host.openapi_bodies``.
-- Engine types: ``Engine``, ``EngineSpec``, ``ModelDescriptor``, ``ModelInfo``,
+- Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
+  ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``), ``ModelDescriptor``, ``ModelInfo``,
   ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
   ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
@@ -30,6 +31,9 @@ What is here:
 - ``JsonResource``: the base of a plugin's JSON route (bodies read and checked
   the host's way); ``read_json``, ``read_body`` and ``lower_headers`` for a
   resource that does not subclass it.
+- ``ctx.engine_capabilities``: what the request's engine declares; a plugin claims
+  request fields by capability (``register(..., requires=LAYER_HOOKS)``), never by
+  engine name.
 - Small helpers engines share: ``split_gguf_name``, ``save_atomically``,
   ``available_memory``, ``fallback_chat_render``.
 - ``testing``: ``millm_host.testing`` (a real server, tiny models, SSE reading, the
@@ -44,9 +48,13 @@ from .app import Host
 from .context import RequestContext, SequenceOutput
 from .db import Database
 from .engine import (
+    EMBEDDINGS,
+    LAYER_HOOKS,
+    LOGITS_PROCESSORS,
     ORDER_READ_POST_STEERING,
     ORDER_READ_PRE_STEERING,
     ORDER_WRITE_STEERING,
+    SCORING,
     Engine,
     EngineSpec,
     HookPoint,
@@ -95,13 +103,17 @@ from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .settings import Setting, Settings
 
 __all__ = [
+    "EMBEDDINGS",
     "INVALID_REQUEST",
+    "LAYER_HOOKS",
+    "LOGITS_PROCESSORS",
     "ORDER_PROBE_VERDICTS",
     "ORDER_READ_POST_STEERING",
     "ORDER_READ_PRE_STEERING",
     "ORDER_SAE_ACTIVATIONS",
     "ORDER_STEERING",
     "ORDER_WRITE_STEERING",
+    "SCORING",
     "SERVER_ERROR",
     "ChatMessage",
     "ContextLengthExceeded",

@@ -37,9 +37,10 @@ class Host:
         self.settings = settings
         self.pm = pm
         self.report = pm.millm_report  # type: ignore[attr-defined]
-        self.fields = FieldRegistry()
+        #: Every installed engine (``build_plugin_manager`` collected them and declared their settings).
+        self.engines: list[EngineSpec] = list(pm.millm_engines)  # type: ignore[attr-defined]
+        self.fields = FieldRegistry(self.engines)
         hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
-        self.engines = self._collect_engines()
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"])
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
@@ -52,17 +53,6 @@ class Host:
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None
-
-    def _collect_engines(self) -> list[EngineSpec]:
-        engines: dict[str, EngineSpec] = {}
-
-        def register(spec: EngineSpec) -> None:
-            if spec.name in engines:
-                raise ValueError(f"engine {spec.name!r} is registered twice")
-            engines[spec.name] = spec
-
-        hookcalls.startup(self.pm, "register_engines", register=register)
-        return list(engines.values())
 
     # --- what plugins use (see millm_host.api) ----------------------------------------
     def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:

@@ -60,6 +60,8 @@ class RequestContext:
     settings: Settings
     #: The host serving the request (None only in tests that build a context by hand).
     host: Host | None = None
+    #: What the request's engine declares it can do (``EngineSpec.capabilities``).
+    engine_capabilities: frozenset[str] = frozenset()
     streaming: bool = False
     scoring: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)

@@ -77,11 +77,12 @@ def register_engines(register: Callable[[EngineSpec], None]) -> None:
 def register_request_fields(register: Callable[..., None]) -> None:
     """Declare the request fields this plugin honours.
 
-    Called once at startup. ``register(endpoint, fields, engines=None)``: endpoint is
-    ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each field is a
-    location pattern (``"steering"``, ``"messages[].name"``,
+    Called once at startup. ``register(endpoint, fields, engines=None, requires=None)``:
+    endpoint is ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each
+    field is a location pattern (``"steering"``, ``"messages[].name"``,
     ``"stream_options.include_usage"``); ``engines`` limits the claim to those engine
-    names (None: every engine). A sent field that no plugin claims for the request's
+    names (None: every engine), ``requires`` to the engines that declare that
+    capability (``EngineSpec.capabilities``, e.g. ``"layer_hooks"``). A sent field that no plugin claims for the request's
     endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
     ``400 field_not_honoured`` when it is one of the output-changing fields of the
     spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).

@@ -101,7 +101,7 @@ class ModelRegistry:
     def engine_for(self, fmt: str) -> list[EngineSpec]:
         preferred = self.host.settings["MILLM_ENGINE"]
         specs = [s for s in self.engines if fmt in s.formats]
-        return sorted(specs, key=lambda s: s.name != preferred)
+        return sorted(specs, key=lambda s: (s.name != preferred, -s.preference))
 
     def describe(self, path: str | Path) -> tuple[ModelDescriptor, EngineSpec] | None:
         path = Path(path)
@@ -293,9 +293,7 @@ class ModelRegistry:
             self._transition = None
 
     def _check_memory(self, entry: ModelEntry) -> None:
-        need = _disk_size(Path(entry.descriptor.path))
-        if entry.descriptor.format == "gguf" and entry.spec.name != "gguf":
-            need *= 8  # dequantized to float32
+        need = entry.spec.estimate_memory(entry.descriptor, _disk_size(Path(entry.descriptor.path)))
         available = available_memory()
         if available is not None and self.resident is not None:
             available += _disk_size(Path(self.resident.descriptor.path))  # freed by the unload

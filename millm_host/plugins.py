@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pluggy
 
 from . import hookcalls, hookspecs
+from .engine import EngineSpec
 from .settings import Settings
 
 log = logging.getLogger("millm.plugins")
@@ -97,4 +98,20 @@ def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) 
 
     pm.check_pending()
     hookcalls.startup(pm, "register_settings", register=settings.declare)
+    pm.millm_engines = collect_engines(pm, settings)  # type: ignore[attr-defined]
     return pm
+
+
+def collect_engines(pm: pluggy.PluginManager, settings: Settings) -> list[EngineSpec]:
+    """Every offered engine (a duplicate name is refused), each engine's own settings declared."""
+    engines: dict[str, EngineSpec] = {}
+
+    def register(spec: EngineSpec) -> None:
+        if spec.name in engines:
+            raise ValueError(f"engine {spec.name!r} is registered twice")
+        for setting in spec.settings:
+            settings.declare(setting)
+        engines[spec.name] = spec
+
+    hookcalls.startup(pm, "register_engines", register=register)
+    return list(engines.values())

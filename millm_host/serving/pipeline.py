@@ -69,6 +69,7 @@ class Pipeline:
             engine_name=entry.spec.name,
             settings=host.settings,
             host=host,
+            engine_capabilities=entry.spec.capabilities,
             streaming=bool(getattr(params, "stream", False)),
             scoring=is_scoring_request(endpoint, body),
         )

@@ -10,13 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from millm_host.api import ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra, Setting, hookimpl
+from millm_host.api import LAYER_HOOKS, ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra, Setting, hookimpl
 
 from . import request, routes
 from .header import INTENSITY, STEERING
 from .service import SteeringService
 
-ENGINES = ("transformers",)
 MIGRATIONS = Path(__file__).parent / "migrations" / "versions"
 
 REQUEST_FIELDS = (
@@ -56,10 +55,10 @@ def register_settings(register) -> None:
 
 @hookimpl
 def register_request_fields(register) -> None:
-    """Claim the steering fields on chat and text completions, transformers engine only
+    """Claim the steering fields on chat and text completions, on engines with layer hooks only
     (elsewhere the host refuses them: they change the output)."""
     for endpoint in ("chat.completions", "completions"):
-        register(endpoint, REQUEST_FIELDS, engines=ENGINES)
+        register(endpoint, REQUEST_FIELDS, requires=LAYER_HOOKS)
 
 
 @hookimpl

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from millm_host.api import (
+    LOGITS_PROCESSORS,
     FieldNotHonoured,
     LogitsProcessorFactory,
     NoChatTemplate,
@@ -34,7 +35,6 @@ from .validation import document_problem
 log = logging.getLogger("millm.structured_output")
 
 NAME = "structured_output"
-ENGINES = ("transformers",)
 
 _RESPONSE_FORMAT_FIELDS = (
     "response_format", "response_format.type", "response_format.json_schema",
@@ -70,15 +70,16 @@ class Plan:
 
 @hookimpl
 def register_request_fields(register) -> None:
-    """response_format, tools and tool-call history: chat completions on transformers only."""
+    """response_format, tools and tool-call history: chat completions, on engines that apply logits
+    processors only."""
     history = (*(f"messages[].{f}" for f in _HISTORY_FIELDS), *(f"extra_messages[][].{f}" for f in _HISTORY_FIELDS))
-    register("chat.completions", (*_RESPONSE_FORMAT_FIELDS, *_TOOL_FIELDS, *history), engines=ENGINES)
+    register("chat.completions", (*_RESPONSE_FORMAT_FIELDS, *_TOOL_FIELDS, *history), requires=LOGITS_PROCESSORS)
 
 
 @hookimpl
 def validate_request(ctx) -> None:
     """Read the request, refuse what cannot be honoured, carry tool history into the render."""
-    if not ctx.is_chat or ctx.engine_name not in ENGINES:
+    if not ctx.is_chat or LOGITS_PROCESSORS not in ctx.engine_capabilities:
         return
     fmt = parse_response_format(ctx.body.get("response_format"))
     tools = parse_tool_request(ctx.body)

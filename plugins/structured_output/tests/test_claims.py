@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from millm_host import default_fields
-from millm_host.api import FieldNotHonoured, ModelDescriptor, RequestContext, Settings
+from millm_host.api import LOGITS_PROCESSORS, EngineSpec, FieldNotHonoured, ModelDescriptor, RequestContext, Settings
 from millm_host.fields import FieldRegistry, check_fields
 from millm_host.protocol import ChatCompletionRequest, validate
 from millm_structured_output import plugin
@@ -27,9 +27,16 @@ HISTORY = [
 ]
 
 
+#: Stand-ins for the two engines: only the first applies logits processors.
+ENGINES = [
+    EngineSpec("transformers", "x:X", "x:describe", frozenset({"hf"}), capabilities=frozenset({LOGITS_PROCESSORS})),
+    EngineSpec("gguf", "x:X", "x:describe", frozenset({"gguf"})),
+]
+
+
 @pytest.fixture(scope="module")
 def fields() -> FieldRegistry:
-    registry = FieldRegistry()
+    registry = FieldRegistry(ENGINES)
     default_fields.register_request_fields(registry.register)
     plugin.register_request_fields(registry.register)
     return registry
@@ -81,6 +88,7 @@ def context(body: dict, *, scoring: bool) -> RequestContext:
         endpoint="chat.completions", body=body, params=validate(ChatCompletionRequest, body), headers={},
         model=ModelDescriptor(id="m", path="/nowhere", format="hf", engine="transformers"),
         engine_name="transformers", settings=Settings(environ={}), scoring=scoring,
+        engine_capabilities=frozenset({LOGITS_PROCESSORS}),
     )
     ctx.conversations = [[{"role": m["role"], "content": m["content"]} for m in body["messages"]]]
     return ctx
