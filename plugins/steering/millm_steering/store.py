@@ -13,7 +13,7 @@ from millm_host.api import Database
 from .errors import Conflict, ProfileNotFound, SAENotFound
 from .features import Features
 from .models import LockRecord, ProfileRecord, SAERecord
-from .saelens import SAEConfig
+from millm_saelens import SAEConfig
 from .state import Profile
 
 LOCK_ROW = 1
