@@ -68,8 +68,15 @@ class RequestContext:
     created: int = field(default_factory=lambda: int(time.time()))
     engine: Engine | None = None
     prompts: list[list[int]] = field(default_factory=list)
-    #: For chat: the messages each prompt was rendered from (extra_messages add rows).
+    #: For chat: the messages each prompt was rendered from (extra_messages add rows), as
+    #: the chat template sees them (role and text content; plugins add what they render).
     conversations: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: For chat: each conversation's messages in full, as sent (``tool_calls``,
+    #: ``tool_call_id``, ``name`` included), parallel to ``conversations``; read these
+    #: rather than ``body``.
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: The registry entry of ``model``, resolved once by the host (host use).
+    entry: Any = None
     #: Tools passed to the chat template (set by a plugin that honours ``tools``).
     chat_tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -61,6 +61,7 @@ class Pipeline:
         strict = strict_mode(headers)
         entry = host.registry.resolve(params.model)
         ctx = RequestContext(
+            entry=entry,
             endpoint=endpoint,  # type: ignore[arg-type]
             body=body,
             params=params,
@@ -76,11 +77,14 @@ class Pipeline:
         ctx.unused_fields = check_fields(host.fields, endpoint, entry.spec.name, body, strict)
         if isinstance(params, ChatCompletionRequest):
             ctx.conversations = [_conversation(params.messages, "messages")]
+            ctx.messages = [_full_messages(params.messages)]
             extra = body.get("extra_messages")
             if extra is not None and not isinstance(extra, list):
                 raise InvalidParameter("extra_messages must be a list of conversations", param="extra_messages")
             for i, rows in enumerate(extra or ()):
-                ctx.conversations.append(_conversation(_extra_messages(rows, i), f"extra_messages[{i}]"))
+                messages = _extra_messages(rows, i)
+                ctx.conversations.append(_conversation(messages, f"extra_messages[{i}]"))
+                ctx.messages.append(_full_messages(messages))
             ctx.chat_template_kwargs = body.get("chat_template_kwargs")
             if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
                 raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
@@ -102,7 +106,7 @@ class Pipeline:
         """
         host = self.host
         await asyncio.to_thread(hookcalls.request, host.pm, "validate_request", ctx=ctx)
-        admission = await admit(host, host.registry.entries[ctx.model.id])
+        admission = await admit(host, ctx.entry)
         try:
             ctx.engine = admission.engine
             await admission.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
@@ -183,6 +187,11 @@ def _conversation(messages: list[ChatMessage], where: str) -> list[dict[str, Any
     for i, message in enumerate(messages):
         rendered.append({"role": message.role, "content": message_text(message, i)})
     return rendered
+
+
+def _full_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as sent, every field kept (``tool_calls``, ``tool_call_id``, ``name``)."""
+    return [message.model_dump(exclude_unset=True) for message in messages]
 
 
 def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:

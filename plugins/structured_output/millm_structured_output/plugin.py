@@ -88,7 +88,7 @@ def validate_request(ctx) -> None:
         COMPILER.grammar(fmt)  # a schema the library cannot compile is refused before any load
     if tools is not None and tools.tools and ctx.scoring:
         raise FieldNotHonoured("tools cannot be used on a scoring request", param="tools")
-    history = add_tool_history(ctx.body, ctx.conversations)
+    history = add_tool_history(ctx.messages, ctx.conversations)
     if tools is not None and tools.shown:
         ctx.chat_tools = tools.tools
     if fmt is not None or tools is not None or history:
@@ -135,7 +135,7 @@ def before_tokenize(ctx) -> None:
             if traits.call_format is None:
                 raise FieldNotHonoured(f"the chat template of {info.id} cannot render tool calls",
                                        param=plan.history[0])
-            write_calls_into_content(ctx.conversations, traits.call_format, ctx.body)
+            write_calls_into_content(ctx.conversations, traits.call_format, ctx.messages)
     if tools is not None and tools.opens_call:  # opens_call implies shown, so call_format is set
         plan.opening = plan.call_format.opening(tools.forced)
         for conversation in ctx.conversations:

@@ -91,6 +91,7 @@ def context(body: dict, *, scoring: bool) -> RequestContext:
         engine_capabilities=frozenset({LOGITS_PROCESSORS}),
     )
     ctx.conversations = [[{"role": m["role"], "content": m["content"]} for m in body["messages"]]]
+    ctx.messages = [list(body["messages"])]
     return ctx
 
 
@@ -108,3 +109,13 @@ def test_a_request_without_either_installs_nothing():
     ctx = context(dict(CHAT), scoring=False)
     plugin.validate_request(ctx)
     assert plugin.NAME not in ctx.state and plugin.before_forward(ctx) is None
+
+
+def test_tool_history_comes_from_the_full_messages_not_the_body():
+    """The host keeps each conversation's messages in full (ctx.messages); the body is never reread."""
+    ctx = context({**CHAT, "messages": HISTORY}, scoring=False)
+    ctx.body = dict(CHAT)  # what the body says no longer matters
+    plugin.validate_request(ctx)
+    assert ctx.state[plugin.NAME].history == ["messages[1].tool_calls"]
+    assert ctx.conversations[0][1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {}}
+    assert ctx.conversations[0][2]["tool_call_id"] == "c1"
