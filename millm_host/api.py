@@ -9,7 +9,8 @@ What is here:
 - ``hookimpl``, the marker of a hook implementation (the hooks: ``millm_host.hookspecs``).
 - ``RequestContext`` and ``SequenceOutput``: what request-path hooks receive.
   ``ctx.host`` is the ``Host`` (every hook reaches it), ``ctx.state[<plugin>]``
-  is per-request scratch space.
+  is per-request scratch space, ``ctx.messages`` every conversation's messages
+  in full as sent (read them, not ``ctx.body``).
 - ``Host``, the type of ``host`` and ``ctx.host``. What a plugin uses of it:
   ``host.settings`` (every declared setting), ``host.state[<plugin>]`` (the
   plugin's per-host object, made at ``startup``), ``host.db`` (a ``Database``:

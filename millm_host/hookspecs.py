@@ -110,9 +110,11 @@ def register_migrations(register: Callable[[str, str], None]) -> None:
 def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
     """Add HTTP routes: ``add_route(uri_template, falcon_asgi_resource)``.
 
-    Called once while the app is built. Keep ``host`` to reach settings, the model
-    registry, the database and the engine queue. Errors raised as ``MillmError``
-    are rendered in OpenAI's shape.
+    Called once while the app is built, after ``startup``. Resources reach the
+    plugin's per-host object (``host.state``), settings, the database and admitted
+    engine work (``host.engine_slot``) through ``host``; subclass
+    ``millm_host.api.JsonResource`` to read bodies the host's way. Errors raised as
+    ``MillmError`` are rendered in OpenAI's shape.
 
     Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
     failed and unregistered; the server starts without it.
