@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from millm_host.testing import ServerProcess
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 D_MODEL = 576
 PROMPT = "The history of the lighthouse begins with"

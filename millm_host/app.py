@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
 
 import falcon
 import falcon.asgi
 import pluggy
 
+from . import hookcalls
+from .admission import Admission, engine_slot
 from .db import Database, database_url
 from .engine import EngineSpec
-from .errors import MillmError
+from .errors import MillmError, ModelNotFound
 from .fields import FieldRegistry
 from .models import ModelRegistry
-from .plugins import build_plugin_manager, call_each
+from .plugins import build_plugin_manager
 from .scheduler import Scheduler
 from .serving.pipeline import Pipeline
 from .serving.scoring import Scoring
 from .settings import Settings
 
 log = logging.getLogger("millm")
+
+T = TypeVar("T")
 
 
 class Host:
@@ -31,50 +37,58 @@ class Host:
         self.settings = settings
         self.pm = pm
         self.report = pm.millm_report  # type: ignore[attr-defined]
-        self.fields = FieldRegistry()
-        call_each(pm, "register_request_fields", register=self.fields.register)
-        self.engines = self._collect_engines()
+        #: Every installed engine (``build_plugin_manager`` collected them and declared their settings).
+        self.engines: list[EngineSpec] = list(pm.millm_engines)  # type: ignore[attr-defined]
+        self.fields = FieldRegistry(self.engines)
+        hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"])
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
         self.pipeline = Pipeline(self)
         #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``.
         self.scoring = Scoring()
+        #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
+        #: ``startup``; like ``ctx.state``, a plugin never reads another's.
+        self.state: dict[str, Any] = {}
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None
 
-    def _collect_engines(self) -> list[EngineSpec]:
-        engines: dict[str, EngineSpec] = {}
+    # --- what plugins use (see millm_host.api) ----------------------------------------
+    def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:
+        """Admitted engine work on ``model`` (an id): a queue place, a lease, the engine thread.
 
-        def register(spec: EngineSpec) -> None:
-            if spec.name in engines:
-                raise ValueError(f"engine {spec.name!r} is registered twice")
-            engines[spec.name] = spec
+        ``async with host.engine_slot(model_id) as slot: result = await slot.run(fn, *args)``;
+        ``slot.engine`` is the resident model. Refused like a request (``queue_full``,
+        ``model_busy``, ``model_not_loaded``); a model that is not resident is loaded
+        first when ``MILLM_AUTOLOAD`` allows.
+        """
+        return engine_slot(self, model)
 
-        call_each(self.pm, "register_engines", register=register)
-        return list(engines.values())
+    async def run_on_engine_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the engine thread, in order with loads, unloads and requests, without
+        a queue place or a lease (e.g. to publish state serialised with an unload)."""
+        return await self.scheduler.run(fn, *args)
 
-    def call_each(self, hook_name: str, **kwargs: Any) -> None:
-        """Call a hook plugin by plugin; one plugin's failure is logged, not raised."""
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            try:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except Exception:
-                log.exception("plugin %s failed in %s", impl.plugin_name, hook_name)
+    def model_detail(self, model_id: str) -> dict[str, Any]:
+        """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
+        entry = self.registry.entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+        return self.registry.detail(entry)
 
     def listed_models(self) -> list[Any]:
         """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""
         entries = self.registry.listed()
         keep = {e.id for e in entries}
-        for allowed in self.pm.hook.filter_listed_models(host=self, model_ids=[e.id for e in entries]):
+        for allowed in hookcalls.request(self.pm, "filter_listed_models", host=self, model_ids=[e.id for e in entries]):
             if allowed is not None:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
 
     def migrations(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        call_each(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
+        hookcalls.startup(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
         return found
 
     # --- lifecycle ------------------------------------------------------------------
@@ -82,7 +96,7 @@ class Host:
         """Migrate the database, discover models and let plugins load their state."""
         self.db.upgrade(self.migrations())
         self.registry.discover()
-        call_each(self.pm, "startup", host=self)
+        hookcalls.startup(self.pm, "startup", host=self)
 
     async def load_start_model(self) -> None:
         entry = self.registry.start_model
@@ -94,7 +108,7 @@ class Host:
             log.error("the start model %s failed to load: %s", entry.id, exc.message)
 
     def stop(self) -> None:
-        self.call_each("shutdown", host=self)
+        hookcalls.lifecycle(self.pm, "shutdown", host=self)
         if self.registry.engine is not None:
             engine = self.registry.engine
             try:

@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the server")
     serve.add_argument("--model", help="a local HF checkpoint directory, a .gguf file or a model id")
-    serve.add_argument("--engine", help="engine for .gguf files: transformers (default) or gguf")
+    serve.add_argument("--engine", help="the installed engine to serve files several engines can serve (e.g. .gguf); "
+                            "default: the one that declares the highest preference")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")

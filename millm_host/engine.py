@@ -18,8 +18,21 @@ from typing import Any, Literal
 
 from .engine_scoring import NextTokenScores, ScoringParams
 from .errors import FieldNotHonoured, MillmError
+from .settings import Setting
 
 HookPointName = Literal["resid_pre", "resid_post"]
+
+# Capabilities an engine declares on its EngineSpec: what its models can do. The host
+# and plugins ask for a capability, never for an engine by name.
+#: ``LayerHook``s at residual points (``hook_points``; generate, forward, score_next_token).
+LAYER_HOOKS = "layer_hooks"
+#: ``LogitsProcessorFactory`` processors applied while generating.
+LOGITS_PROCESSORS = "logits_processors"
+#: ``score_next_token``: next-token log-probabilities (scoring mode).
+SCORING = "scoring"
+#: ``embed``: pooled vectors for ``/v1/embeddings``.
+EMBEDDINGS = "embeddings"
+CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS})
 
 # Orders for LayerHook.order. A read that must see the pre-steering residual runs
 # before a write on the same point; a post-steering read runs after it.
@@ -291,15 +304,39 @@ class EngineSpec:
     ``"module:function"``: ``describe(path) -> ModelDescriptor | None`` for a
     checkpoint directory or .gguf file this engine can serve (None if it cannot).
     ``formats`` are the model formats it serves, ``"hf"`` and/or ``"gguf"``.
+
+    What the engine can do is declared here, so that the host names no engine:
+    ``capabilities`` (``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``,
+    ``EMBEDDINGS``; plugins claim request fields by capability), ``memory_estimate``
+    (``"module:function"``: ``estimate(descriptor, disk_bytes) -> bytes`` a load
+    needs; None: its size on disk), ``settings`` (the engine's own settings, declared
+    by the host when the engine registers and listed by ``millm settings``) and
+    ``preference`` (among installed engines serving one format, the highest serves
+    it unless ``MILLM_ENGINE`` names another).
     """
 
     name: str
     factory: str
     describe: str
     formats: frozenset[str]
+    capabilities: frozenset[str] = frozenset()
+    memory_estimate: str | None = None
+    settings: tuple[Setting, ...] = ()
+    preference: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.capabilities) - CAPABILITIES
+        if unknown:
+            raise ValueError(f"engine {self.name!r} declares unknown capabilities {sorted(unknown)}")
 
     def describe_path(self, path: str) -> ModelDescriptor | None:
         return resolve(self.describe)(path)
+
+    def estimate_memory(self, descriptor: ModelDescriptor, disk_bytes: int) -> int:
+        """Bytes loading ``descriptor`` takes (its size on disk unless the engine says otherwise)."""
+        if self.memory_estimate is None:
+            return disk_bytes
+        return int(resolve(self.memory_estimate)(descriptor, disk_bytes))
 
     def load(self, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> Engine:
         return resolve(self.factory).load(descriptor, settings, progress)

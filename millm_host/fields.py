@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .engine import CAPABILITIES, EngineSpec
 from .errors import FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from .headers import serialize_string_list
 
@@ -70,16 +71,24 @@ class _Claim:
 class FieldRegistry:
     """The fields each endpoint honours, per engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, engines: Iterable[EngineSpec] = ()) -> None:
+        self._engines = list(engines)
         self._claims: dict[str, list[_Claim]] = defaultdict(list)
         self._cache: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
 
-    def register(self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None) -> None:
-        """Claim ``fields`` (location patterns) on ``endpoint`` for ``engines`` (None: all)."""
+    def register(self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None,
+                 requires: str | None = None) -> None:
+        """Claim ``fields`` (location patterns) on ``endpoint`` for ``engines`` (None: all), or for the
+        engines that declare capability ``requires`` (``EngineSpec.capabilities``)."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {ENDPOINTS}")
         if isinstance(fields, str):
             fields = [fields]
+        if requires is not None:
+            if requires not in CAPABILITIES:
+                raise ValueError(f"unknown capability {requires!r}; expected one of {sorted(CAPABILITIES)}")
+            capable = {spec.name for spec in self._engines if requires in spec.capabilities}
+            engines = capable if engines is None else capable & set(engines)
         engine_set = frozenset(engines) if engines is not None else None
         for pattern in fields:
             self._claims[endpoint].append(_Claim(pattern, engine_set))

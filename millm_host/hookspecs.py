@@ -3,7 +3,16 @@
 A plugin is a module (or object) with functions marked ``@hookimpl`` whose names
 and argument names match the specs below, registered under the ``millm``
 entry-point group. An implementation may take any subset of a spec's arguments,
-and must not rely on a default argument value (pluggy passes none).
+and must not rely on a default argument value (pluggy passes none). A plugin
+imports the host only through ``millm_host.api`` (and this module).
+
+Every hook reaches the host: startup and lifecycle hooks take ``host``, request
+hooks ``ctx.host``. A plugin keeps its per-host object in ``host.state[<its
+name>]`` (made at ``startup``), never in module-level state.
+
+What happens when an implementation raises is one of five named policies
+(``millm_host.hookcalls``: startup, lifecycle, request, after_generate,
+rendering); each spec ends with the policy it is called under.
 
 Threads: startup hooks run on the main thread before the server accepts
 connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
@@ -45,6 +54,9 @@ def register_settings(register: Callable[[Setting], None]) -> None:
     ``register(Setting(name, type, default, help))`` for each; a name declared twice
     is refused. ``millm settings`` lists them; read values with
     ``host.settings[name]``.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -55,6 +67,9 @@ def register_engines(register: Callable[[EngineSpec], None]) -> None:
     Called once at startup. Call ``register(EngineSpec(...))`` with ``"module:Class"``
     strings so that discovering the plugin imports nothing heavy. A duplicate
     engine name is refused.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -62,14 +77,18 @@ def register_engines(register: Callable[[EngineSpec], None]) -> None:
 def register_request_fields(register: Callable[..., None]) -> None:
     """Declare the request fields this plugin honours.
 
-    Called once at startup. ``register(endpoint, fields, engines=None)``: endpoint is
-    ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each field is a
-    location pattern (``"steering"``, ``"messages[].name"``,
+    Called once at startup. ``register(endpoint, fields, engines=None, requires=None)``:
+    endpoint is ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each
+    field is a location pattern (``"steering"``, ``"messages[].name"``,
     ``"stream_options.include_usage"``); ``engines`` limits the claim to those engine
-    names (None: every engine). A sent field that no plugin claims for the request's
+    names (None: every engine), ``requires`` to the engines that declare that
+    capability (``EngineSpec.capabilities``, e.g. ``"layer_hooks"``). A sent field that no plugin claims for the request's
     endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
     ``400 field_not_honoured`` when it is one of the output-changing fields of the
     spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -81,6 +100,9 @@ def register_migrations(register: Callable[[str, str], None]) -> None:
     ``register(name, script_location)``: the plugin's name (its branch label, and
     its version table ``alembic_version_<name>``) and the directory holding its
     ``env.py``-less ``versions/``. Each plugin migrates only its own tables.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -88,9 +110,14 @@ def register_migrations(register: Callable[[str, str], None]) -> None:
 def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
     """Add HTTP routes: ``add_route(uri_template, falcon_asgi_resource)``.
 
-    Called once while the app is built. Keep ``host`` to reach settings, the model
-    registry, the database and the engine queue. Errors raised as ``MillmError``
-    are rendered in OpenAI's shape.
+    Called once while the app is built, after ``startup``. Resources reach the
+    plugin's per-host object (``host.state``), settings, the database and admitted
+    engine work (``host.engine_slot``) through ``host``; subclass
+    ``millm_host.api.JsonResource`` to read bodies the host's way. Errors raised as
+    ``MillmError`` are rendered in OpenAI's shape.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -99,6 +126,9 @@ def startup(host: Host) -> None:
     """The app is built and the database migrated; load persisted state here.
 
     Called once, on the main thread, before the server accepts connections.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -108,6 +138,9 @@ def shutdown(host: Host) -> None:
 
     Called once, on the event loop's shutdown (a worker thread), after the last
     request and before the resident model is closed.
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
     """
 
 
@@ -117,6 +150,9 @@ def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
 
     Called on the event loop for each listing; None keeps everything. A model is
     listed only if every plugin that answers keeps it (e.g. a steering lock).
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -125,7 +161,11 @@ def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
 
 @hookspec
 def model_loaded(host: Host, engine: Engine) -> None:
-    """A model became resident. Called on the engine thread after the load."""
+    """A model became resident. Called on the engine thread after the load.
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
+    """
 
 
 @hookspec
@@ -134,6 +174,12 @@ def model_unloading(host: Host, engine: Engine) -> None:
 
     Called on the engine thread before its memory is released; plugins drop
     what they attached to it (SAEs detach, probes disarm).
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
     """
 
 
@@ -147,6 +193,9 @@ def validate_request(ctx: RequestContext) -> None:
     Called once per request in a worker thread after the host validated the
     protocol and the fields. Raise a ``MillmError`` (400 with the field as
     ``param``) to refuse; return nothing otherwise. ``ctx.engine`` is not set.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -160,6 +209,9 @@ def before_tokenize(ctx: RequestContext) -> None:
     e.g. from its chat template; the engine's tokenizer may be used. Raise a
     ``MillmError`` to refuse: the request fails before it queues and before a
     stream's ``200``.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -169,6 +221,9 @@ def after_tokenize(ctx: RequestContext) -> None:
 
     Called once per request in a worker thread, before the request queues and
     before a stream's ``200``: the last point to refuse with an HTTP status.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -184,6 +239,9 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
     Never called for scoring requests (``ctx.scoring``) nor embeddings: they are
     never steered and never monitored.
     Raising a ``MillmError`` fails the request (an error event on a stream).
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -195,6 +253,9 @@ def before_scoring(ctx: RequestContext) -> list[LayerHook] | None:
     its forward passes, in place of ``before_forward``. Scoring is never steered:
     what a callback returns is discarded, so a hook can only read (e.g. per-request
     SAE activations, reported as unsteered). Not called for float32 scoring.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -208,6 +269,9 @@ def after_generate(ctx: RequestContext) -> None:
     request that had not failed yet (e.g. an output that breaks its contract);
     every implementation still runs. Never called for scoring requests nor
     embeddings (nothing is generated, and neither is monitored).
+
+    Policy: after_generate (``millm_host.hookcalls``): every plugin runs; the first
+    ``MillmError`` fails the request.
     """
 
 
@@ -221,6 +285,10 @@ def render_headers(ctx: RequestContext) -> dict[str, str] | None:
     Streaming: called once before the stream opens (``ctx.finished`` is False);
     what is known only after generation goes in ``response_extras`` instead.
     Values must already be serialised (RFC 8941 through ``millm_host.headers``).
+
+    Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
+    the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
+    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
     """
 
 
@@ -233,4 +301,8 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
     ``after_generate``). Non-streaming: each extra's fields are merged into the body.
     Streaming: each extra becomes one terminal chunk with ``choices: []``, sent in
     ascending ``order`` after the usage chunk and before ``[DONE]``.
+
+    Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
+    the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
+    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
     """

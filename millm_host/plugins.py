@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pluggy
 
-from . import hookspecs
+from . import hookcalls, hookspecs
+from .engine import EngineSpec
 from .settings import Settings
 
 log = logging.getLogger("millm.plugins")
@@ -47,6 +48,15 @@ class PluginReport:
     @property
     def failed(self) -> list[PluginRecord]:
         return [r for r in self.records if r.status == "failed"]
+
+    def fail(self, name: str, exc: Exception) -> None:
+        """Record that plugin ``name`` failed (at load or in a startup hook)."""
+        error = f"{type(exc).__name__}: {exc}"
+        for record in self.records:
+            if record.name == name:
+                record.status, record.error = "failed", error
+                return
+        self.records.append(PluginRecord(name, None, name, "failed", error))
 
 
 def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) -> pluggy.PluginManager:
@@ -87,34 +97,21 @@ def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) 
             report.records.append(PluginRecord(ep.name, version, ep.value, "loaded"))
 
     pm.check_pending()
-    for impl in pm.hook.register_settings.get_hookimpls():
-        try:
-            impl.function(register=settings.declare)
-        except Exception as exc:
-            _fail(pm, report, impl.plugin_name, exc)
+    hookcalls.startup(pm, "register_settings", register=settings.declare)
+    pm.millm_engines = collect_engines(pm, settings)  # type: ignore[attr-defined]
     return pm
 
 
-def _fail(pm: pluggy.PluginManager, report: PluginReport, name: str, exc: Exception) -> None:
-    """Unregister a plugin whose startup hook raised, and report it."""
-    log.error("plugin %s failed: %s", name, exc)
-    plugin = pm.get_plugin(name)
-    if plugin is not None:
-        pm.unregister(plugin)
-    for record in report.records:
-        if record.name == name:
-            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
-            return
-    report.records.append(PluginRecord(name, None, name, "failed", f"{type(exc).__name__}: {exc}"))
+def collect_engines(pm: pluggy.PluginManager, settings: Settings) -> list[EngineSpec]:
+    """Every offered engine (a duplicate name is refused), each engine's own settings declared."""
+    engines: dict[str, EngineSpec] = {}
 
+    def register(spec: EngineSpec) -> None:
+        if spec.name in engines:
+            raise ValueError(f"engine {spec.name!r} is registered twice")
+        for setting in spec.settings:
+            settings.declare(setting)
+        engines[spec.name] = spec
 
-def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs) -> None:
-    """Call a startup hook plugin by plugin, isolating one plugin's failure."""
-    hook = getattr(pm.hook, hook_name)
-    for impl in hook.get_hookimpls():
-        try:
-            impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-        except Exception as exc:
-            if impl.plugin_name.startswith("millm_host."):
-                raise
-            _fail(pm, pm.millm_report, impl.plugin_name, exc)  # type: ignore[attr-defined]
+    hookcalls.startup(pm, "register_engines", register=register)
+    return list(engines.values())

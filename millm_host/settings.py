@@ -54,10 +54,9 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     Setting("MILLM_DATABASE_URL", str, None, "SQLAlchemy URL of the database (default SQLite in the data directory)"),
     Setting("MILLM_MODELS_DIR", str, None, "Directory of models to serve: HF checkpoint directories and .gguf files"),
     Setting("MILLM_MODEL", str, None, "Model to load at start: a path or a model id (default: the bundled SmolLM2)"),
-    Setting("MILLM_ENGINE", str, "transformers",
-            "Engine preferred for .gguf files (transformers or gguf); another installed one serves them if it is absent"),
-    Setting("MILLM_DTYPE", str, "auto", "Weights dtype for the transformers engine (auto = float32 on CPU)"),
-    Setting("MILLM_DEVICE", str, "auto", "Device for the transformers engine (auto, cpu, cuda, cuda:N)"),
+    Setting("MILLM_ENGINE", str, None,
+            "Engine that serves files several installed engines can serve (e.g. .gguf); "
+            "default: the one that declares the highest preference"),
     Setting("MILLM_LOAD_ON_START", bool, True, "Load the start model when the server starts"),
     Setting("MILLM_AUTOLOAD", bool, True, "Load a requested model that is not resident"),
     Setting("MILLM_PLUGINS", list, None, "Allow-list of plugin names to load (default: all installed)"),

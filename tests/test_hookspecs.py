@@ -41,3 +41,17 @@ def test_hookspec_is_implemented_by_a_plugin_of_this_repository(pm, name):
 
 def test_no_plugin_failed_to_load(pm):
     assert pm.millm_report.failed == []
+
+
+def test_every_hookspec_has_one_call_policy():
+    from millm_host.hookcalls import POLICIES
+
+    assert set(POLICIES) == set(SPECS)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_hookspec_names_its_call_policy(name):
+    from millm_host.hookcalls import POLICIES
+
+    doc = " ".join((inspect.getdoc(getattr(hookspecs, name)) or "").split())
+    assert f"Policy: {POLICIES[name]} (``millm_host.hookcalls``)" in doc

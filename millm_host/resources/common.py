@@ -81,3 +81,31 @@ async def handle_unexpected(req, resp, ex: Exception, params) -> None:
         return
     log.exception("unhandled error on %s %s", req.method, req.path)
     render_error(resp, InternalError(f"internal error: {type(ex).__name__}"))
+
+
+class JsonResource:
+    """Base of a JSON route, the host's or a plugin's: bodies are read and checked the host's way.
+
+    Subclasses define Falcon's ``on_get``/``on_post``/... and raise ``MillmError``s,
+    which the app renders in OpenAI's shape.
+    """
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+
+    async def json(self, req: falcon.asgi.Request, *, required: bool = True) -> dict[str, Any]:
+        """The body as a JSON object (``{}`` when optional and absent); 413, 415 and 400 as ``read_json``."""
+        return await read_json(req, self.host.settings, required=required)
+
+    async def raw_body(self, req: falcon.asgi.Request, *, required: bool = True) -> bytes:
+        """The body's bytes, checked like ``json`` checks them, for a plugin that stores them verbatim."""
+        return await read_body(req, self.host.settings, required=required)
+
+    def parse_json(self, raw: bytes) -> Any:
+        """``raw`` parsed as ``json`` parses a body (the depth limit included)."""
+        return parse_json_body(raw, self.host.settings["MILLM_MAX_JSON_DEPTH"])
+
+    @staticmethod
+    def headers(req: falcon.asgi.Request) -> dict[str, str]:
+        """The request's headers, names lower-cased."""
+        return lower_headers(req)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook, LogitsProcessorFactory
 from ..errors import InternalError, MillmError, RequestCancelled
@@ -59,7 +60,7 @@ class GenerationJob:
     def __call__(self) -> None:
         ctx, pm = self.ctx, self.host.pm
         try:
-            contributions = flatten(pm.hook.before_forward(ctx=ctx))
+            contributions = flatten(hookcalls.request(pm, "before_forward", ctx=ctx))
             hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
             filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
@@ -75,13 +76,7 @@ class GenerationJob:
             ctx.error, ctx.interrupted = InternalError(f"generation failed: {type(exc).__name__}: {exc}"), "generation_error"
         finally:
             ctx.finished = True
-            for impl in pm.hook.after_generate.get_hookimpls():  # each runs, whatever another raised
-                try:
-                    impl.function(ctx=ctx)
-                except MillmError as exc:  # a plugin refuses the finished output
-                    ctx.error = ctx.error or exc
-                except Exception:
-                    log.exception("after_generate failed in %s", impl.plugin_name)
+            hookcalls.after_generate(pm, ctx)
         if ctx.error is not None:
             raise ctx.error
 

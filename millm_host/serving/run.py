@@ -8,8 +8,10 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..context import RequestContext
 from ..errors import RequestCancelled
+from ..headers import serialize_string_list
 from ..output import ResponseExtra
 from .generation import GenerationJob, flatten
 from .pipeline import Admission, raise_for
@@ -24,15 +26,18 @@ DONE = "[DONE]"
 
 
 def collect_headers(host: Host, ctx: RequestContext) -> dict[str, str]:
+    """Every plugin's response headers, and ``X-miLLM-Plugin-Errors`` when a plugin's rendering failed."""
     headers: dict[str, str] = {}
-    for result in host.pm.hook.render_headers(ctx=ctx):
+    for result in hookcalls.rendering(host.pm, "render_headers", ctx):
         if result:
             headers.update(result)
+    if ctx.plugin_errors:
+        headers[hookcalls.PLUGIN_ERRORS_HEADER] = serialize_string_list(ctx.plugin_errors)
     return headers
 
 
 def collect_extras(host: Host, ctx: RequestContext) -> list[ResponseExtra]:
-    extras = [e for e in flatten(host.pm.hook.response_extras(ctx=ctx)) if isinstance(e, ResponseExtra)]
+    extras = [e for e in flatten(hookcalls.rendering(host.pm, "response_extras", ctx)) if isinstance(e, ResponseExtra)]
     return sorted(extras, key=lambda e: e.order)
 
 
@@ -107,6 +112,8 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission) -> Async
                 yield chunk(ctx, [], usage=usage(ctx))
             for extra in collect_extras(host, ctx):
                 yield chunk(ctx, [], **extra.fields)
+            if ctx.plugin_errors:  # the headers are gone: the stream's last chunk names them
+                yield chunk(ctx, [], **{hookcalls.PLUGIN_ERRORS_FIELD: list(ctx.plugin_errors)})
         completed = True
         yield DONE
     finally:

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook
 from ..engine_scoring import (
@@ -223,7 +224,7 @@ class Scoring:
         assert engine is not None
         hooks = []
         if request.params.precision != "float32":
-            hooks = [read_only(h) for h in flatten(host.pm.hook.before_scoring(ctx=ctx)) if isinstance(h, LayerHook)]
+            hooks = [read_only(h) for h in flatten(hookcalls.request(host.pm, "before_scoring", ctx=ctx)) if isinstance(h, LayerHook)]
         try:
             results = engine.score_next_token(ctx.prompts, request.params, hooks=hooks)
         except NonFiniteLogits as exc:

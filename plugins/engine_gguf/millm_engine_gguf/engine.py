@@ -13,14 +13,16 @@ from typing import Any
 
 import llama_cpp
 
-from millm_host.engine import (
+from millm_host.api import (
+    ContextLengthExceeded,
     Engine,
+    FieldNotHonoured,
+    InvalidParameter,
     LayerHook,
     ModelDescriptor,
     ModelInfo,
     SamplingParams,
 )
-from millm_host.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter
 
 from .chat import ChatTemplate
 from .embeddings import MeanPoolingContext

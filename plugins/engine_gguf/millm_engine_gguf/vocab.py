@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import llama_cpp
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 
 class Vocab:

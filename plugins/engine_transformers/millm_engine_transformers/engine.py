@@ -11,17 +11,19 @@ import jinja2
 import torch
 import transformers
 
-from millm_host.engine import (
+from millm_host.api import (
     Engine,
     HookPoint,
+    InsufficientMemory,
+    InvalidParameter,
     LayerHook,
     ModelDescriptor,
     ModelInfo,
+    NextTokenScores,
     NoChatTemplate,
     SamplingParams,
+    ScoringParams,
 )
-from millm_host.engine_scoring import NextTokenScores, ScoringParams
-from millm_host.errors import InsufficientMemory, InvalidParameter
 
 from . import hooks as layer_hooks
 from .embedding import pooled_last_hidden
@@ -29,7 +31,7 @@ from .float32 import score_in_float32
 from .loader import load_model
 from .sampling import Penalties, choose, generator_for
 from .scoring import last_logits, next_token_scores
-from .spec import ENGINE_NAME
+from .spec import ENGINE_NAME, SETTINGS
 
 class TransformersEngine(Engine):
     """A HuggingFace model and tokenizer, with per-call forward hooks."""
@@ -76,6 +78,9 @@ class TransformersEngine(Engine):
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
+        for setting in SETTINGS:  # loaded outside a host (tests, benches): the engine declares its own
+            if setting.name not in settings:
+                settings.declare(setting)
         model, tokenizer, device, dtype = load_model(descriptor, settings, progress)
         return cls(model, tokenizer, descriptor, device, dtype, settings)
 

@@ -11,8 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.errors import InvalidParameter, ModelBusy
-from millm_host.protocol import validate
+from millm_host.api import InvalidParameter, ModelBusy, validate
 
 from . import digests, gates, store
 from .definition import Decision, parse
@@ -166,7 +165,7 @@ async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     host = runtime.host
     row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
     engine, entry = host.registry.current()
-    report, _ = await run_parity(runtime, runtime.view(row), engine, entry)
+    report, _ = await run_parity(runtime, runtime.view(row), engine, entry.id)
     await asyncio.to_thread(store.add_parity_report, host.db, report)
     return report
 
@@ -183,9 +182,9 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
         d = view.definition
         engine, entry = host.registry.current()
         gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
-        warnings = gates.gate_identity(d, gates.model_identity(host, entry))
+        warnings = gates.gate_identity(d, gates.model_identity(host, entry.id))
         gates.gate_evidence(d, request.acknowledgement)
-        report, compiled = await run_parity(runtime, view, engine, entry)
+        report, compiled = await run_parity(runtime, view, engine, entry.id)
         await asyncio.to_thread(store.add_parity_report, host.db, report)
         gates.gate_parity(report)
         gates.gate_scope(d)
@@ -193,7 +192,7 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
             await asyncio.to_thread(store.add_acknowledgement, host.db, probe_id, request.acknowledgement,
                                     d.evidence.rung, engine.info.load_id)
         assert compiled is not None  # parity passed, so every vector was scored with it
-        await host.scheduler.run(_commit_arm, runtime, view, compiled, engine)
+        await host.run_on_engine_thread(_commit_arm, runtime, view, compiled, engine)
         try:
             await asyncio.to_thread(store.set_armed, host.db, probe_id, engine.info.load_id)
         except BaseException:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from millm_host.engine import NoChatTemplate
+from millm_host.api import NoChatTemplate
 
 from .definition import TestVector
 from .evaluate import compile_bank, forward_columns, read_pairs
@@ -26,9 +26,9 @@ from .windows import common_prefix, measure
 
 
 async def run_parity(runtime: Runtime, view: ProbeView, engine: Any,
-                     entry: Any) -> tuple[dict[str, Any], CompiledProbe | None]:
-    """Score every test vector on ``engine``: the report (the caller stores it), and the head as compiled
-    for ``engine`` for arming to reuse (None when it was not compiled)."""
+                     model_id: str) -> tuple[dict[str, Any], CompiledProbe | None]:
+    """Score every test vector on ``engine`` (model ``model_id``): the report (the caller stores it), and
+    the head as compiled for ``engine`` for arming to reuse (None when it was not compiled)."""
     host = runtime.host
     d = view.definition
     report: dict[str, Any] = {
@@ -40,7 +40,7 @@ async def run_parity(runtime: Runtime, view: ProbeView, engine: Any,
         "tolerance": d.parity.tolerance,
         "window": d.scope,
         "vectors": [],
-        "model": model_identity(host, entry),
+        "model": model_identity(host, model_id),
         "created_at": now_iso(),
     }
     if not engine.hook_points:
@@ -54,12 +54,11 @@ async def run_parity(runtime: Runtime, view: ProbeView, engine: Any,
         if host.registry.engine is not engine:
             report.update(status="model_changed", reason="the model changed while parity ran")
             return report, None
-        with host.scheduler.reserve():
-            lease = await host.registry.acquire(entry)
-            try:
-                row = await host.scheduler.run(_score_vector, runtime, view, engine, index, vector, prepared)
-            finally:
-                lease.release()
+        async with host.engine_slot(model_id) as slot:
+            if slot.engine is not engine:
+                report.update(status="model_changed", reason="the model changed while parity ran")
+                return report, None
+            row = await slot.run(_score_vector, runtime, view, engine, index, vector, prepared)
         report["vectors"].append(row)
     failed = [row for row in report["vectors"] if not row["passed"]]
     if d.scope != "all":

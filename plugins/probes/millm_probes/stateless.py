@@ -14,9 +14,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from millm_host.engine import NoChatTemplate
-from millm_host.errors import ContextLengthExceeded, InvalidParameter, ModelBusy, ModelNotLoaded
-from millm_host.protocol import ChatMessage, message_text, validate
+from millm_host.api import (
+    ChatMessage,
+    ContextLengthExceeded,
+    InvalidParameter,
+    ModelBusy,
+    ModelNotLoaded,
+    NoChatTemplate,
+    message_text,
+    validate,
+)
 
 from . import store
 from .definition import Window
@@ -148,7 +155,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         raise InvalidParameter(f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
                                param="probe_ids", code="PROBE_MAX_ARMED")
     engine, entry = host.registry.current()
-    identity = model_identity(host, entry)
+    identity = model_identity(host, entry.id)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
     views, skipped, refused = [], [], []
     for view in all_views:
@@ -169,8 +176,10 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     reports = await asyncio.to_thread(store.latest_parity_reports, host.db, [v.probe_id for v in views])
     trace = new_trace(headers)
     request_id = "score-" + uuid.uuid4().hex
-    with host.scheduler.reserve():
-        prepared = await host.scheduler.run(_prepare, engine, request.inputs)
+    async with host.engine_slot(entry.id) as slot:
+        if slot.engine is not engine:
+            raise ModelBusy("the model changed while this request started; retry", param="model")
+        prepared = await slot.run(_prepare, engine, request.inputs)
     served = Served.of(engine, "stateless")
     compiled: dict[str, Any] = {}
     outputs: list[dict[str, Any]] = []
@@ -180,16 +189,13 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         outputs.append(output)
         changed = changed or host.registry.engine is not engine  # an unload or a reload replaces it
         if not changed and views:
-            with host.scheduler.reserve():
-                try:
-                    lease = await host.registry.acquire(entry)
-                except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
-                    changed = True
-                else:
-                    try:
-                        readings = await host.scheduler.run(_score_one, runtime, engine, views, plan, item, compiled)
-                    finally:
-                        lease.release()
+            try:
+                async with host.engine_slot(entry.id) as slot:
+                    changed = slot.engine is not engine
+                    if not changed:
+                        readings = await slot.run(_score_one, runtime, engine, views, plan, item, compiled)
+            except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
+                changed = True
         if changed:
             output["error"] = ModelChanged(
                 "the model changed during this request; no input is scored on a different model from the first",

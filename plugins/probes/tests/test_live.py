@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 
 WINDOWS = ["all", "prompt", "response"]
 CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]

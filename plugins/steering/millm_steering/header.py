@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from millm_host.headers import Token, item, serialize_item, serialize_list
+from millm_host.api import Token, item, serialize_item, serialize_list
 
 from .resolve import Entry
 

@@ -13,21 +13,20 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from millm_host.engine import HookPoint
-from millm_host.errors import FieldNotHonoured, InvalidParameter, ModelBusy
+from millm_host.api import FieldNotHonoured, HookPoint, InvalidParameter, ModelBusy
 
 from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
 from .header import steering_value
 from .intensity import Dial, resolve
 from .resolve import global_entries, select_attachment
-from .saelens import SAEUnreadable, read_config
-from .saelens import describe as describe_sae_dir
+from millm_saelens import SAEUnreadable, read_config
+from millm_saelens import describe as describe_sae_dir
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
 
 if TYPE_CHECKING:
-    from millm_host.app import Host
+    from millm_host.api import Host
 
     from .models import ProfileRecord, SAERecord
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from millm_host.db import Database
+from millm_host.api import Database
 
 from .errors import Conflict, ProfileNotFound, SAENotFound
 from .features import Features
 from .models import LockRecord, ProfileRecord, SAERecord
-from .saelens import SAEConfig
+from millm_saelens import SAEConfig
 from .state import Profile
 
 LOCK_ROW = 1

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 D_MODEL = 64  # the tiny model's hidden size
 #: Lowered for the server so a request can exceed it on a 512-token model.

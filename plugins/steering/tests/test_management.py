@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 
 def error(response, status, code=None, param=None):

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 
 LFM = "LiquidAI--LFM2.5-1.2B-Instruct-sae--layer_11"
 GEMMA = "jbloom--gemma-2-2b-res-jb--layer_20--width_16k--average_l0_71"

@@ -25,7 +25,7 @@ from .errors import ResponseFormatUnsupported
 from .response_format import PARAM, ResponseFormat
 
 if TYPE_CHECKING:
-    from millm_host.engine import Engine
+    from millm_host.api import Engine
 
 #: One space after ',' and ':' and nowhere else: the layout models are trained on,
 #: and no room for a small model to wander into endless whitespace.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 from millm_structured_output.errors import ResponseFormatUnsupported
 from millm_structured_output.response_format import parse_response_format
 from millm_structured_output.schema_subset import MAX_DEPTH, MAX_PROPERTIES, check_subset

@@ -3,16 +3,15 @@
 ``FAULT_INJECTION`` (off by default): ``before_forward`` raises there;
 ``token:N`` raises from a logits processor when the N-th token is chosen (a
 failure in the middle of a stream); ``oom:N`` raises the typed out-of-memory
-error there. Only requests whose last user message contains ``FAULT`` fail, so
-one server can serve both kinds.
+error there; ``rendering`` makes ``render_headers`` and ``response_extras``
+raise (only ``response_extras`` for a request that says ``FAULT-EXTRAS``). Only
+requests whose messages or prompt contain ``FAULT`` fail, so one server can
+serve both kinds.
 """
 
 from __future__ import annotations
 
-from millm_host.engine import LogitsProcessorFactory
-from millm_host.errors import InsufficientMemory, MillmError
-from millm_host.hookspecs import hookimpl
-from millm_host.settings import Setting
+from millm_host.api import InsufficientMemory, LogitsProcessorFactory, MillmError, Setting, hookimpl
 
 
 @hookimpl
@@ -21,15 +20,18 @@ def register_settings(register) -> None:
 
 
 def _targeted(ctx) -> bool:
+    return any("FAULT" in t for t in _texts(ctx))
+
+
+def _texts(ctx) -> list[str]:
     texts = [m.get("content") or "" for conv in ctx.conversations for m in conv]
-    prompts = [p for p in getattr(ctx.params, "prompts", []) if isinstance(p, str)]
-    return any("FAULT" in t for t in texts + prompts)
+    return texts + [p for p in getattr(ctx.params, "prompts", []) if isinstance(p, str)]
 
 
 @hookimpl
 def before_forward(ctx):
     fault = ctx.settings["FAULT_INJECTION"]
-    if not fault or not _targeted(ctx):
+    if not fault or fault == "rendering" or not _targeted(ctx):
         return None
     if fault == "before_forward":
         raise MillmError("injected failure before the forward pass", code="injected_fault", status=500,
@@ -48,3 +50,23 @@ def before_forward(ctx):
         return process
 
     return [LogitsProcessorFactory(make, owner="fault_injection")]
+
+
+def _render_fault(ctx, hook: str) -> None:
+    if ctx.settings["FAULT_INJECTION"] != "rendering" or not _targeted(ctx):
+        return
+    if hook == "render_headers" and any("FAULT-EXTRAS" in t for t in _texts(ctx)):
+        return
+    raise RuntimeError(f"injected failure in {hook}")
+
+
+@hookimpl
+def render_headers(ctx):
+    _render_fault(ctx, "render_headers")
+    return None
+
+
+@hookimpl
+def response_extras(ctx):
+    _render_fault(ctx, "response_extras")
+    return None

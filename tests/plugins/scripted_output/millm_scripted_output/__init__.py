@@ -13,9 +13,7 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
-from millm_host.engine import LogitsProcessorFactory
-from millm_host.hookspecs import hookimpl
-from millm_host.settings import Setting
+from millm_host.api import LogitsProcessorFactory, Setting, hookimpl
 
 HEADER = "x-test-scripted-output"
 
