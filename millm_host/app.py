@@ -123,7 +123,8 @@ class Host:
         """Release everything: plugins stop, the model is closed, the database let go."""
         drained = self.scheduler.drain(DRAIN_S)  # cancelled generations tell their plugins first
         if not drained:
-            log.error("the engine thread is stuck (a hung generation); stopping without it")
+            log.error("the engine thread is still busy after %g s (a hung generation or a load); stopping without it",
+                      DRAIN_S)
         self.call_each("shutdown", host=self)
         if self.registry.engine is not None and drained:
             engine = self.registry.engine

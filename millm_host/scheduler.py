@@ -209,7 +209,7 @@ class Scheduler:
                 raise error
 
     def run_sync(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
-        """Run ``fn`` on the engine thread from a non-async thread and wait for it (``TimeoutError`` past ``timeout``)."""
+        """Run ``fn`` on the engine thread from a non-async thread and wait (``TimeoutError`` past ``timeout``)."""
         if threading.get_ident() == self.engine_thread_id:
             return fn(*args)
         return self._engine.submit(fn, *args).result(timeout)

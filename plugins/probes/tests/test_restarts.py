@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import httpx
-
 from millm_steering.testing import write_sae
 
 CHAT = [{"role": "user", "content": "FAULT: tell me a long story about a lighthouse keeper."}]
