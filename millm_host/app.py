@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
@@ -28,6 +29,9 @@ from .settings import Settings
 log = logging.getLogger("millm")
 
 T = TypeVar("T")
+#: Seconds ``stop`` waits for the engine thread to finish what was cancelled (plugins hear of it)
+#: before the plugins stop; past it the thread is hung and left behind (it is a daemon thread).
+DRAIN_S = 5.0
 
 
 class Host:
@@ -41,7 +45,7 @@ class Host:
         self.engines: list[EngineSpec] = list(pm.millm_engines)  # type: ignore[attr-defined]
         self.fields = FieldRegistry(self.engines)
         hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
-        self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"])
+        self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
         self.pipeline = Pipeline(self)
@@ -53,6 +57,7 @@ class Host:
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
 
     # --- what plugins use (see millm_host.api) ----------------------------------------
     def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:
@@ -86,6 +91,11 @@ class Host:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
 
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a background task until it ends (the event loop keeps only weak references)."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def migrations(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         hookcalls.startup(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
@@ -107,12 +117,32 @@ class Host:
         except MillmError as exc:
             log.error("the start model %s failed to load: %s", entry.id, exc.message)
 
+    def begin_shutdown(self) -> None:
+        """A shutdown signal arrived: refuse new requests, give the admitted ones ``MILLM_SHUTDOWN_GRACE_S``.
+
+        Requests still running or queued when the grace ends are cancelled: a
+        stream gets an error event, then ``[DONE]``; any other request a
+        ``503 shutting_down``. Safe to call from a signal handler; repeats are ignored.
+        """
+        scheduler = self.scheduler
+        if scheduler.closing:
+            return
+        grace = self.settings["MILLM_SHUTDOWN_GRACE_S"]
+        scheduler.deadline = time.monotonic() + grace
+        scheduler.closing = True
+        log.info("shutting down: %d admitted requests get %g s to finish", scheduler.admitted, grace)
+
     def stop(self) -> None:
+        """Release everything: plugins stop, the model is closed, the database let go."""
+        drained = self.scheduler.drain(DRAIN_S)  # cancelled generations tell their plugins first
+        if not drained:
+            log.error("the engine thread is still busy after %g s (a hung generation or a load); stopping without it",
+                      DRAIN_S)
         hookcalls.lifecycle(self.pm, "shutdown", host=self)
-        if self.registry.engine is not None:
+        if self.registry.engine is not None and drained:
             engine = self.registry.engine
             try:
-                self.scheduler.run_sync(engine.close)
+                self.scheduler.run_sync(engine.close, timeout=DRAIN_S)
             except Exception:
                 log.exception("closing the model failed")
         self.scheduler.shutdown()

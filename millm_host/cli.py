@@ -35,8 +35,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     start = host.registry.start_model
     log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", args.host, args.port,
              start.id if start else "none")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
-    return 0
+    grace = settings["MILLM_SHUTDOWN_GRACE_S"]
+    # uvicorn cancels what still runs a little after the host's own grace: a backstop.
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=grace + 5)
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the host when SIGTERM or SIGINT arrives, so its shutdown grace starts then."""
+
+        def handle_exit(self, sig, frame) -> None:
+            host.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
+    server.run()
+    return 0 if server.started else 3
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -86,7 +86,8 @@ class RequestContext:
     outputs: list[SequenceOutput] = field(default_factory=list)
     #: True once generation ended (headers rendered after this are post-generation).
     finished: bool = False
-    #: Why generation ended early: ``client_disconnected``, ``cancelled``,
+    #: Why generation ended early: ``client_disconnected``, ``cancelled`` (by the host:
+    #: shutdown, or waiting behind a stalled generation), ``generation_thread_hung``,
     #: ``generation_error``; None when it completed.
     interrupted: str | None = None
     error: MillmError | None = None

@@ -162,13 +162,19 @@ def fallback_chat_render(messages: Sequence[Mapping[str, Any]], add_generation_p
 
 
 class Engine(abc.ABC):
-    """A resident model. Every method runs on the engine thread."""
+    """A resident model. Every method runs on the engine thread (text methods: see ``concurrent_text``)."""
 
     #: The registered engine name (``"transformers"``, ``"gguf"``).
     name: str = ""
     info: ModelInfo
     #: Residual points a LayerHook may name. Empty for an engine with no module tree.
     hook_points: Sequence[HookPoint] = ()
+    #: True when the text methods (``tokenize``, ``decode``, ``token_bytes``, ``render_chat``
+    #: and the chat helpers built on them) may run on any thread, also while ``generate`` runs
+    #: on the engine thread (e.g. each thread has its own tokenizer). The host then renders and
+    #: tokenizes requests on its text thread, so a refusal that needs only the tokenizer never
+    #: waits behind a generation. False: every method runs on the engine thread.
+    concurrent_text: bool = False
 
     # --- text -----------------------------------------------------------------------
     @abc.abstractmethod

@@ -17,8 +17,11 @@ rendering); each spec ends with the policy it is called under.
 Threads: startup hooks run on the main thread before the server accepts
 connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
 a worker thread off the event loop (they may touch the database),
-``before_tokenize``, ``before_forward`` and ``after_generate`` run on the engine thread, and
+``before_forward`` and ``after_generate`` run on the engine thread, ``before_tokenize``
+runs on the text thread (beside the engine thread, when the engine's
+``concurrent_text`` allows it; otherwise on the engine thread), and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
+State a plugin shares between ``before_tokenize`` and the engine-thread hooks needs a lock.
 
 Each request-path hook is called a fixed number of times per request, never per
 token or per layer: per-token and per-layer work goes into the plain callbacks
@@ -203,8 +206,10 @@ def validate_request(ctx: RequestContext) -> None:
 def before_tokenize(ctx: RequestContext) -> None:
     """The model is resident (``ctx.engine`` is set); the prompts are not tokenized yet.
 
-    Called once per request on the engine thread, just before the host renders and
-    tokenizes ``ctx.conversations`` (or the completion prompts). Adjust what is
+    Called once per request on the text thread (the engine thread for an engine
+    without ``concurrent_text``), just before the host renders and tokenizes
+    ``ctx.conversations`` (or the completion prompts); another request may be
+    generating on the engine thread meanwhile. Adjust what is
     rendered for the resident model here (``ctx.conversations``, ``ctx.chat_tools``),
     e.g. from its chat template; the engine's tokenizer may be used. Raise a
     ``MillmError`` to refuse: the request fails before it queues and before a
@@ -264,7 +269,11 @@ def after_generate(ctx: RequestContext) -> None:
     """Generation ended: ``ctx.outputs`` holds every sequence.
 
     Called once per request on the engine thread, also when the request was
-    interrupted (``ctx.interrupted`` names why) or failed (``ctx.error``). Score,
+    interrupted (``ctx.interrupted`` names why: ``client_disconnected``,
+    ``cancelled``, ``generation_thread_hung``, ``generation_error``) or failed
+    (``ctx.error``). For a generation that hung and did not stop in time, or one
+    given up before it started because the engine thread hung, the host calls it
+    from a worker thread instead. Score,
     record and release per-request state here. Raising a ``MillmError`` fails a
     request that had not failed yet (e.g. an output that breaks its contract);
     every implementation still runs. Never called for scoring requests nor

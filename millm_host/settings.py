@@ -70,6 +70,12 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
     Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),
     Setting("GRACEFUL_UNLOAD_TIMEOUT", float, 30.0, "Seconds an unload waits for running requests"),
+    Setting("MILLM_GENERATION_STALL_S", float, 300.0,
+            "Seconds a generation may go without producing a token before it fails with 503 generation_stalled "
+            "(0: never)"),
+    Setting("MILLM_SHUTDOWN_GRACE_S", float, 10.0,
+            "Seconds running and queued requests get to finish after SIGTERM; the rest then fail with "
+            "503 shutting_down (an error event on a stream)"),
 )
 
 

@@ -53,9 +53,12 @@ def lower_headers(req: falcon.asgi.Request) -> dict[str, str]:
 
 
 def render_error(resp: falcon.asgi.Response, error: MillmError) -> None:
+    """The error in OpenAI's shape; every 503 says when to retry (``Retry-After``)."""
     resp.status = error.status
     resp.content_type = falcon.MEDIA_JSON
     resp.text = json.dumps({"error": error.to_dict()})
+    if error.status == 503:
+        resp.set_header("Retry-After", str(error.retry_after))
     for name, value in error.headers.items():
         resp.set_header(name, value)
 

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import falcon
 from falcon.asgi import SSEvent
 
-from ..serving.run import collect_headers, complete, sse_data, stream
+from ..errors import ClientDisconnected, RequestCancelled
+from ..serving.run import collect_headers, complete, sse_data, stream, watch_client
 from .common import lower_headers, read_json
 
 if TYPE_CHECKING:
@@ -31,12 +32,20 @@ class GenerationResource:
             resp.media = payload
             resp.set_headers(headers)
             return
-        admission = await host.pipeline.prepare(ctx)
+        gone = watch_client(req, ctx)  # a client that leaves cancels its request, streamed or not
+        try:
+            admission = await host.pipeline.prepare(ctx)
+        except BaseException as exc:
+            if gone is not None:
+                gone.cancel()
+            if isinstance(exc, RequestCancelled):
+                raise ClientDisconnected("the client went away before the request was prepared") from None
+            raise
         if ctx.streaming:
             resp.set_headers(collect_headers(host, ctx))
-            resp.sse = _events(stream(host, ctx, admission))
+            resp.sse = _events(stream(host, ctx, admission, gone))
             return
-        payload, headers = await complete(host, ctx, admission)
+        payload, headers = await complete(host, ctx, admission, gone)
         resp.set_headers(headers)
         resp.media = payload
 

@@ -14,6 +14,7 @@ class Health:
 
     async def on_get(self, req, resp) -> None:
         registry = self.host.registry
+        scheduler = self.host.scheduler
         report = self.host.report
         start = registry.start_model
         if registry.resident is not None:
@@ -31,5 +32,7 @@ class Health:
             "engines": [spec.name for spec in self.host.engines],
             "plugins": [{"name": r.name, "version": r.version} for r in report.loaded],
             "failed_plugins": [{"name": r.name, "error": r.error} for r in report.failed],
-            "queue": {"admitted": self.host.scheduler.admitted, "max_waiting": self.host.scheduler.queue_max},
+            "queue": {"admitted": scheduler.admitted, "max_waiting": scheduler.queue_max,
+                      "generating": scheduler.generating, "stalled": scheduler.stalled(),
+                      "shutting_down": scheduler.closing},
         }

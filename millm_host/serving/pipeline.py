@@ -109,7 +109,10 @@ class Pipeline:
         admission = await admit(host, ctx.entry)
         try:
             ctx.engine = admission.engine
-            await admission.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            # On the text thread when the engine allows it: a refusal that needs only the tokenizer
+            # (context_length_exceeded) never waits behind a running generation.
+            run = host.scheduler.run_text if ctx.engine.concurrent_text else admission.run
+            await run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
             await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
@@ -119,12 +122,12 @@ class Pipeline:
         return admission
 
     def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
-        """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
+        """On the text (or engine) thread: plugins adjust the render for the resident model, then tokenize."""
         hookcalls.request(self.host.pm, "before_tokenize", ctx=ctx)
         tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
-        """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""
+        """Token ids for every prompt (text thread, or engine thread when the engine's text methods must run there)."""
         engine = ctx.engine
         assert engine is not None
         if ctx.is_chat:

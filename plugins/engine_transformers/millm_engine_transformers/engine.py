@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -34,15 +36,24 @@ from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME, SETTINGS
 
 class TransformersEngine(Engine):
-    """A HuggingFace model and tokenizer, with per-call forward hooks."""
+    """A HuggingFace model and tokenizer, with per-call forward hooks.
+
+    HF fast tokenizers are not thread-safe (a call may reconfigure truncation and
+    padding, and the Rust side refuses a second borrower), so each thread gets its
+    own copy of the loaded tokenizer, which itself is only ever copied. That lets
+    the host tokenize on its text thread while this engine generates.
+    """
 
     name = ENGINE_NAME
+    concurrent_text = True
 
     def __init__(self, model: Any, tokenizer: Any, descriptor: ModelDescriptor, device: torch.device,
                  dtype: torch.dtype, settings: Any) -> None:
         self.model = model
         self.settings = settings
-        self.tokenizer = tokenizer
+        self._tokenizer_original = tokenizer  # never used directly: copied once per thread
+        self._tokenizer_copying = threading.Lock()
+        self._tokenizers = threading.local()
         self.descriptor = descriptor
         self.device = device
         self.dtype = dtype
@@ -75,6 +86,7 @@ class TransformersEngine(Engine):
         # transformers 5 renamed past_key_values to cache.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._tokenizers.tokenizer = copy.deepcopy(tokenizer)  # the loading (engine) thread's, made now
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
@@ -102,6 +114,16 @@ class TransformersEngine(Engine):
         return frozenset(ids)
 
     # --- text -------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """This thread's own copy of the HF tokenizer."""
+        tokenizer = getattr(self._tokenizers, "tokenizer", None)
+        if tokenizer is None:
+            with self._tokenizer_copying:
+                tokenizer = copy.deepcopy(self._tokenizer_original)
+            self._tokenizers.tokenizer = tokenizer
+        return tokenizer
+
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 

@@ -1,15 +1,20 @@
-"""Test-only plugin: fail a request at a chosen point of the hook chain.
+"""Test-only plugin: fail or stall a request at a chosen point of the hook chain.
 
 ``FAULT_INJECTION`` (off by default): ``before_forward`` raises there;
 ``token:N`` raises from a logits processor when the N-th token is chosen (a
 failure in the middle of a stream); ``oom:N`` raises the typed out-of-memory
 error there; ``rendering`` makes ``render_headers`` and ``response_extras``
-raise (only ``response_extras`` for a request that says ``FAULT-EXTRAS``). Only
-requests whose messages or prompt contain ``FAULT`` fail, so one server can
-serve both kinds.
+raise (only ``response_extras`` for a request that says ``FAULT-EXTRAS``);
+``stall:N:S`` blocks the engine thread for S seconds there and
+ignores cancellation (a hung generation); ``slow:N:S`` blocks there for up to S
+seconds but returns as soon as the request is cancelled (one very long step).
+Only requests whose last user message contains ``FAULT`` are affected, so one
+server can serve both kinds.
 """
 
 from __future__ import annotations
+
+import time
 
 from millm_host.api import InsufficientMemory, LogitsProcessorFactory, MillmError, Setting, hookimpl
 
@@ -36,14 +41,19 @@ def before_forward(ctx):
     if fault == "before_forward":
         raise MillmError("injected failure before the forward pass", code="injected_fault", status=500,
                          type="server_error")
-    kind, _, count = fault.partition(":")
+    kind, count, *rest = fault.split(":")
     limit = int(count)
+    seconds = float(rest[0]) if rest else 0.0
 
     def make(sequence_index):
         def process(generated, logits):
-            if len(generated) >= limit:
-                if kind == "oom":
-                    raise InsufficientMemory("cpu ran out of memory (injected)", type="invalid_request_error")
+            if len(generated) == limit and kind == "stall":
+                time.sleep(seconds)
+            elif len(generated) == limit and kind == "slow":
+                ctx.cancel_event.wait(seconds)
+            elif len(generated) >= limit and kind == "oom":
+                raise InsufficientMemory("cpu ran out of memory (injected)", type="invalid_request_error")
+            elif len(generated) >= limit and kind == "token":
                 raise MillmError("injected failure while generating", code="injected_fault", status=500,
                                  type="server_error")
             return logits
