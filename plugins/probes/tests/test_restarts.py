@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import httpx
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 CHAT = [{"role": "user", "content": "FAULT: tell me a long story about a lighthouse keeper."}]
 TRACE_CANCELLED = "1af7651916cd43dd8448eb211c80319c"
