@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from millm_host.errors import MillmError
+from millm_host.paths import confined_path, plain_name
+
 ARCHITECTURES = ("standard", "jumprelu", "topk")
 
 
@@ -53,6 +56,15 @@ class Encoder:
         return kept[:, self.features]
 
 
+def sae_folder(sae_dir: str, sae_id: str) -> Path:
+    """``<sae_dir>/<sae_id>``, which must stay inside ``sae_dir`` (no ``..``, no absolute id, no link out)."""
+    try:
+        return confined_path(plain_name(sae_id, "sae.sae_id"), [Path(sae_dir)], param="sae.sae_id",
+                             setting="PROBE_SAE_DIR")
+    except MillmError as exc:
+        raise SaeUnavailable(f"SAE {sae_id!r}: {exc.message}") from None
+
+
 def load_encoder(sae_dir: str | None, sae_id: str, features: list[int], d_model: int, device: Any) -> Encoder:
     """Read ``<sae_dir>/<sae_id>`` and keep what encoding ``features`` needs, on ``device``."""
     import torch
@@ -60,7 +72,7 @@ def load_encoder(sae_dir: str | None, sae_id: str, features: list[int], d_model:
 
     if not sae_dir:
         raise SaeUnavailable(f"SAE {sae_id!r}: PROBE_SAE_DIR is not set")
-    folder = Path(sae_dir) / sae_id
+    folder = sae_folder(sae_dir, sae_id)
     try:
         cfg = json.loads((folder / "cfg.json").read_text())
         tensors = load_file(str(folder / "sae_weights.safetensors"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from millm_host.errors import InvalidParameter
+from millm_host.naming import check_display_name
 from millm_host.resources.common import read_json
 
 from .features import non_negative_int, parse_features
@@ -47,9 +48,9 @@ def _layer(body: dict[str, Any]) -> int | None:
 
 
 def _profile_name(value: str) -> str:
-    if len(value) > PROFILE_NAME_MAX or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise InvalidParameter(
-            f"name must be 1-{PROFILE_NAME_MAX} characters without '/' or control characters", param="name")
+    check_display_name(value, "name")
+    if len(value) > PROFILE_NAME_MAX or "/" in value:
+        raise InvalidParameter(f"name must be 1-{PROFILE_NAME_MAX} characters without '/'", param="name")
     return value
 
 

@@ -11,6 +11,8 @@ from millm_host.hookspecs import hookimpl
 from millm_host.output import ResponseExtra
 from millm_host.settings import Setting
 
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
 STATE_KEY = "detector_example"
 
 

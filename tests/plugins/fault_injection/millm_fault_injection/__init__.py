@@ -14,6 +14,8 @@ from millm_host.errors import InsufficientMemory, MillmError
 from millm_host.hookspecs import hookimpl
 from millm_host.settings import Setting
 
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
 
 @hookimpl
 def register_settings(register) -> None:

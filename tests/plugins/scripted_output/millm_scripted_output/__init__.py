@@ -17,6 +17,8 @@ from millm_host.engine import LogitsProcessorFactory
 from millm_host.hookspecs import hookimpl
 from millm_host.settings import Setting
 
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
 HEADER = "x-test-scripted-output"
 
 
