@@ -20,6 +20,7 @@ __version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGI
 @hookimpl
 def register_settings(register) -> None:
     register(Setting("FAULT_INJECTION", str, "", "Test only: where to fail requests that mention FAULT"))
+    register(Setting("FAULT_INJECTION_LOAD_DELAY_S", float, 0.0, "Test only: seconds added to every model load"))
 
 
 def _targeted(ctx) -> bool:
@@ -50,3 +51,13 @@ def before_forward(ctx):
         return process
 
     return [LogitsProcessorFactory(make, owner="fault_injection")]
+
+
+@hookimpl
+def model_loaded(host, engine) -> None:
+    """``FAULT_INJECTION_LOAD_DELAY_S``: a load that takes this much longer (what a slow load looks like)."""
+    import time
+
+    delay = host.settings["FAULT_INJECTION_LOAD_DELAY_S"]
+    if delay > 0:
+        time.sleep(delay)
