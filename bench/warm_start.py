@@ -157,7 +157,8 @@ def main() -> None:
     print(f"  {'baseline: python, import torch + transformers, load':56} {median(bare):6.2f}s {median(bare_cpu):6.2f}s")
     print(f"  {'millm serve: first /api/health answer':56} {median(listening):6.2f}s")
     print(f"  {'millm serve: ready (status ok)':56} {median(ready):6.2f}s {median(ready_cpu):6.2f}s")
-    print(f"  ratio millm / baseline: wall {median(ready) / median(bare):.2f}, CPU {median(ready_cpu) / median(bare_cpu):.2f}")
+    print(f"  ratio millm / baseline: wall {median(ready) / median(bare):.2f}, "
+          f"CPU {median(ready_cpu) / median(bare_cpu):.2f}")
     print("where the time goes (one in-process run, phases in serving order):")
     for name, seconds in json.loads(phases.stdout.strip().splitlines()[-1]):
         print(f"  {name:60} {seconds:6.3f} s")
