@@ -71,7 +71,7 @@ def main() -> None:
     lengths: dict[str, set[int]] = {"baseline": set(), "steered": set()}
     with tempfile.TemporaryDirectory() as tmp:
         sae = write_sae(Path(tmp) / "bench-sae", d_in=D_MODEL, d_sae=args.d_sae, layer=args.layer)
-        server = ServerProcess(Path(tmp) / "data").start()
+        server = ServerProcess(Path(tmp) / "data", env={"MILLM_SAE_DIRS": tmp}).start()
         try:
             pid = server.proc.pid
             with server.http(timeout=600) as client:

@@ -89,7 +89,8 @@ from .files import save_atomically
 from .headers import Token, item, parse_list, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
 from .models import available_memory
-from .naming import split_gguf_name
+from .naming import check_display_name, split_gguf_name
+from .paths import confined_path, plain_name
 from .output import (
     ORDER_PROBE_VERDICTS,
     ORDER_SAE_ACTIVATIONS,
@@ -104,6 +105,9 @@ from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .settings import Setting, Settings
 
 __all__ = [
+    "check_display_name",
+    "confined_path",
+    "plain_name",
     "EMBEDDINGS",
     "INVALID_REQUEST",
     "LAYER_HOOKS",

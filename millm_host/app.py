@@ -15,6 +15,7 @@ import pluggy
 
 from . import hookcalls
 from .admission import Admission, engine_slot
+from .access import Access
 from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
@@ -165,15 +166,24 @@ class _Lifespan:
         await asyncio.to_thread(self.host.stop)
 
 
-def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = None) -> tuple[falcon.asgi.App, Host]:
-    """The ASGI app and its host. Tests pass their own settings and plugin manager."""
+def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = None, *,
+          bind_host: str | None = None) -> tuple[falcon.asgi.App, Host]:
+    """The ASGI app and its host. Tests pass their own settings and plugin manager.
+
+    ``bind_host`` (the address ``millm serve`` listens on) is answered as a ``Host`` too.
+    """
     from . import routes
 
     settings = settings or Settings()
     pm = pm or build_plugin_manager(settings)
     host = Host(settings, pm)
     host.start()
-    app = falcon.asgi.App(middleware=[_Lifespan(host)], cors_enable=False)
+    access = Access(settings, bind_host)
+    middleware: list = [access, _Lifespan(host)]
+    if access.cors_any or access.cors_origins:
+        middleware.append(falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins,
+                                                expose_headers="*"))
+    app = falcon.asgi.App(middleware=middleware, cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     routes.install(app, host)
     return app, host

@@ -53,6 +53,8 @@ class ModelEntry:
     state: ModelState = ModelState.READY
     error: str | None = None
     created: int = 0
+    #: The engine's last progress message while it loads (shown by /api/health).
+    progress: str | None = None
 
     @property
     def id(self) -> str:
@@ -307,7 +309,12 @@ class ModelRegistry:
     def _load_on_engine_thread(self, entry: ModelEntry) -> Engine:
         started = time.monotonic()
         log.info("loading model %s (%s engine) from %s", entry.id, entry.spec.name, entry.descriptor.path)
-        engine = entry.spec.load(entry.descriptor, self.host.settings, lambda msg: log.info("%s: %s", entry.id, msg))
+        def progress(message: str) -> None:
+            entry.progress = message
+            log.info("%s: %s", entry.id, message)
+
+        entry.progress = "starting"
+        engine = entry.spec.load(entry.descriptor, self.host.settings, progress)
         engine.info.load_id = uuid.uuid4().hex[:16]
         log.info("model %s loaded in %.1f s", entry.id, time.monotonic() - started)
         hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)

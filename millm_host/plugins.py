@@ -64,7 +64,9 @@ def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) 
 
     A plugin that fails to import or register is logged and reported on
     ``pm.millm_report``; it never stops the others. ``MILLM_PLUGINS`` (an allow-list)
-    and ``MILLM_DISABLE_PLUGINS`` decide which entry points load.
+    and ``MILLM_DISABLE_PLUGINS`` decide which entry points load, and which of the
+    modules ``MILLM_PLUGIN_MODULES`` names (plugins that are not installed, such as
+    the test-only ones under ``tests/plugins``).
     """
     pm = pluggy.PluginManager("millm")
     pm.add_hookspecs(hookspecs)
@@ -95,11 +97,33 @@ def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) 
                 log.debug("%s", traceback.format_exc())
                 continue
             report.records.append(PluginRecord(ep.name, version, ep.value, "loaded"))
+        for entry in settings["MILLM_PLUGIN_MODULES"] or ():
+            _register_module(pm, report, entry, allow, deny)
 
     pm.check_pending()
     hookcalls.startup(pm, "register_settings", register=settings.declare)
     pm.millm_engines = collect_engines(pm, settings)  # type: ignore[attr-defined]
     return pm
+
+
+def _register_module(pm: pluggy.PluginManager, report: PluginReport, entry: str,
+                     allow: list[str] | None, deny: set[str]) -> None:
+    """Register one ``name=module`` (or ``module``) of ``MILLM_PLUGIN_MODULES``, like an entry point."""
+    name, sep, module_name = entry.partition("=")
+    name, module_name = name.strip(), (module_name if sep else name).strip()
+    if any(r.name == name for r in report.records):
+        return  # also installed: its entry point was loaded (or disabled) already
+    if name in deny or (allow is not None and name not in allow):
+        report.records.append(PluginRecord(name, None, module_name, "disabled"))
+        return
+    try:
+        pm.register(importlib.import_module(module_name), name=name)
+    except Exception as exc:
+        log.error("plugin %s failed to load: %s", name, exc)
+        report.records.append(PluginRecord(name, None, module_name, "failed", f"{type(exc).__name__}: {exc}"))
+        return
+    version = getattr(pm.get_plugin(name), "__version__", None)
+    report.records.append(PluginRecord(name, version, module_name, "loaded"))
 
 
 def collect_engines(pm: pluggy.PluginManager, settings: Settings) -> list[EngineSpec]:

@@ -22,6 +22,8 @@ class Setting:
     type: type
     default: Any
     help: str
+    #: Never printed (``millm settings`` shows it as set or not).
+    secret: bool = False
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -59,8 +61,23 @@ HOST_SETTINGS: tuple[Setting, ...] = (
             "default: the one that declares the highest preference"),
     Setting("MILLM_LOAD_ON_START", bool, True, "Load the start model when the server starts"),
     Setting("MILLM_AUTOLOAD", bool, True, "Load a requested model that is not resident"),
+    Setting("MILLM_PLUGIN_MODULES", list, [],
+            "Importable modules registered as plugins besides the installed entry points: "
+            "module or name=module, comma-separated (how tests load their test-only plugins)"),
     Setting("MILLM_PLUGINS", list, None, "Allow-list of plugin names to load (default: all installed)"),
     Setting("MILLM_DISABLE_PLUGINS", list, [], "Plugin names not to load"),
+    Setting("MILLM_API_KEYS", list, [], "Keys that open /v1 (Authorization: Bearer <key>); unset: /v1 is open",
+            secret=True),
+    Setting("MILLM_ADMIN_API_KEYS", list, [],
+            "Keys that open every other route but /api/health and /openapi.json (and /v1 too); "
+            "unset: those routes take MILLM_API_KEYS, or are open when that is unset too", secret=True),
+    Setting("MILLM_ALLOWED_HOSTS", list, None,
+            "Host header values answered (name or name:port, * for any); default the loopback names "
+            "localhost, 127.0.0.1, [::1] on any port, plus the address --host names"),
+    Setting("MILLM_CORS_ORIGINS", list, [],
+            "Origins (scheme://host:port, or *) whose pages may call this server from a browser; unset: CORS off"),
+    Setting("MILLM_SAE_DIRS", list, None,
+            "Directories SAEs may be registered from (POST /api/saes); default <data dir>/saes"),
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_MAX_JSON_DEPTH", int, 64, "Deepest JSON nesting accepted in a request body"),
@@ -117,3 +134,8 @@ class Settings(Mapping[str, Any]):
     @property
     def cache_dir(self) -> Path:
         return Path(self["MILLM_CACHE_DIR"] or self.data_dir / "cache")
+
+    @property
+    def sae_dirs(self) -> list[Path]:
+        """Where SAEs may be registered from (``MILLM_SAE_DIRS``, default ``<data dir>/saes``)."""
+        return [Path(d) for d in self["MILLM_SAE_DIRS"] or [self.data_dir / "saes"]]

@@ -10,6 +10,7 @@ import pytest
 from millm_host import hookspecs
 from millm_host.plugins import build_plugin_manager
 from millm_host.settings import Settings
+from millm_host.testing.extra_plugins import in_process_environ
 
 SPECS = sorted(
     name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
@@ -19,7 +20,7 @@ SPECS = sorted(
 
 @pytest.fixture(scope="module")
 def pm() -> pluggy.PluginManager:
-    return build_plugin_manager(Settings(environ={}))
+    return build_plugin_manager(Settings(environ=in_process_environ()))
 
 
 def test_there_are_hookspecs():

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from millm_host.testing.extra_plugins import with_test_plugins
+
 from .helpers import chat_body, stream_post
 
 
 def _millm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "millm_host.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+                          env=with_test_plugins({**os.environ, **(env or {})}), timeout=120)
 
 
 def test_millm_plugins_lists_names_versions_and_status():

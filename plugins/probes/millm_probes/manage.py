@@ -11,10 +11,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.api import InvalidParameter, ModelBusy, validate
+from millm_host.api import InvalidParameter, ModelBusy, check_display_name, plain_name, validate
 
 from . import digests, gates, store
-from .definition import Decision, parse
+from .definition import Decision, ProbeDefinition, parse
 from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
 from .models import Probe
 from .parity import parity_summary, run_parity
@@ -111,6 +111,15 @@ async def probe_detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
 # --- import ---------------------------------------------------------------------------------
 
 
+def check_names(definition: ProbeDefinition) -> None:
+    """Names operators read carry no hidden characters; an SAE id names one directory of PROBE_SAE_DIR."""
+    check_display_name(definition.name, "name")
+    if definition.behaviour is not None:
+        check_display_name(definition.behaviour, "behaviour")
+    if definition.sae is not None:
+        plain_name(check_display_name(definition.sae.sae_id, "sae.sae_id"), "sae.sae_id")
+
+
 async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
     """Check a definition and its digests, then store it verbatim; nothing is stored on refusal."""
     if on_conflict not in ("rename", "fail"):
@@ -120,6 +129,7 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
 
 def _import(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
     definition = parse(document)
+    check_names(definition)
     computed = {
         "detector_digest": digests.detector_digest(document),
         "decision_digest": digests.decision_digest(document.get("decision")),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from millm_host.api import MillmError, confined_path, plain_name
 from millm_saelens import SAEUnreadable, read_config
 
 if TYPE_CHECKING:
@@ -19,14 +20,22 @@ class SaeUnavailable(Exception):
     """The SAE cannot be found or read; the probe's results say ``encoder_failed``."""
 
 
-def load_encoder(sae_dir: str | None, sae_id: str, features: list[int], d_model: int,
-                 device: Any) -> FeatureEncoder:
+def sae_folder(sae_dir: str, sae_id: str) -> Path:
+    """``<sae_dir>/<sae_id>``, which must stay inside ``sae_dir`` (no ``..``, no absolute id, no link out)."""
+    try:
+        return confined_path(plain_name(sae_id, "sae.sae_id"), [Path(sae_dir)], param="sae.sae_id",
+                             setting="PROBE_SAE_DIR")
+    except MillmError as exc:
+        raise SaeUnavailable(f"SAE {sae_id!r}: {exc.message}") from None
+
+
+def load_encoder(sae_dir: str | None, sae_id: str, features: list[int], d_model: int, device: Any) -> FeatureEncoder:
     """Read ``<sae_dir>/<sae_id>`` and keep what encoding ``features`` needs, on ``device``."""
     from millm_saelens.weights import load  # torch: only when a sparse probe compiles
 
     if not sae_dir:
         raise SaeUnavailable(f"SAE {sae_id!r}: PROBE_SAE_DIR is not set")
-    folder = Path(sae_dir) / sae_id
+    folder = sae_folder(sae_dir, sae_id)
     try:
         cfg = read_config(folder)
         if cfg.d_in != d_model:

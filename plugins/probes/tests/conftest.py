@@ -261,7 +261,7 @@ def sae_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def probes_server(server_factory, probe_model_dir, sae_dir):
     """The probes plugin's own server (tests arm and import here; each cleans up after itself)."""
-    return server_factory(probe_model_dir, env={"PROBE_SAE_DIR": str(sae_dir)})
+    return server_factory(probe_model_dir, env={"PROBE_SAE_DIR": str(sae_dir), "MILLM_SAE_DIRS": str(sae_dir)})
 
 
 @pytest.fixture(scope="session")

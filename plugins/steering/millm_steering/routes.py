@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from millm_host.api import InvalidParameter, JsonResource
+from millm_host.api import InvalidParameter, JsonResource, check_display_name
 
 from .features import non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
@@ -46,9 +46,9 @@ def _layer(body: dict[str, Any]) -> int | None:
 
 
 def _profile_name(value: str) -> str:
-    if len(value) > PROFILE_NAME_MAX or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise InvalidParameter(
-            f"name must be 1-{PROFILE_NAME_MAX} characters without '/' or control characters", param="name")
+    check_display_name(value, "name")
+    if len(value) > PROFILE_NAME_MAX or "/" in value:
+        raise InvalidParameter(f"name must be 1-{PROFILE_NAME_MAX} characters without '/'", param="name")
     return value
 
 

@@ -16,9 +16,15 @@ MAX_ENTRIES = 20000
 
 
 @pytest.fixture(scope="session")
-def sae_dir(tmp_path_factory) -> Callable[..., Path]:
+def sae_root(tmp_path_factory) -> Path:
+    """The steering server's ``MILLM_SAE_DIRS``: every SAE the tests register lives here."""
+    return tmp_path_factory.mktemp("saes")
+
+
+@pytest.fixture(scope="session")
+def sae_dir(sae_root) -> Callable[..., Path]:
     """``sae_dir(name, d_sae=..., layer=..., ...)``: a SAE directory written once per session per name."""
-    root = tmp_path_factory.mktemp("saes")
+    root = sae_root
     made: dict[str, Path] = {}
 
     def make(name: str, **kwargs) -> Path:
@@ -33,9 +39,10 @@ def sae_dir(tmp_path_factory) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
-def steering_server(server_factory, tiny_model_dir):
+def steering_server(server_factory, tiny_model_dir, sae_root):
     """A tiny-model server of the steering tests' own (they change its state)."""
-    return server_factory(tiny_model_dir, env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES)})
+    return server_factory(tiny_model_dir, env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES),
+                                               "MILLM_SAE_DIRS": str(sae_root)})
 
 
 def reset(client: httpx.Client) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from millm_host.api import ResponseExtra, Setting, hookimpl
 
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
 STATE_KEY = "detector_example"
 
 

@@ -18,10 +18,13 @@ import time
 
 from millm_host.api import InsufficientMemory, LogitsProcessorFactory, MillmError, Setting, hookimpl
 
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
 
 @hookimpl
 def register_settings(register) -> None:
     register(Setting("FAULT_INJECTION", str, "", "Test only: where to fail requests that mention FAULT"))
+    register(Setting("FAULT_INJECTION_LOAD_DELAY_S", float, 0.0, "Test only: seconds added to every model load"))
 
 
 def _targeted(ctx) -> bool:
@@ -80,3 +83,11 @@ def render_headers(ctx):
 def response_extras(ctx):
     _render_fault(ctx, "response_extras")
     return None
+
+
+@hookimpl
+def model_loaded(host, engine) -> None:
+    """``FAULT_INJECTION_LOAD_DELAY_S``: a load that takes this much longer (what a slow load looks like)."""
+    delay = host.settings["FAULT_INJECTION_LOAD_DELAY_S"]
+    if delay > 0:
+        time.sleep(delay)

@@ -15,6 +15,8 @@ from typing import Any
 
 from millm_host.api import LogitsProcessorFactory, Setting, hookimpl
 
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
 HEADER = "x-test-scripted-output"
 
 
