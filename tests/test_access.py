@@ -201,7 +201,7 @@ def test_cors_is_off_unless_configured(tiny_server, guarded):
 
 @pytest.fixture(scope="module")
 def sae_in_root(sae_root) -> Path:
-    from millm_steering.testing import write_sae
+    from millm_saelens.testing import write_sae
 
     return write_sae(sae_root / "inside", d_in=64, d_sae=32, layer=0)
 
@@ -218,7 +218,7 @@ def _forget(guarded, sae_id):
 
 def test_paths_outside_the_sae_dirs_are_refused_alike(guarded, tmp_path):
     """Whether a path outside exists, is a directory or is an SAE, the answer is the same."""
-    from millm_steering.testing import write_sae
+    from millm_saelens.testing import write_sae
 
     outside_sae = write_sae(tmp_path / "outside", d_in=64, d_sae=32, layer=0)
     messages = set()
@@ -234,7 +234,7 @@ def test_traversal_and_home_expansion_are_refused(guarded, sae_in_root, path):
 
 
 def test_a_link_out_of_the_sae_dirs_is_refused(guarded, sae_root, tmp_path):
-    from millm_steering.testing import write_sae
+    from millm_saelens.testing import write_sae
 
     target = write_sae(tmp_path / "elsewhere", d_in=64, d_sae=32, layer=0)
     link = sae_root / "link-out"
