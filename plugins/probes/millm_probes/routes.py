@@ -7,8 +7,7 @@ import asyncio
 import falcon
 
 from millm_host.errors import InvalidParameter
-from millm_host.protocol import parse_json_body
-from millm_host.resources.common import lower_headers, read_body, read_json
+from millm_host.resources.common import lower_headers, parse_json, read_body, read_json
 
 from . import manage, stateless, store
 from .definition import WINDOWS
@@ -27,7 +26,7 @@ class Probes:
     async def on_post_import(self, req, resp) -> None:
         settings = self.runtime.settings
         raw = await read_body(req, settings)  # a definition is stored as the bytes received
-        document = parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"])
+        document = await parse_json(raw, settings)
         on_conflict = req.get_param("on_conflict") or "fail"
         resp.media = await manage.import_probe(self.runtime, raw, document, on_conflict)
         resp.status = falcon.HTTP_201

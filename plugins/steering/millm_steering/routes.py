@@ -7,12 +7,13 @@ them on the resident model. ``/api/steering``: the live values (and
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from millm_host.errors import InvalidParameter
 from millm_host.resources.common import read_json
 
-from .features import non_negative_int, parse_features
+from .features import Features, non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
 
 if TYPE_CHECKING:
@@ -46,11 +47,38 @@ def _layer(body: dict[str, Any]) -> int | None:
     return None if value is None else non_negative_int(value, "layer")
 
 
+#: Linux's limits: longer names fail in the kernel with ENAMETOOLONG, which is the client's to fix.
+NAME_MAX_BYTES = 255
+PATH_MAX_BYTES = 4095
+
+
+def _path(value: str | None) -> str | None:
+    """A path the filesystem can be asked about: no NUL, no component over 255 bytes, 4095 in all."""
+    if value is None:
+        return None
+    encoded = value.encode("utf-8", "surrogateescape")
+    if b"\0" in encoded:
+        raise InvalidParameter("path must not contain a NUL character", param="path")
+    if len(encoded) > PATH_MAX_BYTES:
+        raise InvalidParameter(f"path is {len(encoded)} bytes; the limit is {PATH_MAX_BYTES}", param="path")
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX_BYTES:
+        raise InvalidParameter(
+            f"path has a component of {len(longest)} bytes; a file or directory name is at most {NAME_MAX_BYTES}",
+            param="path")
+    return value
+
+
 def _profile_name(value: str) -> str:
     if len(value) > PROFILE_NAME_MAX or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise InvalidParameter(
             f"name must be 1-{PROFILE_NAME_MAX} characters without '/' or control characters", param="name")
     return value
+
+
+async def _features(value: Any, max_abs: float | None = None) -> Features:
+    """``parse_features`` for the management API, off the event loop (a list can fill the body)."""
+    return await asyncio.to_thread(parse_features, value, "features", strict_keys=True, max_abs=max_abs)
 
 
 class _Resource:
@@ -70,7 +98,7 @@ class SAEs(_Resource):
 
     async def on_post(self, req, resp) -> None:
         body = _body(await self.body(req), ("path",), ("sae_id",))
-        resp.media = await self.service.register_sae(_string(body, "path"), _string(body, "sae_id"))
+        resp.media = await self.service.register_sae(_path(_string(body, "path")), _string(body, "sae_id"))
 
 
 class SAE(_Resource):
@@ -100,7 +128,7 @@ class Steering(_Resource):
 
     async def on_put(self, req, resp) -> None:
         body = _body(await self.body(req), ("sae_id", "features"), ("layer",))
-        features = parse_features(body["features"], "features", strict_keys=True, max_abs=STRENGTH_LIMIT)
+        features = await _features(body["features"], max_abs=STRENGTH_LIMIT)
         resp.media = self.service.set_manual(_string(body, "sae_id"), _layer(body), features)
 
     async def on_delete(self, req, resp) -> None:
@@ -129,7 +157,7 @@ class Profiles(_Resource):
 
     async def on_post(self, req, resp) -> None:
         body = _body(await self.body(req), ("name", "sae_id", "features"), ("layer",))
-        features = parse_features(body["features"], "features", strict_keys=True)
+        features = await _features(body["features"])
         if not features:
             raise InvalidParameter("features must list at least one feature", param="features")
         resp.media = await self.service.create_profile(

@@ -70,3 +70,18 @@ def test_hostile_sae_ids_are_refused_not_500(client, sae_dir, model_id, sae_id):
 def test_a_directory_with_a_hostile_name_is_refused_not_500(client, sae_dir):
     path = sae_dir('dé"tec\\teur 😀')
     assert_4xx(client.post("/api/saes", json={"path": str(path)}))
+
+
+def test_a_profile_name_that_is_a_lone_surrogate_is_a_400(client, attach, model_id):
+    """A ``\\ud800`` escape decodes to text no database or header can hold (it was a UnicodeEncodeError, a 500)."""
+    attach("sae-a")
+    headers = {"content-type": "application/json"}
+    create = '{"name": "\\ud800", "sae_id": "sae-a", "features": [{"index": 1, "strength": 1.0}]}'
+    response = client.post("/api/profiles", content=create.encode(), headers=headers)
+    assert_4xx(response)
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "name")
+    inline = ('{"model": "%s", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "profile": "x\\udfff"}'
+              % model_id)
+    response = client.post("/v1/chat/completions", content=inline.encode(), headers=headers)
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "profile")
+    assert client.get("/api/profiles").json()["data"] == []
