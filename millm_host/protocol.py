@@ -302,8 +302,17 @@ def loc_to_param(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and (part.startswith(("list[", "str", "int", "float", "bool", "function-")) or "[" in part):
+        elif isinstance(part, str) and _is_union_tag(part):
             continue  # pydantic's union-member tags
         else:
             out += f".{part}" if out else part
     return out or "body"
+
+
+#: pydantic's tags for a union member that is a bare scalar; the others carry brackets ("list[str]").
+_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+
+
+def _is_union_tag(part: str) -> bool:
+    """A union-member tag, not a field name: "stream" and "integer_field" are field names."""
+    return part in _SCALAR_TAGS or "[" in part or part.startswith(("constrained-", "function-"))

@@ -200,3 +200,20 @@ def test_an_empty_string_in_a_prompt_list_is_a_400(tiny_server):
         assert "torch" not in error["message"] and "Tensor" not in error["message"]
         body["prompt"] = ["", "Once upon"]
         assert_error(http.post("/v1/completions", json=body), 400, "invalid_parameter", "prompt[0]")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"stream": "yes"}, "stream"),
+    ({"stream": True, "stream_options": {"include_usage": 5}}, "stream_options.include_usage"),
+    ({"stop": [1]}, "stop"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content"),
+])
+def test_a_refusal_names_fields_that_look_like_type_tags(fields, param):
+    """Union-member tags ("str", "list[str]") are dropped from the location; "stream" is a field, not a tag."""
+    from millm_host.errors import InvalidParameter
+    from millm_host.protocol import ChatCompletionRequest, validate
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    with pytest.raises(InvalidParameter) as raised:
+        validate(ChatCompletionRequest, body)
+    assert raised.value.param == param
