@@ -158,14 +158,14 @@ def post_raw(http: httpx.Client, path: str, text: str) -> httpx.Response:
 @pytest.mark.parametrize(("path", "template", "param"), [
     ("/v1/chat/completions", '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
      "messages[0].content"),
-    ("/v1/chat/completions", '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": '
-     '[{"type": "text", "text": "\\udfffb"}]}]}', "messages[0].content[0].text"),
+    ("/v1/chat/completions", ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": '
+                              '[{"type": "text", "text": "\\udfffb"}]}]}'), "messages[0].content[0].text"),
     ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": "a\\ud800"}', "prompt"),
     ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": ["ok", "a\\ud800"]}', "prompt[1]"),
     ("/v1/embeddings", '{"model": %s, "input": "a\\ud800"}', "input"),
     ("/v1/embeddings", '{"model": %s, "input": ["a", "\\udc00"]}', "input[1]"),
-    ("/v1/chat/completions", '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], '
-     '"stop": ["\\ud800"]}', "stop[0]"),
+    ("/v1/chat/completions", ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], '
+                              '"stop": ["\\ud800"]}'), "stop[0]"),
 ])
 def test_a_lone_surrogate_is_a_400_naming_where(tiny_server, path, template, param):
     with tiny_server.http() as http:

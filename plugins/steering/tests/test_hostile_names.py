@@ -80,8 +80,8 @@ def test_a_profile_name_that_is_a_lone_surrogate_is_a_400(client, attach, model_
     response = client.post("/api/profiles", content=create.encode(), headers=headers)
     assert_4xx(response)
     assert (response.status_code, response.json()["error"]["param"]) == (400, "name")
-    inline = ('{"model": "%s", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], "profile": "x\\udfff"}'
-              % model_id)
+    inline = (f'{{"model": "{model_id}", "max_tokens": 1, "messages": [{{"role": "user", "content": "Hi"}}], '
+              '"profile": "x\\udfff"}')
     response = client.post("/v1/chat/completions", content=inline.encode(), headers=headers)
     assert (response.status_code, response.json()["error"]["param"]) == (400, "profile")
     assert client.get("/api/profiles").json()["data"] == []
