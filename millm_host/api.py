@@ -86,7 +86,7 @@ from .errors import (
     ModelNotLoaded,
 )
 from .files import save_atomically
-from .headers import Token, item, parse_list, serialize_item, serialize_list, serialize_string_list
+from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
 from .models import available_memory
 from .naming import check_display_name, split_gguf_name
@@ -105,6 +105,7 @@ from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .settings import Setting, Settings
 
 __all__ = [
+    "percent_encode",
     "check_display_name",
     "confined_path",
     "plain_name",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .engine_scoring import NextTokenScores, ScoringParams
-from .errors import FieldNotHonoured, MillmError
+from .errors import FieldNotHonoured, InvalidParameter, MillmError
 from .settings import Setting
 
 HookPointName = Literal["resid_pre", "resid_post"]
@@ -236,6 +236,11 @@ class Engine(abc.ABC):
         """The text ``chat_ids`` tokenizes (see there)."""
         continuing = bool(messages) and messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
         head = list(messages[:-1]) if continuing else list(messages)
+        if not head:  # a template given no messages raises; this is the client's to fix
+            raise InvalidParameter(
+                "messages holds nothing before the assistant message it continues; "
+                "send a user (or system) message first" if messages else "messages is empty",
+                param="messages")
         try:
             text = self.render_chat(head, add_generation_prompt=True, tools=tools, template_kwargs=template_kwargs)
         except NoChatTemplate:

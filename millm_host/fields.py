@@ -179,30 +179,20 @@ def strict_mode(headers: Mapping[str, str]) -> bool:
     )
 
 
-def _percent_encode(text: str) -> str:
-    out = []
-    for ch in text:
-        if " " <= ch <= "~":
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-    return "".join(out)
-
-
 def ignored_fields_header(locations: list[str], max_bytes: int) -> str:
     """``X-miLLM-Ignored-Fields``: an RFC 8941 list of strings within ``max_bytes``.
 
-    Past the cap, the entries that do not fit are replaced by ``"+N more"``.
+    Past the cap, the entries that do not fit are replaced by ``"+N more"``. Each
+    location is percent-encoded (``headers.percent_encode``), so any field name is carried.
     """
-    encoded = [_percent_encode(loc) for loc in locations]
-    full = serialize_string_list(encoded)
+    full = serialize_string_list(locations)
     if len(full) <= max_bytes:
         return full
     kept: list[str] = []
-    for i, entry in enumerate(encoded):
-        more = len(encoded) - i - 1
+    for i, entry in enumerate(locations):
+        more = len(locations) - i - 1
         candidate = serialize_string_list([*kept, entry, f"+{more} more"] if more else [*kept, entry])
         if len(candidate) > max_bytes:
             break
         kept.append(entry)
-    return serialize_string_list([*kept, f"+{len(encoded) - len(kept)} more"])
+    return serialize_string_list([*kept, f"+{len(locations) - len(kept)} more"])

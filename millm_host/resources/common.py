@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -24,10 +25,22 @@ class BodyTooLarge(MillmError):
     status, code = 413, "request_too_large"
 
 
+#: Bodies past this many bytes are parsed on a worker thread, so the event loop never waits on one.
+PARSE_INLINE_MAX_BYTES = 64 * 1024
+
+
 async def read_json(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> dict[str, Any]:
     """The body as a JSON object: 415 for another media type, 413 past the size limit."""
     raw = await read_body(req, settings, required=required)
-    return parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"]) if raw else {}
+    return await parse_json(raw, settings) if raw else {}
+
+
+async def parse_json(raw: bytes, settings: Settings) -> dict[str, Any]:
+    """``protocol.parse_json_body`` with the configured depth, off the event loop for a large body."""
+    depth = settings["MILLM_MAX_JSON_DEPTH"]
+    if len(raw) <= PARSE_INLINE_MAX_BYTES:
+        return parse_json_body(raw, depth)
+    return await asyncio.to_thread(parse_json_body, raw, depth)
 
 
 async def read_body(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> bytes:
@@ -104,9 +117,9 @@ class JsonResource:
         """The body's bytes, checked like ``json`` checks them, for a plugin that stores them verbatim."""
         return await read_body(req, self.host.settings, required=required)
 
-    def parse_json(self, raw: bytes) -> Any:
-        """``raw`` parsed as ``json`` parses a body (the depth limit included)."""
-        return parse_json_body(raw, self.host.settings["MILLM_MAX_JSON_DEPTH"])
+    async def parse_json(self, raw: bytes) -> Any:
+        """``raw`` parsed as ``json`` parses a body (the depth limit included; off the event loop when large)."""
+        return await parse_json(raw, self.host.settings)
 
     @staticmethod
     def headers(req: falcon.asgi.Request) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,8 @@ class GenerationResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         host = self.host
         body = await read_json(req, host.settings)
-        ctx = host.pipeline.build_context(self.endpoint, body, lower_headers(req))
+        # validation takes time in proportion to the body: off the event loop
+        ctx = await asyncio.to_thread(host.pipeline.build_context, self.endpoint, body, lower_headers(req))
         if ctx.scoring:
             payload, headers = await host.scoring(host, ctx)
             resp.media = payload

@@ -131,10 +131,15 @@ class Pipeline:
         engine = ctx.engine
         assert engine is not None
         if ctx.is_chat:
-            ctx.prompts = [
-                engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs, fallback=not ctx.scoring)
-                for conv in ctx.conversations
-            ]
+            ctx.prompts = []
+            for i, conv in enumerate(ctx.conversations):
+                try:
+                    ctx.prompts.append(engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs,
+                                                       fallback=not ctx.scoring))
+                except InvalidParameter as exc:  # the engine names "messages"; the others are extra_messages
+                    if i == 0 or exc.param != "messages":
+                        raise
+                    raise InvalidParameter(exc.message, param=f"extra_messages[{i - 1}]") from None
         elif ctx.endpoint == "completions":
             add_special = ctx.params.add_special_tokens is not False
             ctx.prompts = [
@@ -158,6 +163,11 @@ class Pipeline:
         longest = max((len(p) for p in ctx.prompts), default=0)
         if longest == 0:
             raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
+        empty = next((i for i, p in enumerate(ctx.prompts) if not p), None)
+        if empty is not None:  # an engine given no ids fails deep inside; refuse it here
+            where = (f"prompt[{empty}]" if ctx.endpoint == "completions"
+                     else f"extra_messages[{empty - 1}]" if empty else "messages")
+            raise InvalidParameter(f"{where} is empty (it tokenizes to nothing); every prompt needs text", param=where)
         if window is not None:
             asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
             total = longest + (requested or 0)

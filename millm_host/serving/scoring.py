@@ -9,6 +9,7 @@ are not called, and ``ctx.scoring`` tells the header and extras hooks so.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -169,7 +170,7 @@ class Scoring:
         self._float32 = threading.Lock()
 
     async def __call__(self, host: Host, ctx: RequestContext) -> tuple[dict[str, Any], dict[str, str]]:
-        request = parse_scoring_request(ctx)
+        request = await asyncio.to_thread(parse_scoring_request, ctx)  # validation: off the event loop
         try:
             admission = await host.pipeline.prepare(ctx, tokenize=lambda c: self._tokenize(host, c, request))
             try:

@@ -17,7 +17,7 @@ from . import digests, gates, store
 from .definition import Decision, ProbeDefinition, parse
 from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
 from .models import Probe
-from .parity import parity_summary, run_parity
+from .parity import parity_summary, run_parity, tolerance
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
 from .scoring import CompiledProbe
@@ -78,7 +78,7 @@ def probe_json(runtime: Runtime, row: Probe, view: ProbeView) -> dict[str, Any]:
         "decision_revision": row.decision_revision,
         "threshold_revision": row.threshold_revision,
         "n_test_vectors": len(d.test_vectors),
-        "parity_tolerance": d.parity.tolerance,
+        "parity_tolerance": tolerance(d),
         "armed": armed is not None,
         "armed_at": armed.armed_at if armed else None,
         "armed_load_id": armed.load_id if armed else None,

@@ -29,7 +29,7 @@ class Probes(_Resource):
 
     async def on_post_import(self, req, resp) -> None:
         raw = await self.raw_body(req)  # a definition is stored as the bytes received
-        document = self.parse_json(raw)
+        document = await self.parse_json(raw)
         on_conflict = req.get_param("on_conflict") or "fail"
         resp.media = await manage.import_probe(self.runtime, raw, document, on_conflict)
         resp.status = falcon.HTTP_201

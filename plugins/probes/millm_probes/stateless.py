@@ -102,6 +102,8 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
                 derived = common_prefix(engine.chat_ids(conversation[:-1], fallback=False), ids) if ends_with_reply else len(ids)
             except NoChatTemplate as exc:
                 raise NoChatTemplate(exc.message, param=f"{where}.{'messages' if item.messages else 'text'}") from None
+            except InvalidParameter as exc:  # the engine names "messages"; here they are this input's
+                raise InvalidParameter(exc.message, param=f"{where}.messages") from None
         bad = [t for t in ids if t >= info.vocab_size]
         if bad:
             raise InvalidParameter(f"token id {bad[0]} is outside the vocabulary (size {info.vocab_size})",
@@ -147,7 +149,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     """Score every input with every chosen probe; nothing is stored."""
     host = runtime.host
     settings = runtime.settings
-    request = validate(ScoreRequest, body)
+    request = await asyncio.to_thread(validate, ScoreRequest, body)  # in proportion to the body: off the loop
     if len(request.inputs) > settings["PROBE_SCORE_MAX_INPUTS"]:
         raise InvalidParameter(f"at most {settings['PROBE_SCORE_MAX_INPUTS']} inputs per request "
                                "(PROBE_SCORE_MAX_INPUTS)", param="inputs", code="PROBE_SCORE_MAX_INPUTS")

@@ -7,11 +7,12 @@ them on the resident model. ``/api/steering``: the live values (and
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from millm_host.api import InvalidParameter, JsonResource, check_display_name
 
-from .features import non_negative_int, parse_features
+from .features import Features, non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
 
 if TYPE_CHECKING:
@@ -50,6 +51,12 @@ def _profile_name(value: str) -> str:
     if len(value) > PROFILE_NAME_MAX or "/" in value:
         raise InvalidParameter(f"name must be 1-{PROFILE_NAME_MAX} characters without '/'", param="name")
     return value
+
+
+async def _features(value: Any, max_abs: float | None = None) -> Features:
+    """``parse_features`` for the management API, off the event loop (a list can fill the body)."""
+    return await asyncio.to_thread(parse_features, value, "features", strict_keys=True, max_abs=max_abs)
+
 
 
 class _Resource(JsonResource):
@@ -98,7 +105,7 @@ class Steering(_Resource):
 
     async def on_put(self, req, resp) -> None:
         body = _body(await self.json(req), ("sae_id", "features"), ("layer",))
-        features = parse_features(body["features"], "features", strict_keys=True, max_abs=STRENGTH_LIMIT)
+        features = await _features(body["features"], max_abs=STRENGTH_LIMIT)
         resp.media = self.service.set_manual(_string(body, "sae_id"), _layer(body), features)
 
     async def on_delete(self, req, resp) -> None:
@@ -127,7 +134,7 @@ class Profiles(_Resource):
 
     async def on_post(self, req, resp) -> None:
         body = _body(await self.json(req), ("name", "sae_id", "features"), ("layer",))
-        features = parse_features(body["features"], "features", strict_keys=True)
+        features = await _features(body["features"])
         if not features:
             raise InvalidParameter("features must list at least one feature", param="features")
         resp.media = await self.service.create_profile(

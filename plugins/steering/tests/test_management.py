@@ -45,6 +45,10 @@ def test_register_list_show_delete(client, sae_dir):
     ({"path": "x", "sae_id": "has space"}, 400, "invalid_parameter", "sae_id"),
     ({"path": "x", "sae_id": 5}, 400, "invalid_parameter", "sae_id"),
     ({"path": "x", "colour": "red"}, 400, "invalid_parameter", "colour"),
+    ({"path": "/tmp/" + "a" * 256}, 400, "invalid_parameter", "path"),  # was OSError ENAMETOOLONG: a 500
+    ({"path": "/tmp/" + "é" * 128 + "/x"}, 400, "invalid_parameter", "path"),  # 256 bytes in UTF-8
+    ({"path": "/tmp/" + "a/" * 2100}, 400, "invalid_parameter", "path"),
+    ({"path": "/tmp/a\u0000b"}, 400, "invalid_parameter", "path"),
 ])
 def test_bad_registrations(client, body, status, code, param):
     error(client.post("/api/saes", json=body), status, code, param)
