@@ -67,7 +67,7 @@ from .engine import (
     SamplingParams,
     fallback_chat_render,
 )
-from .engine_scoring import (
+from .scoring.engine import (
     NextTokenScores,
     NonFiniteLogits,
     ScoringParams,

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from .protocol_scoring import (
+from .scoring.protocol import (
     ErrorResponse,
     ScoringChatRequest,
     ScoringChatResponse,

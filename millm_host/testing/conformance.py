@@ -21,7 +21,7 @@ import pytest
 import math
 
 from ..engine import LayerHook, SamplingParams
-from ..engine_scoring import ScoringParams
+from ..scoring.engine import ScoringParams
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
