@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from millm_host.testing import assert_error
+
 PROMPTS = ["The capital of France is", "Once upon a time there was"]
 
 
@@ -84,18 +86,14 @@ def test_a_second_float32_request_while_one_is_admitted_is_busy(bf16_server, bf1
     assert results["held"].status_code == 200
     assert results["a"].status_code == 200 and results["a"].json()["scoring_precision"] == "float32"
     busy = results["b"]
-    assert busy.status_code == 409, busy.text
-    assert busy.json()["error"]["code"] == "scoring_precision_unavailable"
-    assert busy.json()["error"]["param"] == "scoring_precision"
-    assert "busy" in busy.json()["error"]["message"]
+    error = assert_error(busy, 409, "scoring_precision_unavailable", "scoring_precision")
+    assert "busy" in error["message"]
     assert busy.headers["x-millm-scoring-precision-reason"] == "busy"
     assert score(bf16_server, scoring_precision="float32").status_code == 200, "the place is released"
 
 
 def refused(reply, reason: str) -> None:
-    assert reply.status_code == 409, reply.text
-    error = reply.json()["error"]
-    assert (error["code"], error["param"]) == ("scoring_precision_unavailable", "scoring_precision")
+    error = assert_error(reply, 409, "scoring_precision_unavailable", "scoring_precision")
     assert reason in error["message"]
     assert reply.headers["x-millm-scoring-precision-reason"] == reason
 
