@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import falcon
@@ -111,10 +112,10 @@ class _Lifespan:
     def __init__(self, host: Host) -> None:
         self.host = host
 
-    async def process_startup(self, scope: dict, event: dict) -> None:
+    async def process_startup(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         self.host._load_task = asyncio.create_task(self.host.load_start_model())
 
-    async def process_shutdown(self, scope: dict, event: dict) -> None:
+    async def process_shutdown(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         task = self.host._load_task
         if task is not None and not task.done():
             task.cancel()

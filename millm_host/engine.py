@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import importlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -236,7 +236,7 @@ class Engine(abc.ABC):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Iterator[int]:
+    ) -> Generator[int, None, None]:
         """Yield generated token ids one at a time, EOS included, until closed.
 
         The caller decides when to stop (EOS, ``max_tokens``, a stop string) and
@@ -278,7 +278,7 @@ class Engine(abc.ABC):
         """
         return self.info.context_window
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: an engine may hold nothing to release)
         """Release the model's memory. Called once, on unload."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -118,8 +118,8 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str):
             return [p]
         if p and all(isinstance(x, int) for x in p):
-            return [list(p)]  # one prompt of token ids
-        return list(p)
+            return [cast("list[int]", list(p))]  # one prompt of token ids
+        return cast("list[str | list[int]]", list(p))
 
 
 def message_text(message: ChatMessage, index: int) -> str | None:

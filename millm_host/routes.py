@@ -10,8 +10,8 @@ import falcon.asgi
 from .errors import MillmError
 from .openapi import openapi_document
 from .plugins import call_each
-from .resources.embeddings import EmbeddingsResource
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
+from .resources.embeddings import EmbeddingsResource
 from .resources.generation import GenerationResource
 from .resources.health import Health
 from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels

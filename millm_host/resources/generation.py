@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import falcon
@@ -41,7 +41,7 @@ class GenerationResource:
         resp.media = payload
 
 
-async def _events(items: AsyncIterator[dict[str, Any] | str | None]) -> AsyncIterator[SSEvent | None]:
+async def _events(items: AsyncGenerator[dict[str, Any] | str | None, None]) -> AsyncIterator[SSEvent | None]:
     try:
         async for item in items:
             yield None if item is None else SSEvent(data=sse_data(item))

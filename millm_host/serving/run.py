@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from ..context import RequestContext
@@ -52,7 +52,9 @@ async def complete(host: Host, ctx: RequestContext, admission: Admission) -> tup
     return add_extras(host, ctx, completion_body(ctx)), collect_headers(host, ctx)
 
 
-async def stream(host: Host, ctx: RequestContext, admission: Admission) -> AsyncIterator[dict[str, Any] | str | None]:
+async def stream(
+    host: Host, ctx: RequestContext, admission: Admission
+) -> AsyncGenerator[dict[str, Any] | str | None, None]:
     """Chunks of a streamed answer (dicts), ``None`` for a keep-alive, ``"[DONE]"`` last.
 
     The generation runs on the engine thread and hands events over a queue. If

@@ -40,8 +40,8 @@ from ..protocol_scoring import (
     ScoringCompletionResponse,
     Usage,
 )
-from .responses import response_id, usage as count_usage
 from .generation import flatten
+from .responses import response_id, usage as count_usage
 from .run import add_extras, collect_headers
 
 if TYPE_CHECKING:
@@ -277,39 +277,40 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
         return f"token_id:{token['id']}" if request.token_ids_as_keys else token["text"]
 
     usage = Usage(**count_usage(ctx))  # each scored output holds its one token
-    common = dict(id=response_id(ctx), created=ctx.created, model=ctx.model.id,
-                  system_fingerprint=ctx.engine.info.system_fingerprint, usage=usage)
+    common: dict[str, Any] = dict(id=response_id(ctx), created=ctx.created, model=ctx.model.id,
+                                  system_fingerprint=ctx.engine.info.system_fingerprint, usage=usage)
+    response: ScoringChatResponse | ScoringCompletionResponse
     if ctx.is_chat:
-        choices = []
+        chat_choices = []
         for index, score in enumerate(scores):
-            logprobs = None
+            chat_logprobs = None
             if request.logprobs:
                 top = [ChatTopLogprob(token=key(t), logprob=t["logprob"], bytes=t["bytes"]) for t in score["top"]]
                 chosen = score["chosen"]
-                logprobs = ChatLogprobs(content=[ChatTokenLogprob(
+                chat_logprobs = ChatLogprobs(content=[ChatTokenLogprob(
                     token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)],
                     refusal=None)
-            choices.append(ScoringChatChoice(
+            chat_choices.append(ScoringChatChoice(
                 index=index, message=ScoringChatMessage(role="assistant", content=score["text"], refusal=None),
-                logprobs=logprobs, finish_reason="length"))
-        response = ScoringChatResponse(object="chat.completion", choices=choices, **common)
+                logprobs=chat_logprobs, finish_reason="length"))
+        response = ScoringChatResponse(object="chat.completion", choices=chat_choices, **common)
     else:
-        choices = []
+        completion_choices = []
         for index, score in enumerate(scores):
-            logprobs = None
+            completion_logprobs = None
             if request.logprobs:
-                top: dict[str, float] = {}
+                best: dict[str, float] = {}
                 for t in score["top"]:
-                    top.setdefault(key(t), t["logprob"])  # ids that decode alike share the best entry
+                    best.setdefault(key(t), t["logprob"])  # ids that decode alike share the best entry
                 chosen = score["chosen"]
-                logprobs = CompletionLogprobs(tokens=[key(chosen)], token_logprobs=[chosen["logprob"]],
-                                              top_logprobs=[top], text_offset=[score["prompt_chars"]])
-            choices.append(ScoringCompletionChoice(text=score["text"], index=index, logprobs=logprobs,
-                                                   finish_reason="length"))
+                completion_logprobs = CompletionLogprobs(tokens=[key(chosen)], token_logprobs=[chosen["logprob"]],
+                                                         top_logprobs=[best], text_offset=[score["prompt_chars"]])
+            completion_choices.append(ScoringCompletionChoice(text=score["text"], index=index,
+                                                              logprobs=completion_logprobs, finish_reason="length"))
         fields: dict[str, Any] = {}
         if request.precision_sent is not None:
             fields["scoring_precision"] = request.precision_sent
-        response = ScoringCompletionResponse(object="text_completion", choices=choices, **common, **fields)
+        response = ScoringCompletionResponse(object="text_completion", choices=completion_choices, **common, **fields)
     return response.model_dump(mode="json", exclude_unset=True)
 
 

@@ -21,8 +21,7 @@ from .features import Features, check_indices, features_json
 from .header import steering_value
 from .intensity import Dial, resolve
 from .resolve import global_entries, select_attachment
-from .saelens import SAEUnreadable, read_config
-from .saelens import describe as describe_sae_dir
+from .saelens import SAEUnreadable, describe as describe_sae_dir, read_config
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
 

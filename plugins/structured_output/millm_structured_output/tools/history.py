@@ -29,8 +29,8 @@ def sources(body: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
 def add_tool_history(body: dict[str, Any], conversations: list[list[dict[str, Any]]]) -> list[str]:
     """Copy tool calls and tool-call ids into ``conversations``; return where calls were found."""
     found: list[str] = []
-    for conversation, (where, messages) in zip(conversations, sources(body)):
-        for j, (message, rendered) in enumerate(zip(messages, conversation)):
+    for conversation, (where, messages) in zip(conversations, sources(body), strict=False):
+        for j, (message, rendered) in enumerate(zip(messages, conversation, strict=False)):
             if not isinstance(message, dict):
                 continue
             here = f"{where}[{j}]"
@@ -81,7 +81,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 def write_calls_into_content(conversations: list[list[dict[str, Any]]], fmt: CallFormat,
                              body: dict[str, Any]) -> None:
     """For a template that renders only content: calls become text in the family's syntax."""
-    for conversation, (where, _) in zip(conversations, sources(body)):
+    for conversation, (where, _) in zip(conversations, sources(body), strict=False):
         for j, message in enumerate(conversation):
             calls = message.pop("tool_calls", None)
             if not calls:
