@@ -15,8 +15,8 @@ from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError
 from .fields import FieldRegistry
-from .models import ModelRegistry
 from .plugins import build_plugin_manager, call_each
+from .registry import ModelRegistry
 from .scheduler import Scheduler
 from .serving.pipeline import Pipeline
 from .serving.scoring import Scoring

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from millm_host.testing import assert_error, chat, chat_body
-from millm_host.testing.models import tiny_llama
+from millm_host.testing.tiny_models import tiny_llama
 
 
 @pytest.fixture(scope="module")

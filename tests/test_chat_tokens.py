@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from millm_host.testing.models import tiny_llama
+from millm_host.testing.tiny_models import tiny_llama
 
 NO_BOS_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

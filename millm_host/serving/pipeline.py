@@ -17,8 +17,8 @@ from ..engine import SamplingParams
 from ..engine_scoring import InvalidScoringRequest
 from ..errors import ContextLengthExceeded, InternalError, InvalidParameter, MillmError
 from ..fields import check_fields, strict_mode
-from ..models import Lease
 from ..protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, message_text, validate
+from ..registry import Lease
 from ..scheduler import Ticket
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from .server import ServerProcess
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """A random 2-layer Llama with SmolLM2's tokenizer and chat template (float32)."""
-    from .models import tiny_llama
+    from .tiny_models import tiny_llama
 
     return tiny_llama()
 

@@ -17,11 +17,11 @@ from millm_host.protocol import validate
 from . import digests, gates, store
 from .definition import Decision, parse
 from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
-from .models import Probe
 from .parity import parity_summary, run_parity
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
 from .scoring import CompiledProbe
+from .tables import Probe
 
 
 class ArmRequest(BaseModel):

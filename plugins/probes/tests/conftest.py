@@ -242,7 +242,7 @@ class Lab:
 @pytest.fixture(scope="session")
 def probe_model_dir() -> Path:
     """A random 4-layer Llama (SmolLM2's tokenizer and template) with room for long generations."""
-    from millm_host.testing.models import tiny_llama
+    from millm_host.testing.tiny_models import tiny_llama
 
     return tiny_llama("probe-llama", num_hidden_layers=4, max_position_embeddings=4096, seed=7)
 

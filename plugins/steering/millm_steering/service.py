@@ -28,7 +28,7 @@ from .store import Store, to_profile
 if TYPE_CHECKING:
     from millm_host.app import Host
 
-    from .models import ProfileRecord, SAERecord
+    from .tables import ProfileRecord, SAERecord
 
 log = logging.getLogger("millm.steering")
 

@@ -12,9 +12,9 @@ from millm_host.db import Database
 
 from .errors import Conflict, ProfileNotFound, SAENotFound
 from .features import Features
-from .models import LockRecord, ProfileRecord, SAERecord
 from .saelens import SAEConfig
 from .state import Profile
+from .tables import LockRecord, ProfileRecord, SAERecord
 
 LOCK_ROW = 1
 

@@ -18,7 +18,7 @@ from .family import FAMILY_MODELS
 @pytest.fixture(scope="session")
 def family_models(tmp_path_factory) -> Path:
     """A models directory: one tiny random Llama per template, named by family."""
-    from millm_host.testing.models import tiny_llama
+    from millm_host.testing.tiny_models import tiny_llama
 
     folder = tmp_path_factory.mktemp("family-models")
     for name, template in FAMILY_MODELS.items():

@@ -34,7 +34,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .app import Host
 
-log = logging.getLogger("millm.models")
+log = logging.getLogger("millm.registry")
 
 
 class ModelState(str, enum.Enum):
