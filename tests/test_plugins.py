@@ -1,6 +1,7 @@
 """Plugin loading: listing, disabling, a broken plugin, a third-party detector, no torch in the host.
 
-The CLI and the no-torch check run in subprocesses; the app runs in-process on the echo engine.
+One ``millm plugins`` and the no-torch check run in subprocesses; the other CLI checks
+call ``millm_host.cli.main`` in-process, and the app runs in-process on the echo engine.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from millm_host.cli import main
 from millm_host.testing import chat, chat_body, stream_post
 
 
@@ -29,19 +31,26 @@ def test_millm_plugins_lists_names_versions_and_status():
     assert rows["detector_example"][:2] == ["0.1.0", "loaded"]
 
 
-def test_disabled_plugin_is_not_loaded():
-    out = _millm("plugins", env={"MILLM_DISABLE_PLUGINS": "detector_example"}).stdout
+def cli(capsys, *args: str) -> str:
+    """``millm *args`` in this process; its standard output."""
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def test_disabled_plugin_is_not_loaded(capsys, monkeypatch):
+    monkeypatch.setenv("MILLM_DISABLE_PLUGINS", "detector_example")
+    out = cli(capsys, "plugins")
     assert "detector_example" in out and "disabled" in out.split("detector_example")[1].splitlines()[0]
 
 
-def test_millm_settings_lists_declared_settings():
-    out = _millm("settings").stdout
+def test_millm_settings_lists_declared_settings(capsys):
+    out = cli(capsys, "settings")
     assert "MILLM_QUEUE_MAX=" in out and "DETECTOR_EXAMPLE_ENABLED=" in out
 
 
 @pytest.fixture(scope="module")
 def broken_plugin_path(tmp_path_factory) -> Path:
-    """A distribution whose entry point raises on import (found through PYTHONPATH)."""
+    """A distribution whose entry point raises on import (found through sys.path)."""
     root = tmp_path_factory.mktemp("broken-plugin")
     dist = root / "millm_broken_example-0.1.dist-info"
     dist.mkdir()
@@ -51,11 +60,10 @@ def broken_plugin_path(tmp_path_factory) -> Path:
     return root
 
 
-def test_broken_plugin_is_reported_not_fatal(app_factory, broken_plugin_path, monkeypatch):
-    env = {"PYTHONPATH": os.pathsep.join([str(broken_plugin_path), os.environ.get("PYTHONPATH", "")])}
-    out = _millm("plugins", env=env).stdout
-    assert "broken_example" in out and "failed" in out and "broken on purpose" in out
+def test_broken_plugin_is_reported_not_fatal(app_factory, broken_plugin_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(broken_plugin_path))  # where entry points are found
+    out = cli(capsys, "plugins")
+    assert "broken_example" in out and "failed" in out and "broken on purpose" in out
     app = app_factory(plugins="all")
     with app.http() as http:
         health = http.get("/api/health").json()
