@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
+from millm_host.hookspecs import hookimpl
 from millm_host.testing import AppServer, assert_error, chat, stream_post
 from millm_host.testing.conformance import EngineConformance
 from millm_host.testing.echo import SPEC, describe, echo_model_dir
@@ -56,3 +59,56 @@ def test_log_lines_are_collected(echo_app):
     with echo_app.http() as http:
         chat(http, "echo", max_tokens=1, harness_marker_field=1)
     assert "harness_marker_field" in echo_app.log()
+
+
+class Recorder:
+    """A plugin object that records which request-path hooks ran, in order, on which thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def _seen(self, name: str) -> None:
+        self.calls.append((name, threading.current_thread().name))
+
+    @hookimpl
+    def validate_request(self, ctx):
+        self._seen("validate_request")
+
+    @hookimpl
+    def before_tokenize(self, ctx):
+        self._seen("before_tokenize")
+
+    @hookimpl
+    def after_tokenize(self, ctx):
+        self._seen("after_tokenize")
+
+    @hookimpl
+    def before_forward(self, ctx):
+        self._seen("before_forward")
+
+    @hookimpl
+    def after_generate(self, ctx):
+        self._seen("after_generate")
+
+    @hookimpl
+    def render_headers(self, ctx):
+        self._seen("render_headers")
+        return {"X-Recorded": str(len(self.calls))}
+
+    @hookimpl
+    def response_extras(self, ctx):
+        self._seen("response_extras")
+
+
+def test_a_registered_plugin_object_sees_the_request_path_in_order(app_factory):
+    recorder = Recorder()
+    app = app_factory(register=[recorder])
+    with app.http() as http:
+        reply = chat(http, "echo", max_tokens=2)
+    assert reply.status_code == 200 and reply.headers["x-recorded"] == "7"
+    assert [name for name, _ in recorder.calls] == [
+        "validate_request", "before_tokenize", "after_tokenize", "before_forward", "after_generate",
+        "response_extras", "render_headers"]
+    threads = dict(recorder.calls)
+    assert threads["before_tokenize"].startswith("millm-engine") and threads["before_forward"].startswith("millm-engine")
+    assert threads["render_headers"] == "millm-test-loop"  # the event loop

@@ -115,8 +115,10 @@ class AppServer:
         models: Mapping[str, Mapping[str, Any]] | None = None,
         model: str | None = ECHO_MODEL,
         wait_for: str | None = "ok",
+        register: Iterable[object] = (),
     ) -> None:
-        """``models`` maps echo model names to ``echo_model_dir`` options (default: one ``echo``)."""
+        """``models`` maps echo model names to ``echo_model_dir`` options (default: one ``echo``);
+        ``register`` adds plugin objects (modules, classes or instances with hookimpls) for this app only."""
         self.data_dir = Path(data_dir)
         self.models_dir = self.data_dir / "models"
         for name, options in (models or {ECHO_MODEL: {}}).items():
@@ -132,6 +134,7 @@ class AppServer:
             **(env or {}),
         }
         self.wait_for = wait_for
+        self.extra_plugins = list(register)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._log = _LogLines()
@@ -148,6 +151,9 @@ class AppServer:
         settings = Settings(environ=self.environ)
         pm = build_plugin_manager(settings, load_entry_points=self.all_plugins or bool(self.plugins))
         pm.register(echo, name="millm_echo")
+        for plugin in self.extra_plugins:
+            pm.register(plugin)
+        pm.check_pending()
         logging.getLogger("millm").addHandler(self._log)
         self.app, self.host = build(settings, pm)
         self._loop = asyncio.new_event_loop()
