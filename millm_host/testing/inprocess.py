@@ -118,10 +118,13 @@ class AppServer:
         register: Iterable[object] = (),
     ) -> None:
         """``models`` maps echo model names to ``echo_model_dir`` options (default: one ``echo``);
+        ``model`` is the start model, an id or a path (a tiny checkpoint directory with
+        ``plugins=["engine_transformers"]`` serves it with the real engine, in-process);
         ``register`` adds plugin objects (modules, classes or instances with hookimpls) for this app only."""
         self.data_dir = Path(data_dir)
         self.models_dir = self.data_dir / "models"
-        for name, options in (models or {ECHO_MODEL: {}}).items():
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        for name, options in ({ECHO_MODEL: {}} if models is None else models).items():
             echo.echo_model_dir(self.models_dir / name, **options)
         self.all_plugins = plugins == "all"
         self.plugins = [] if isinstance(plugins, str) else list(plugins)

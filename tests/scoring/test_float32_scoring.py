@@ -1,4 +1,8 @@
-"""scoring_precision: "float32" on a bfloat16-served model, and every reason it can be refused."""
+"""scoring_precision: "float32" on a bfloat16-served model, and every reason it can be refused.
+
+Refusals that only need a setting run in-process (the transformers engine in the test's
+own process); the rest on a real server.
+"""
 
 from __future__ import annotations
 
@@ -98,15 +102,19 @@ def refused(reply, reason: str) -> None:
     assert reply.headers["x-millm-scoring-precision-reason"] == reason
 
 
-def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(server_factory, bf16_model_dir):
-    server = server_factory(bf16_model_dir, env={"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_DEVICE": "cuda"})
+def in_process(app_factory, model_dir, env):
+    return app_factory(plugins=["engine_transformers"], models={}, model=str(model_dir), env=env)
+
+
+def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(app_factory, bf16_model_dir):
+    server = in_process(app_factory, bf16_model_dir, {"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_DEVICE": "cuda"})
     model = server.model_id
     refused(score(server, model=model, scoring_precision="float32"), "device")
     assert score(server, model=model).status_code == 200, "native scoring is unaffected"
 
 
-def test_a_copy_that_does_not_fit_is_refused_with_memory(server_factory, bf16_model_dir):
-    server = server_factory(bf16_model_dir, env={"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)})
+def test_a_copy_that_does_not_fit_is_refused_with_memory(app_factory, bf16_model_dir):
+    server = in_process(app_factory, bf16_model_dir, {"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)})
     refused(score(server, model=server.model_id, scoring_precision="float32"), "memory")
 
 
