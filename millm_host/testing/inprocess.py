@@ -124,14 +124,16 @@ class AppServer:
         self.data_dir = Path(data_dir)
         self.models_dir = self.data_dir / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        for name, options in ({ECHO_MODEL: {}} if models is None else models).items():
+        echo_models = {ECHO_MODEL: {}} if models is None else models
+        for name, options in echo_models.items():
             echo.echo_model_dir(self.models_dir / name, **options)
         self.all_plugins = plugins == "all"
         self.plugins = [] if isinstance(plugins, str) else list(plugins)
         self.environ = {
             "MILLM_DATA_DIR": str(self.data_dir),
             "MILLM_MODELS_DIR": str(self.models_dir),
-            "MILLM_ENGINE": echo.ENGINE_NAME,  # before any installed engine that also reads config.json
+            # Echo models go to the echo engine before any installed engine that reads config.json.
+            **({"MILLM_ENGINE": echo.ENGINE_NAME} if echo_models else {}),
             **({"MILLM_MODEL": model} if model else {}),
             **({"MILLM_PLUGINS": ",".join(self.plugins)} if self.plugins else {}),
             **(env or {}),

@@ -1,4 +1,4 @@
-"""Fixtures of the steering tests: SAE directories and a tiny-model server whose state each test resets."""
+"""Fixtures of the steering tests: SAE directories and a tiny-model app whose state each test resets."""
 
 from __future__ import annotations
 
@@ -33,9 +33,14 @@ def sae_dir(tmp_path_factory) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
-def steering_server(server_factory, tiny_model_dir):
-    """A tiny-model server of the steering tests' own (they change its state)."""
-    return server_factory(tiny_model_dir, env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES)})
+def steering_server(app_factory, tiny_model_dir):
+    """The app on the tiny model, of the steering tests' own (they change its state).
+
+    In-process (``AppServer``), with every installed plugin and the transformers
+    engine; a restart is tested on a real server (``test_management``).
+    """
+    return app_factory(plugins="all", models={}, model=str(tiny_model_dir),
+                       env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES)})
 
 
 def reset(client: httpx.Client) -> None:
