@@ -27,7 +27,10 @@ def family_models(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def family_server(server_factory, family_models):
-    """One server for every family model (each loads on demand), scripted output enabled."""
-    return server_factory("tiny-qwen25",
-                          env={"MILLM_MODELS_DIR": str(family_models), "SCRIPTED_OUTPUT_ENABLED": "true"})
+def family_server(app_factory, family_models):
+    """One app for every family model (each loads on demand), scripted output enabled.
+
+    In-process (``AppServer``), with every installed plugin and the transformers engine.
+    """
+    return app_factory(plugins="all", models={}, model="tiny-qwen25",
+                       env={"MILLM_MODELS_DIR": str(family_models), "SCRIPTED_OUTPUT_ENABLED": "true"})
