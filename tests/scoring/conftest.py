@@ -8,6 +8,7 @@ calls the server's own code.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -76,7 +77,9 @@ def gate_env(tmp_path_factory) -> dict[str, str]:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: millm-test-gate\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[millm]\ntest_gate = millm_test_gate\n")
-    return {"PYTHONPATH": str(root), "TEST_GATE_FILE": str(root / "open")}
+    # Prepended, not replacing: a checkout run through PYTHONPATH keeps its own host and plugins.
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "TEST_GATE_FILE": str(root / "open")}
 
 
 @pytest.fixture(scope="session")
