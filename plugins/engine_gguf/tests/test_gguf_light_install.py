@@ -77,10 +77,10 @@ def light_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
          "--wheel-dir", str(wheels), str(REPO), str(REPO / "plugins" / "engine_gguf")],
         check=True, capture_output=True, timeout=300,
     )
-    subprocess.run(
+    subprocess.run(  # without PYTHONPATH: a checkout on it would read as millm-host already installed
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
          *map(str, sorted(wheels.glob("*.whl")))],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": ""},
     )
     return {"root": root, "python": python, "data": root / "data"}
 
