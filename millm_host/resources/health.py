@@ -28,6 +28,7 @@ class Health:
             "status": status,
             "model": registry.resident.id if registry.resident else None,
             "engine": registry.resident.spec.name if registry.resident else None,
+            "engine_status": dict(registry.engine.status()) if registry.engine is not None else None,
             "engines": [spec.name for spec in self.host.engines],
             "plugins": [{"name": r.name, "version": r.version} for r in report.loaded],
             "failed_plugins": [{"name": r.name, "error": r.error} for r in report.failed],
