@@ -3,7 +3,7 @@
 pytest_plugins = ["millm_host.testing.fixtures"]
 
 
-def pytest_report_header(config):
+def _cpu_lines():
     """Whether the CPU reports AMX, and what the llama.cpp build uses (a native build's AMX path dies with SIGILL)."""
     try:
         from millm_engine_gguf.cpu import report_lines
@@ -11,3 +11,14 @@ def pytest_report_header(config):
         return report_lines()
     except ImportError:  # no GGUF engine (or no llama-cpp-python) installed
         return None
+
+
+def pytest_report_header(config):
+    return _cpu_lines()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Under ``-q`` the header is not printed: say it at the end instead."""
+    if config.get_verbosity() < 0:
+        for line in _cpu_lines() or ():
+            terminalreporter.write_line(line)
