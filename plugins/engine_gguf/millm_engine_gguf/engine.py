@@ -96,7 +96,9 @@ class GGUFEngine(GGUFTextEngine):
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
         prompt = self.check_generation(prompt_ids, hooks, logits_processors)
-        return self._tokens(prompt, params, self.info.context_window)
+        window = self.info.context_window
+        assert window is not None  # llama.cpp always has one
+        return self._tokens(prompt, params, window)
 
     def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Iterator[int]:
         greedy = params.temperature == 0

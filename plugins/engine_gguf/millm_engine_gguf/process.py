@@ -56,11 +56,11 @@ class Child:
     #: How a worker is started; the socket's file descriptor number is appended.
     command: Sequence[str] = (sys.executable, "-P", "-m", "millm_engine_gguf.worker")
 
-    def __init__(self, command: Sequence[str]) -> None:
+    def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [*command, str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=_child_environment(),
+                [*self.command, str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=_child_environment(),
                 stdin=subprocess.DEVNULL,
             )
         except BaseException:
@@ -167,7 +167,7 @@ class ProcessEngine(GGUFTextEngine):
         """Start a child that loads ``descriptor``; meanwhile load its vocabulary here (engine thread)."""
         options = LoadOptions.from_settings(settings)
         started = time.monotonic()
-        child = Child(Child.command)
+        child = Child()
         vocabulary = None
         try:
             vocabulary = load_vocabulary(descriptor.path)
@@ -323,7 +323,7 @@ class ProcessEngine(GGUFTextEngine):
     def _restart(self) -> bool:
         """One attempt at a new child with the same model. False: it failed (recorded)."""
         started = time.monotonic()
-        child = Child(Child.command)
+        child = Child()
         try:
             child.load(self._descriptor, self._options, lambda message: log.info("%s: %s", self.info.id, message))
         except Exception as exc:

@@ -13,12 +13,12 @@ import signal
 import sys
 
 import pytest
-
 from millm_engine_gguf.engine import GGUFEngine
 from millm_engine_gguf.process import Child, EngineCrashed, ProcessEngine
 from millm_engine_gguf.spec import SPEC, describe
+
 from millm_host.engine import SamplingParams, resolve
-from millm_host.errors import ModelLoadFailed
+from millm_host.errors import ContextLengthExceeded, FieldNotHonoured, ModelLoadFailed
 from millm_host.testing.conformance import EngineConformance, take
 
 from .test_gguf_crash import alive, wait_for
@@ -52,6 +52,16 @@ def test_the_same_model_and_tokens_as_in_process(engine, gguf_path):
         assert engine.embed(ids) == local.embed(ids)
     finally:
         local.close()
+
+
+def test_refusals_from_the_child_keep_their_class_and_fields(engine):
+    with pytest.raises(FieldNotHonoured) as caught:
+        engine.embed([1, 2], "last")  # refused in the child, by the in-process engine's own check
+    assert (caught.value.status, caught.value.param) == (400, "pooling")
+    with pytest.raises(ContextLengthExceeded) as caught:
+        engine.embed([28120] * 129)
+    assert caught.value.param == "input" and "128" in caught.value.message
+    assert take(engine, engine.chat_ids(MESSAGES), GREEDY, 2)  # and the child still serves
 
 
 def test_an_abandoned_stream_is_stopped_before_the_next_request(engine):
