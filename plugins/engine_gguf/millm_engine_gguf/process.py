@@ -306,49 +306,60 @@ class ProcessEngine(GGUFTextEngine):
 
     def _supervise(self) -> None:
         """Wait for each child to end; unless closing, start the next (retrying a failed start with backoff)."""
-        while True:
-            child = self._child
-            child.proc.wait()
-            if self._closed.is_set():
-                return
-            self._child_died(child)
-            delay = 1.0
-            while not self._restart():
-                if self._closed.wait(delay):
+        try:
+            while True:
+                child = self._child
+                child.proc.wait()
+                if self._closed.is_set():
                     return
-                delay = min(delay * 2, 60.0)
-            if self._closed.is_set():
-                return
+                self._child_died(child)
+                delay = 1.0
+                while not self._restart():
+                    if self._closed.wait(delay):
+                        return
+                    delay = min(delay * 2, 60.0)
+                if self._closed.is_set():
+                    return
+        except Exception as exc:  # never leave requests waiting on a supervisor that is gone
+            log.exception("the gguf engine supervisor failed")
+            self._set_failed(f"the supervisor failed: {type(exc).__name__}: {exc}")
 
     def _restart(self) -> bool:
         """One attempt at a new child with the same model. False: it failed (recorded)."""
         started = time.monotonic()
-        child = Child()
+        child = None
         try:
+            child = Child()
             child.load(self._descriptor, self._options, lambda message: log.info("%s: %s", self.info.id, message))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, _ChildGone):
-                child.reap()
-                error = f"the new process ended ({child.exit_text()}) while loading"
-            child.stop(timeout=2)
+            if child is not None:
+                if isinstance(exc, _ChildGone):
+                    child.reap()
+                    error = f"the new process ended ({child.exit_text()}) while loading"
+                child.stop(timeout=2)
             log.error("restarting the gguf engine process for %s failed: %s", self.info.id, error)
-            with self._cond:
-                if self._state != CLOSED:
-                    self._state, self._last_error = FAILED, error
-                self._cond.notify_all()
+            self._set_failed(error)
             return False
         with self._cond:
-            if self._state == CLOSED:
-                child.stop()
-                return True
-            self._child, self._state, self._last_error = child, RUNNING, None
-            self._restarts += 1
-            self._load_seconds = time.monotonic() - started
-            self._cond.notify_all()
+            closed = self._state == CLOSED
+            if not closed:
+                self._child, self._state, self._last_error = child, RUNNING, None
+                self._restarts += 1
+                self._load_seconds = time.monotonic() - started
+                self._cond.notify_all()
+        if closed:
+            child.stop()
+            return True
         log.warning("the gguf engine process for %s restarted (pid %d, restart %d)",
                     self.info.id, child.pid, self._restarts)
         return True
+
+    def _set_failed(self, error: str) -> None:
+        with self._cond:
+            if self._state != CLOSED:
+                self._state, self._last_error = FAILED, error
+            self._cond.notify_all()
 
 
 class TokenStream:
