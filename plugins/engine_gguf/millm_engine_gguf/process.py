@@ -158,7 +158,8 @@ class ProcessEngine(GGUFTextEngine):
         self._last_error: str | None = None
         self._retry_after = 1.0
         self._closed = threading.Event()
-        self._active: TokenStream | None = None
+        self._active: TokenStream | None = None  # the generation in progress
+        self._unread: TokenStream | None = None  # a stopped generation whose END is still in the socket
         self._supervisor = threading.Thread(target=self._supervise, name="gguf-supervisor", daemon=True)
         self._supervisor.start()
 
@@ -250,6 +251,9 @@ class ProcessEngine(GGUFTextEngine):
         """Send a request's first frame, to the restarted child if the current one died idle."""
         if self._active is not None:
             self._active.close()  # one request at a time: an abandoned stream is stopped first
+        if self._unread is not None:
+            stream, self._unread = self._unread, None
+            stream.drain()
         child = self._ready_child()
         try:
             child.send(frame)
@@ -411,17 +415,30 @@ class TokenStream:
         raise StopIteration
 
     def close(self) -> None:
-        """Stop the generation in the child (at its next token) and read up to its END."""
+        """Stop the generation in the child, at its next token.
+
+        Its last frames are read by the next request (``drain``), so a request
+        ends without waiting for the child's answer.
+        """
         if self._running:
             child = self._child
             assert child is not None
             try:
                 child.send(wire.STOP)
-                while child.receive()[:1] not in (wire.END, wire.ERROR):
-                    pass
+                self._engine._unread = self
             except _ChildGone:
                 self._engine._child_died(child)  # nothing left to fail: the request has its tokens
         self._end()
+
+    def drain(self) -> None:
+        """Read the frames the child sent after this stream was closed, up to its END."""
+        child = self._child
+        assert child is not None
+        try:
+            while child.receive()[:1] not in (wire.END, wire.ERROR):
+                pass
+        except _ChildGone:
+            self._engine._child_died(child)
 
     def _end(self) -> None:
         self._running, self._done = False, True

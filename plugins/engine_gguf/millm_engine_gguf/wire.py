@@ -13,7 +13,9 @@ Generation, seen from the server::
     -> STOP        (any time: the child stops at its next token)
     <- END | ERROR (last frame of every generation)
 
-A STOP that arrives after END is ignored. Loading: LOAD, PROGRESS..., then
+The server reads the frames after its STOP (up to END) when it
+sends its next request, not before it answers. A STOP that arrives after END
+is ignored. Loading: LOAD, PROGRESS..., then
 LOADED or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
 """
 
