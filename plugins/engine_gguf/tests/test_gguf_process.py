@@ -64,6 +64,22 @@ def test_refusals_from_the_child_keep_their_class_and_fields(engine):
     assert take(engine, engine.chat_ids(MESSAGES), GREEDY, 2)  # and the child still serves
 
 
+@pytest.mark.parametrize("signum", [signal.SIGILL, signal.SIGABRT], ids=["SIGILL", "SIGABRT"])
+def test_a_crash_mid_generation_fails_that_generation_only(engine, signum):
+    ids = engine.chat_ids(MESSAGES)
+    expected = take(engine, ids, GREEDY, 4)
+    before = engine.status()
+    tokens = engine.generate(ids, SamplingParams(max_tokens=200, temperature=0))
+    next(tokens)
+    os.kill(before["pid"], signum)
+    with pytest.raises(EngineCrashed) as caught:
+        list(tokens)
+    assert signum.name in caught.value.message and caught.value.code == "engine_crashed"
+    assert take(engine, ids, GREEDY, 4) == expected  # waits for the restart
+    after = engine.status()
+    assert (after["restarts"], after["last_signal"]) == (before["restarts"] + 1, signum.name)
+
+
 def test_an_abandoned_stream_is_stopped_before_the_next_request(engine):
     ids = engine.chat_ids(MESSAGES)
     expected = take(engine, ids, GREEDY, 12)
