@@ -44,7 +44,7 @@ class GGUFTextEngine(Engine):
             data = text.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidParameter(f"the text is not valid Unicode: {exc.reason} at character {exc.start}") from None
-        return self._text_model.tokenize(data, add_bos=add_special_tokens, special=True)
+        return self.vocab.tokenize(data, add_special_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.vocab.detokenize(ids).decode("utf-8", errors="replace")
