@@ -83,6 +83,7 @@ from .errors import (
     InvalidParameter,
     MillmError,
     ModelBusy,
+    ModelLoadFailed,
     ModelNotLoaded,
 )
 from .files import save_atomically
@@ -105,6 +106,7 @@ from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .settings import Setting, Settings
 
 __all__ = [
+    "ModelLoadFailed",
     "percent_encode",
     "check_display_name",
     "confined_path",

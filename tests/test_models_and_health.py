@@ -31,6 +31,7 @@ def test_health_reports_model_engine_and_plugins(tiny_server):
         health = http.get("/api/health").json()
     assert health["status"] == "ok"
     assert health["engine"] == "transformers" and health["model"]
+    assert health["engine_status"] == {}  # in process: nothing to report (the GGUF engine reports its child)
     names = {p["name"] for p in health["plugins"]}
     assert {"engine_transformers", "detector_example"} <= names
     assert all(p["version"] for p in health["plugins"])
