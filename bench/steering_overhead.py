@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from millm_host.testing import ServerProcess
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 D_MODEL = 576
 PROMPT = "The history of the lighthouse begins with"
@@ -71,7 +71,7 @@ def main() -> None:
     lengths: dict[str, set[int]] = {"baseline": set(), "steered": set()}
     with tempfile.TemporaryDirectory() as tmp:
         sae = write_sae(Path(tmp) / "bench-sae", d_in=D_MODEL, d_sae=args.d_sae, layer=args.layer)
-        server = ServerProcess(Path(tmp) / "data").start()
+        server = ServerProcess(Path(tmp) / "data", env={"MILLM_SAE_DIRS": tmp}).start()
         try:
             pid = server.proc.pid
             with server.http(timeout=600) as client:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
 
 import falcon
 import falcon.asgi
 import pluggy
 
+from . import hookcalls
+from .access import Access
+from .admission import Admission, engine_slot
 from .db import Database, database_url
 from .engine import EngineSpec
-from .errors import MillmError
+from .errors import MillmError, ModelNotFound
 from .fields import FieldRegistry
-from .plugins import build_plugin_manager, call_each
+from .plugins import build_plugin_manager
 from .registry import ModelRegistry
 from .scheduler import Scheduler
 from .serving.pipeline import Pipeline
@@ -23,6 +28,11 @@ from .serving.scoring import Scoring
 from .settings import Settings
 
 log = logging.getLogger("millm")
+
+T = TypeVar("T")
+#: Seconds ``stop`` waits for the engine thread to finish what was cancelled (plugins hear of it)
+#: before the plugins stop; past it the thread is hung and left behind (it is a daemon thread).
+DRAIN_S = 5.0
 
 
 class Host:
@@ -32,50 +42,64 @@ class Host:
         self.settings = settings
         self.pm = pm
         self.report = pm.millm_report  # type: ignore[attr-defined]
-        self.fields = FieldRegistry()
-        call_each(pm, "register_request_fields", register=self.fields.register)
-        self.engines = self._collect_engines()
-        self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"])
+        #: Every installed engine (``build_plugin_manager`` collected them and declared their settings).
+        self.engines: list[EngineSpec] = list(pm.millm_engines)  # type: ignore[attr-defined]
+        self.fields = FieldRegistry(self.engines)
+        hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
+        self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
         self.pipeline = Pipeline(self)
         #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``.
         self.scoring = Scoring()
+        #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
+        #: ``startup``; like ``ctx.state``, a plugin never reads another's.
+        self.state: dict[str, Any] = {}
         #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
         self.openapi_bodies: list = []
         self._load_task: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
 
-    def _collect_engines(self) -> list[EngineSpec]:
-        engines: dict[str, EngineSpec] = {}
+    # --- what plugins use (see millm_host.api) ----------------------------------------
+    def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:
+        """Admitted engine work on ``model`` (an id): a queue place, a lease, the engine thread.
 
-        def register(spec: EngineSpec) -> None:
-            if spec.name in engines:
-                raise ValueError(f"engine {spec.name!r} is registered twice")
-            engines[spec.name] = spec
+        ``async with host.engine_slot(model_id) as slot: result = await slot.run(fn, *args)``;
+        ``slot.engine`` is the resident model. Refused like a request (``queue_full``,
+        ``model_busy``, ``model_not_loaded``); a model that is not resident is loaded
+        first when ``MILLM_AUTOLOAD`` allows.
+        """
+        return engine_slot(self, model)
 
-        call_each(self.pm, "register_engines", register=register)
-        return list(engines.values())
+    async def run_on_engine_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the engine thread, in order with loads, unloads and requests, without
+        a queue place or a lease (e.g. to publish state serialised with an unload)."""
+        return await self.scheduler.run(fn, *args)
 
-    def call_each(self, hook_name: str, **kwargs: Any) -> None:
-        """Call a hook plugin by plugin; one plugin's failure is logged, not raised."""
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            try:
-                impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-            except Exception:
-                log.exception("plugin %s failed in %s", impl.plugin_name, hook_name)
+    def model_detail(self, model_id: str) -> dict[str, Any]:
+        """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
+        entry = self.registry.entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+        return self.registry.detail(entry)
 
     def listed_models(self) -> list[Any]:
         """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""
         entries = self.registry.listed()
         keep = {e.id for e in entries}
-        for allowed in self.pm.hook.filter_listed_models(host=self, model_ids=[e.id for e in entries]):
+        for allowed in hookcalls.request(self.pm, "filter_listed_models", host=self, model_ids=[e.id for e in entries]):
             if allowed is not None:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
 
+    def keep(self, task: asyncio.Task) -> None:
+        """Hold a background task until it ends (the event loop keeps only weak references)."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def migrations(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        call_each(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
+        hookcalls.startup(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
         return found
 
     # --- lifecycle ------------------------------------------------------------------
@@ -83,7 +107,7 @@ class Host:
         """Migrate the database, discover models and let plugins load their state."""
         self.db.upgrade(self.migrations())
         self.registry.discover()
-        call_each(self.pm, "startup", host=self)
+        hookcalls.startup(self.pm, "startup", host=self)
 
     async def load_start_model(self) -> None:
         entry = self.registry.start_model
@@ -94,12 +118,32 @@ class Host:
         except MillmError as exc:
             log.error("the start model %s failed to load: %s", entry.id, exc.message)
 
+    def begin_shutdown(self) -> None:
+        """A shutdown signal arrived: refuse new requests, give the admitted ones ``MILLM_SHUTDOWN_GRACE_S``.
+
+        Requests still running or queued when the grace ends are cancelled: a
+        stream gets an error event, then ``[DONE]``; any other request a
+        ``503 shutting_down``. Safe to call from a signal handler; repeats are ignored.
+        """
+        scheduler = self.scheduler
+        if scheduler.closing:
+            return
+        grace = self.settings["MILLM_SHUTDOWN_GRACE_S"]
+        scheduler.deadline = time.monotonic() + grace
+        scheduler.closing = True
+        log.info("shutting down: %d admitted requests get %g s to finish", scheduler.admitted, grace)
+
     def stop(self) -> None:
-        self.call_each("shutdown", host=self)
-        if self.registry.engine is not None:
+        """Release everything: plugins stop, the model is closed, the database let go."""
+        drained = self.scheduler.drain(DRAIN_S)  # cancelled generations tell their plugins first
+        if not drained:
+            log.error("the engine thread is still busy after %g s (a hung generation or a load); stopping without it",
+                      DRAIN_S)
+        hookcalls.lifecycle(self.pm, "shutdown", host=self)
+        if self.registry.engine is not None and drained:
             engine = self.registry.engine
             try:
-                self.scheduler.run_sync(engine.close)
+                self.scheduler.run_sync(engine.close, timeout=DRAIN_S)
             except Exception:
                 log.exception("closing the model failed")
         self.scheduler.shutdown()
@@ -122,15 +166,24 @@ class _Lifespan:
         await asyncio.to_thread(self.host.stop)
 
 
-def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = None) -> tuple[falcon.asgi.App, Host]:
-    """The ASGI app and its host. Tests pass their own settings and plugin manager."""
+def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = None, *,
+          bind_host: str | None = None) -> tuple[falcon.asgi.App, Host]:
+    """The ASGI app and its host. Tests pass their own settings and plugin manager.
+
+    ``bind_host`` (the address ``millm serve`` listens on) is answered as a ``Host`` too.
+    """
     from . import routes
 
     settings = settings or Settings()
     pm = pm or build_plugin_manager(settings)
     host = Host(settings, pm)
     host.start()
-    app = falcon.asgi.App(middleware=[_Lifespan(host)], cors_enable=False)
+    access = Access(settings, bind_host)
+    middleware: list = [access, _Lifespan(host)]
+    if access.cors_any or access.cors_origins:
+        middleware.append(falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins,
+                                                expose_headers="*"))
+    app = falcon.asgi.App(middleware=middleware, cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     routes.install(app, host)
     return app, host

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 
 from .plugins import build_plugin_manager
@@ -22,21 +23,62 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(environ=environ)
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; OSError when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    # The port first: a second server on a busy port fails at once, before loading anything.
+    try:
+        sock = _bind(args.host, args.port)
+    except OSError as exc:
+        print(f"millm: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
     import uvicorn
 
+    from .access import exposure_warnings
     from .app import build
 
     settings = _settings(args)
-    app, host = build(settings, build_plugin_manager(settings))
+    for warning in exposure_warnings(settings, args.host):
+        log.warning("!!! %s", warning)
+    app, host = build(settings, build_plugin_manager(settings), bind_host=args.host)
     if args.engine and args.engine not in {e.name for e in host.engines}:
         print(f"millm: no engine named {args.engine!r} is installed", file=sys.stderr)
         return 2
     start = host.registry.start_model
-    log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", args.host, args.port,
+    shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
+    log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", shown, args.port,
              start.id if start else "none")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
-    return 0
+    grace = settings["MILLM_SHUTDOWN_GRACE_S"]
+    # uvicorn cancels what still runs a little after the host's own grace: a backstop.
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
+                            timeout_graceful_shutdown=grace + 5)
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the host when SIGTERM or SIGINT arrives, so its shutdown grace starts then."""
+
+        def handle_exit(self, sig, frame) -> None:
+            host.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
+    server.run(sockets=[sock])
+    return 0 if server.started else 3
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -54,7 +96,9 @@ def cmd_settings(args: argparse.Namespace) -> int:
     settings = Settings()
     build_plugin_manager(settings)
     for setting in settings.declared:
-        print(f"{setting.name}={settings[setting.name]!r}  ({setting.type.__name__}, default {setting.default!r})")
+        value = settings[setting.name]
+        shown = ("<set>" if value else "<unset>") if setting.secret else repr(value)
+        print(f"{setting.name}={shown}  ({setting.type.__name__}, default {setting.default!r})")
         print(f"    {setting.help}")
     return 0
 
@@ -74,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the server")
     serve.add_argument("--model", help="a local HF checkpoint directory, a .gguf file or a model id")
-    serve.add_argument("--engine", help="engine for .gguf files: transformers (default) or gguf")
+    serve.add_argument("--engine", help="the installed engine to serve files several engines can serve (e.g. .gguf); "
+                            "default: the one that declares the highest preference")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from .app import Host
     from .engine import Engine, ModelDescriptor, SamplingParams
     from .errors import MillmError
     from .settings import Settings
@@ -36,7 +37,9 @@ class SequenceOutput:
 class RequestContext:
     """Everything about one request, from parsing to the response.
 
-    Set by the host: ``endpoint``, ``body`` (the parsed JSON, as sent), ``params``
+    Set by the host: ``host`` (the ``Host`` serving the request: through it every
+    hook reaches the plugin's own per-host object, ``ctx.host.state[<plugin>]``),
+    ``endpoint``, ``body`` (the parsed JSON, as sent), ``params``
     (the validated protocol model), ``headers`` (lower-cased request headers),
     ``model`` (the descriptor of the requested model, known before any load),
     ``engine_name``, ``streaming``, ``scoring`` (a scoring request: feature plugins
@@ -55,14 +58,25 @@ class RequestContext:
     model: ModelDescriptor
     engine_name: str
     settings: Settings
+    #: The host serving the request (None only in tests that build a context by hand).
+    host: Host | None = None
+    #: What the request's engine declares it can do (``EngineSpec.capabilities``).
+    engine_capabilities: frozenset[str] = frozenset()
     streaming: bool = False
     scoring: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     engine: Engine | None = None
     prompts: list[list[int]] = field(default_factory=list)
-    #: For chat: the messages each prompt was rendered from (extra_messages add rows).
+    #: For chat: the messages each prompt was rendered from (extra_messages add rows), as
+    #: the chat template sees them (role and text content; plugins add what they render).
     conversations: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: For chat: each conversation's messages in full, as sent (``tool_calls``,
+    #: ``tool_call_id``, ``name`` included), parallel to ``conversations``; read these
+    #: rather than ``body``.
+    messages: list[list[dict[str, Any]]] = field(default_factory=list)
+    #: The registry entry of ``model``, resolved once by the host (host use).
+    entry: Any = None
     #: Tools passed to the chat template (set by a plugin that honours ``tools``).
     chat_tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -72,7 +86,8 @@ class RequestContext:
     outputs: list[SequenceOutput] = field(default_factory=list)
     #: True once generation ended (headers rendered after this are post-generation).
     finished: bool = False
-    #: Why generation ended early: ``client_disconnected``, ``cancelled``,
+    #: Why generation ended early: ``client_disconnected``, ``cancelled`` (by the host:
+    #: shutdown, or waiting behind a stalled generation), ``generation_thread_hung``,
     #: ``generation_error``; None when it completed.
     interrupted: str | None = None
     error: MillmError | None = None
@@ -81,6 +96,8 @@ class RequestContext:
     state: dict[str, Any] = field(default_factory=dict)
     #: Field locations the request sent that nothing used (``X-miLLM-Ignored-Fields``).
     unused_fields: list[str] = field(default_factory=list)
+    #: Plugins whose ``render_headers`` or ``response_extras`` raised (``X-miLLM-Plugin-Errors``).
+    plugin_errors: list[str] = field(default_factory=list)
 
     @property
     def is_chat(self) -> bool:

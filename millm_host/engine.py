@@ -3,8 +3,9 @@
 An engine plugin registers an ``EngineSpec`` (by ``"module:Class"`` strings, so
 discovering it never imports torch or llama.cpp). The host's model registry asks
 the spec to *describe* model files (cheap, no weights read) and to *load* one,
-which returns an ``Engine``: a resident model. All ``Engine`` methods run on the
-engine thread (see ``millm_host.scheduler``); none is called from the event loop.
+which returns an ``Engine``: a resident model. All ``Engine`` methods but
+``status`` run on the engine thread (see ``millm_host.scheduler``); none is
+called from the event loop.
 """
 
 from __future__ import annotations
@@ -17,9 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .engine_scoring import NextTokenScores, ScoringParams
-from .errors import FieldNotHonoured, MillmError
+from .errors import FieldNotHonoured, InvalidParameter, MillmError
+from .settings import Setting
 
 HookPointName = Literal["resid_pre", "resid_post"]
+
+# Capabilities an engine declares on its EngineSpec: what its models can do. The host
+# and plugins ask for a capability, never for an engine by name.
+#: ``LayerHook``s at residual points (``hook_points``; generate, forward, score_next_token).
+LAYER_HOOKS = "layer_hooks"
+#: ``LogitsProcessorFactory`` processors applied while generating.
+LOGITS_PROCESSORS = "logits_processors"
+#: ``score_next_token``: next-token log-probabilities (scoring mode).
+SCORING = "scoring"
+#: ``embed``: pooled vectors for ``/v1/embeddings``.
+EMBEDDINGS = "embeddings"
+CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS})
 
 # Orders for LayerHook.order. A read that must see the pre-steering residual runs
 # before a write on the same point; a post-steering read runs after it.
@@ -149,13 +163,19 @@ def fallback_chat_render(messages: Sequence[Mapping[str, Any]], add_generation_p
 
 
 class Engine(abc.ABC):
-    """A resident model. Every method runs on the engine thread."""
+    """A resident model. Every method but ``status`` runs on the engine thread (text methods: see ``concurrent_text``)."""
 
     #: The registered engine name (``"transformers"``, ``"gguf"``).
     name: str = ""
     info: ModelInfo
     #: Residual points a LayerHook may name. Empty for an engine with no module tree.
     hook_points: Sequence[HookPoint] = ()
+    #: True when the text methods (``tokenize``, ``decode``, ``token_bytes``, ``render_chat``
+    #: and the chat helpers built on them) may run on any thread, also while ``generate`` runs
+    #: on the engine thread (e.g. each thread has its own tokenizer). The host then renders and
+    #: tokenizes requests on its text thread, so a refusal that needs only the tokenizer never
+    #: waits behind a generation. False: every method runs on the engine thread.
+    concurrent_text: bool = False
 
     # --- text -----------------------------------------------------------------------
     @abc.abstractmethod
@@ -217,6 +237,11 @@ class Engine(abc.ABC):
         """The text ``chat_ids`` tokenizes (see there)."""
         continuing = bool(messages) and messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
         head = list(messages[:-1]) if continuing else list(messages)
+        if not head:  # a template given no messages raises; this is the client's to fix
+            raise InvalidParameter(
+                "messages holds nothing before the assistant message it continues; "
+                "send a user (or system) message first" if messages else "messages is empty",
+                param="messages")
         try:
             text = self.render_chat(head, add_generation_prompt=True, tools=tools, template_kwargs=template_kwargs)
         except NoChatTemplate:
@@ -281,6 +306,15 @@ class Engine(abc.ABC):
     def close(self) -> None:  # noqa: B027 (optional: an engine may hold nothing to release)
         """Release the model's memory. Called once, on unload."""
 
+    def status(self) -> Mapping[str, Any]:
+        """What the engine reports in ``/api/health`` under ``engine_status`` (empty: nothing).
+
+        The one method called from any thread (the event loop included): it only
+        reads, never blocks. An engine running its model in a child process
+        reports that process here (state, restarts, last signal).
+        """
+        return {}
+
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -291,15 +325,39 @@ class EngineSpec:
     ``"module:function"``: ``describe(path) -> ModelDescriptor | None`` for a
     checkpoint directory or .gguf file this engine can serve (None if it cannot).
     ``formats`` are the model formats it serves, ``"hf"`` and/or ``"gguf"``.
+
+    What the engine can do is declared here, so that the host names no engine:
+    ``capabilities`` (``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``,
+    ``EMBEDDINGS``; plugins claim request fields by capability), ``memory_estimate``
+    (``"module:function"``: ``estimate(descriptor, disk_bytes) -> bytes`` a load
+    needs; None: its size on disk), ``settings`` (the engine's own settings, declared
+    by the host when the engine registers and listed by ``millm settings``) and
+    ``preference`` (among installed engines serving one format, the highest serves
+    it unless ``MILLM_ENGINE`` names another).
     """
 
     name: str
     factory: str
     describe: str
     formats: frozenset[str]
+    capabilities: frozenset[str] = frozenset()
+    memory_estimate: str | None = None
+    settings: tuple[Setting, ...] = ()
+    preference: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.capabilities) - CAPABILITIES
+        if unknown:
+            raise ValueError(f"engine {self.name!r} declares unknown capabilities {sorted(unknown)}")
 
     def describe_path(self, path: str) -> ModelDescriptor | None:
         return resolve(self.describe)(path)
+
+    def estimate_memory(self, descriptor: ModelDescriptor, disk_bytes: int) -> int:
+        """Bytes loading ``descriptor`` takes (its size on disk unless the engine says otherwise)."""
+        if self.memory_estimate is None:
+            return disk_bytes
+        return int(resolve(self.memory_estimate)(descriptor, disk_bytes))
 
     def load(self, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> Engine:
         return resolve(self.factory).load(descriptor, settings, progress)

@@ -20,6 +20,8 @@ class MillmError(Exception):
     status: int = 400
     code: str = "invalid_request"
     type: str = INVALID_REQUEST
+    #: Seconds a client should wait before retrying: the ``Retry-After`` of every 503.
+    retry_after: int = 1
 
     def __init__(
         self,
@@ -80,6 +82,7 @@ class ModelNotLoaded(MillmError):
 
 class ModelBusy(MillmError):
     status, code, type = 503, "model_busy", SERVER_ERROR
+    retry_after = 5
 
 
 class ModelLoadFailed(MillmError):
@@ -88,10 +91,31 @@ class ModelLoadFailed(MillmError):
 
 class InsufficientMemory(MillmError):
     status, code, type = 503, "insufficient_memory", SERVER_ERROR
+    retry_after = 10
 
 
 class QueueFull(MillmError):
     status, code, type = 503, "queue_full", SERVER_ERROR
+
+
+class GenerationStalled(MillmError):
+    """A generation made no progress for ``MILLM_GENERATION_STALL_S`` (or waited behind one that did)."""
+
+    status, code, type = 503, "generation_stalled", SERVER_ERROR
+    retry_after = 10
+
+
+class ShuttingDown(MillmError):
+    """The server is stopping: a new request, or one still running when the shutdown grace ran out."""
+
+    status, code, type = 503, "shutting_down", SERVER_ERROR
+    retry_after = 5
+
+
+class ClientDisconnected(MillmError):
+    """The client went away before its answer was ready (nobody reads this response)."""
+
+    status, code = 499, "client_disconnected"
 
 
 class InternalError(MillmError):

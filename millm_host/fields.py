@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .engine import CAPABILITIES, EngineSpec
 from .errors import FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from .headers import serialize_string_list
 
@@ -70,16 +71,24 @@ class _Claim:
 class FieldRegistry:
     """The fields each endpoint honours, per engine."""
 
-    def __init__(self) -> None:
+    def __init__(self, engines: Iterable[EngineSpec] = ()) -> None:
+        self._engines = list(engines)
         self._claims: dict[str, list[_Claim]] = defaultdict(list)
         self._cache: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
 
-    def register(self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None) -> None:
-        """Claim ``fields`` (location patterns) on ``endpoint`` for ``engines`` (None: all)."""
+    def register(self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None,
+                 requires: str | None = None) -> None:
+        """Claim ``fields`` (location patterns) on ``endpoint`` for ``engines`` (None: all), or for the
+        engines that declare capability ``requires`` (``EngineSpec.capabilities``)."""
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {ENDPOINTS}")
         if isinstance(fields, str):
             fields = [fields]
+        if requires is not None:
+            if requires not in CAPABILITIES:
+                raise ValueError(f"unknown capability {requires!r}; expected one of {sorted(CAPABILITIES)}")
+            capable = {spec.name for spec in self._engines if requires in spec.capabilities}
+            engines = capable if engines is None else capable & set(engines)
         engine_set = frozenset(engines) if engines is not None else None
         for pattern in fields:
             self._claims[endpoint].append(_Claim(pattern, engine_set))
@@ -170,30 +179,20 @@ def strict_mode(headers: Mapping[str, str]) -> bool:
     )
 
 
-def _percent_encode(text: str) -> str:
-    out = []
-    for ch in text:
-        if " " <= ch <= "~":
-            out.append(ch)
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-    return "".join(out)
-
-
 def ignored_fields_header(locations: list[str], max_bytes: int) -> str:
     """``X-miLLM-Ignored-Fields``: an RFC 8941 list of strings within ``max_bytes``.
 
-    Past the cap, the entries that do not fit are replaced by ``"+N more"``.
+    Past the cap, the entries that do not fit are replaced by ``"+N more"``. Each
+    location is percent-encoded (``headers.percent_encode``), so any field name is carried.
     """
-    encoded = [_percent_encode(loc) for loc in locations]
-    full = serialize_string_list(encoded)
+    full = serialize_string_list(locations)
     if len(full) <= max_bytes:
         return full
     kept: list[str] = []
-    for i, entry in enumerate(encoded):
-        more = len(encoded) - i - 1
+    for i, entry in enumerate(locations):
+        more = len(locations) - i - 1
         candidate = serialize_string_list([*kept, entry, f"+{more} more"] if more else [*kept, entry])
         if len(candidate) > max_bytes:
             break
         kept.append(entry)
-    return serialize_string_list([*kept, f"+{len(encoded) - len(kept)} more"])
+    return serialize_string_list([*kept, f"+{len(locations) - len(kept)} more"])

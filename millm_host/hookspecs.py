@@ -3,13 +3,25 @@
 A plugin is a module (or object) with functions marked ``@hookimpl`` whose names
 and argument names match the specs below, registered under the ``millm``
 entry-point group. An implementation may take any subset of a spec's arguments,
-and must not rely on a default argument value (pluggy passes none).
+and must not rely on a default argument value (pluggy passes none). A plugin
+imports the host only through ``millm_host.api`` (and this module).
+
+Every hook reaches the host: startup and lifecycle hooks take ``host``, request
+hooks ``ctx.host``. A plugin keeps its per-host object in ``host.state[<its
+name>]`` (made at ``startup``), never in module-level state.
+
+What happens when an implementation raises is one of five named policies
+(``millm_host.hookcalls``: startup, lifecycle, request, after_generate,
+rendering); each spec ends with the policy it is called under.
 
 Threads: startup hooks run on the main thread before the server accepts
 connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
 a worker thread off the event loop (they may touch the database),
-``before_tokenize``, ``before_forward`` and ``after_generate`` run on the engine thread, and
+``before_forward`` and ``after_generate`` run on the engine thread, ``before_tokenize``
+runs on the text thread (beside the engine thread, when the engine's
+``concurrent_text`` allows it; otherwise on the engine thread), and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
+State a plugin shares between ``before_tokenize`` and the engine-thread hooks needs a lock.
 
 Each request-path hook is called a fixed number of times per request, never per
 token or per layer: per-token and per-layer work goes into the plain callbacks
@@ -45,6 +57,9 @@ def register_settings(register: Callable[[Setting], None]) -> None:
     ``register(Setting(name, type, default, help))`` for each; a name declared twice
     is refused. ``millm settings`` lists them; read values with
     ``host.settings[name]``.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -55,6 +70,9 @@ def register_engines(register: Callable[[EngineSpec], None]) -> None:
     Called once at startup. Call ``register(EngineSpec(...))`` with ``"module:Class"``
     strings so that discovering the plugin imports nothing heavy. A duplicate
     engine name is refused.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -62,14 +80,18 @@ def register_engines(register: Callable[[EngineSpec], None]) -> None:
 def register_request_fields(register: Callable[..., None]) -> None:
     """Declare the request fields this plugin honours.
 
-    Called once at startup. ``register(endpoint, fields, engines=None)``: endpoint is
-    ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each field is a
-    location pattern (``"steering"``, ``"messages[].name"``,
+    Called once at startup. ``register(endpoint, fields, engines=None, requires=None)``:
+    endpoint is ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each
+    field is a location pattern (``"steering"``, ``"messages[].name"``,
     ``"stream_options.include_usage"``); ``engines`` limits the claim to those engine
-    names (None: every engine). A sent field that no plugin claims for the request's
+    names (None: every engine), ``requires`` to the engines that declare that
+    capability (``EngineSpec.capabilities``, e.g. ``"layer_hooks"``). A sent field that no plugin claims for the request's
     endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
     ``400 field_not_honoured`` when it is one of the output-changing fields of the
     spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -81,6 +103,9 @@ def register_migrations(register: Callable[[str, str], None]) -> None:
     ``register(name, script_location)``: the plugin's name (its branch label, and
     its version table ``alembic_version_<name>``) and the directory holding its
     ``env.py``-less ``versions/``. Each plugin migrates only its own tables.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -88,9 +113,14 @@ def register_migrations(register: Callable[[str, str], None]) -> None:
 def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
     """Add HTTP routes: ``add_route(uri_template, falcon_asgi_resource)``.
 
-    Called once while the app is built. Keep ``host`` to reach settings, the model
-    registry, the database and the engine queue. Errors raised as ``MillmError``
-    are rendered in OpenAI's shape.
+    Called once while the app is built, after ``startup``. Resources reach the
+    plugin's per-host object (``host.state``), settings, the database and admitted
+    engine work (``host.engine_slot``) through ``host``; subclass
+    ``millm_host.api.JsonResource`` to read bodies the host's way. Errors raised as
+    ``MillmError`` are rendered in OpenAI's shape.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -99,6 +129,9 @@ def startup(host: Host) -> None:
     """The app is built and the database migrated; load persisted state here.
 
     Called once, on the main thread, before the server accepts connections.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
     """
 
 
@@ -108,6 +141,9 @@ def shutdown(host: Host) -> None:
 
     Called once, on the event loop's shutdown (a worker thread), after the last
     request and before the resident model is closed.
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
     """
 
 
@@ -117,6 +153,9 @@ def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
 
     Called on the event loop for each listing; None keeps everything. A model is
     listed only if every plugin that answers keeps it (e.g. a steering lock).
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -125,7 +164,11 @@ def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
 
 @hookspec
 def model_loaded(host: Host, engine: Engine) -> None:
-    """A model became resident. Called on the engine thread after the load."""
+    """A model became resident. Called on the engine thread after the load.
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
+    """
 
 
 @hookspec
@@ -134,6 +177,12 @@ def model_unloading(host: Host, engine: Engine) -> None:
 
     Called on the engine thread before its memory is released; plugins drop
     what they attached to it (SAEs detach, probes disarm).
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
+
+    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
+    plugin still runs.
     """
 
 
@@ -147,6 +196,9 @@ def validate_request(ctx: RequestContext) -> None:
     Called once per request in a worker thread after the host validated the
     protocol and the fields. Raise a ``MillmError`` (400 with the field as
     ``param``) to refuse; return nothing otherwise. ``ctx.engine`` is not set.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -154,12 +206,17 @@ def validate_request(ctx: RequestContext) -> None:
 def before_tokenize(ctx: RequestContext) -> None:
     """The model is resident (``ctx.engine`` is set); the prompts are not tokenized yet.
 
-    Called once per request on the engine thread, just before the host renders and
-    tokenizes ``ctx.conversations`` (or the completion prompts). Adjust what is
+    Called once per request on the text thread (the engine thread for an engine
+    without ``concurrent_text``), just before the host renders and tokenizes
+    ``ctx.conversations`` (or the completion prompts); another request may be
+    generating on the engine thread meanwhile. Adjust what is
     rendered for the resident model here (``ctx.conversations``, ``ctx.chat_tools``),
     e.g. from its chat template; the engine's tokenizer may be used. Raise a
     ``MillmError`` to refuse: the request fails before it queues and before a
     stream's ``200``.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -169,6 +226,9 @@ def after_tokenize(ctx: RequestContext) -> None:
 
     Called once per request in a worker thread, before the request queues and
     before a stream's ``200``: the last point to refuse with an HTTP status.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -184,6 +244,9 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
     Never called for scoring requests (``ctx.scoring``) nor embeddings: they are
     never steered and never monitored.
     Raising a ``MillmError`` fails the request (an error event on a stream).
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -195,6 +258,9 @@ def before_scoring(ctx: RequestContext) -> list[LayerHook] | None:
     its forward passes, in place of ``before_forward``. Scoring is never steered:
     what a callback returns is discarded, so a hook can only read (e.g. per-request
     SAE activations, reported as unsteered). Not called for float32 scoring.
+
+    Policy: request (``millm_host.hookcalls``): the first error propagates as the
+    request's error.
     """
 
 
@@ -203,11 +269,18 @@ def after_generate(ctx: RequestContext) -> None:
     """Generation ended: ``ctx.outputs`` holds every sequence.
 
     Called once per request on the engine thread, also when the request was
-    interrupted (``ctx.interrupted`` names why) or failed (``ctx.error``). Score,
+    interrupted (``ctx.interrupted`` names why: ``client_disconnected``,
+    ``cancelled``, ``generation_thread_hung``, ``generation_error``) or failed
+    (``ctx.error``). For a generation that hung and did not stop in time, or one
+    given up before it started because the engine thread hung, the host calls it
+    from a worker thread instead. Score,
     record and release per-request state here. Raising a ``MillmError`` fails a
     request that had not failed yet (e.g. an output that breaks its contract);
     every implementation still runs. Never called for scoring requests nor
     embeddings (nothing is generated, and neither is monitored).
+
+    Policy: after_generate (``millm_host.hookcalls``): every plugin runs; the first
+    ``MillmError`` fails the request.
     """
 
 
@@ -221,6 +294,10 @@ def render_headers(ctx: RequestContext) -> dict[str, str] | None:
     Streaming: called once before the stream opens (``ctx.finished`` is False);
     what is known only after generation goes in ``response_extras`` instead.
     Values must already be serialised (RFC 8941 through ``millm_host.headers``).
+
+    Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
+    the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
+    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
     """
 
 
@@ -233,4 +310,8 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
     ``after_generate``). Non-streaming: each extra's fields are merged into the body.
     Streaming: each extra becomes one terminal chunk with ``choices: []``, sent in
     ascending ``order`` after the usage chunk and before ``[DONE]``.
+
+    Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
+    the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
+    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
     """

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pluggy
 
-from . import hookspecs
+from . import hookcalls, hookspecs
+from .engine import EngineSpec
 from .settings import Settings
 
 log = logging.getLogger("millm.plugins")
@@ -48,13 +49,24 @@ class PluginReport:
     def failed(self) -> list[PluginRecord]:
         return [r for r in self.records if r.status == "failed"]
 
+    def fail(self, name: str, exc: Exception) -> None:
+        """Record that plugin ``name`` failed (at load or in a startup hook)."""
+        error = f"{type(exc).__name__}: {exc}"
+        for record in self.records:
+            if record.name == name:
+                record.status, record.error = "failed", error
+                return
+        self.records.append(PluginRecord(name, None, name, "failed", error))
+
 
 def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) -> pluggy.PluginManager:
     """A new plugin manager with every enabled plugin loaded and its settings declared.
 
     A plugin that fails to import or register is logged and reported on
     ``pm.millm_report``; it never stops the others. ``MILLM_PLUGINS`` (an allow-list)
-    and ``MILLM_DISABLE_PLUGINS`` decide which entry points load.
+    and ``MILLM_DISABLE_PLUGINS`` decide which entry points load, and which of the
+    modules ``MILLM_PLUGIN_MODULES`` names (plugins that are not installed, such as
+    the test-only ones under ``tests/plugins``).
     """
     pm = pluggy.PluginManager("millm")
     pm.add_hookspecs(hookspecs)
@@ -85,36 +97,45 @@ def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) 
                 log.debug("%s", traceback.format_exc())
                 continue
             report.records.append(PluginRecord(ep.name, version, ep.value, "loaded"))
+        for entry in settings["MILLM_PLUGIN_MODULES"] or ():
+            _register_module(pm, report, entry, allow, deny)
 
     pm.check_pending()
-    for impl in pm.hook.register_settings.get_hookimpls():
-        try:
-            impl.function(register=settings.declare)
-        except Exception as exc:
-            _fail(pm, report, impl.plugin_name, exc)
+    hookcalls.startup(pm, "register_settings", register=settings.declare)
+    pm.millm_engines = collect_engines(pm, settings)  # type: ignore[attr-defined]
     return pm
 
 
-def _fail(pm: pluggy.PluginManager, report: PluginReport, name: str, exc: Exception) -> None:
-    """Unregister a plugin whose startup hook raised, and report it."""
-    log.error("plugin %s failed: %s", name, exc)
-    plugin = pm.get_plugin(name)
-    if plugin is not None:
-        pm.unregister(plugin)
-    for record in report.records:
-        if record.name == name:
-            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
-            return
-    report.records.append(PluginRecord(name, None, name, "failed", f"{type(exc).__name__}: {exc}"))
+def _register_module(pm: pluggy.PluginManager, report: PluginReport, entry: str,
+                     allow: list[str] | None, deny: set[str]) -> None:
+    """Register one ``name=module`` (or ``module``) of ``MILLM_PLUGIN_MODULES``, like an entry point."""
+    name, sep, module_name = entry.partition("=")
+    name, module_name = name.strip(), (module_name if sep else name).strip()
+    if any(r.name == name for r in report.records):
+        return  # also installed: its entry point was loaded (or disabled) already
+    if name in deny or (allow is not None and name not in allow):
+        report.records.append(PluginRecord(name, None, module_name, "disabled"))
+        return
+    try:
+        pm.register(importlib.import_module(module_name), name=name)
+    except Exception as exc:
+        log.error("plugin %s failed to load: %s", name, exc)
+        report.records.append(PluginRecord(name, None, module_name, "failed", f"{type(exc).__name__}: {exc}"))
+        return
+    version = getattr(pm.get_plugin(name), "__version__", None)
+    report.records.append(PluginRecord(name, version, module_name, "loaded"))
 
 
-def call_each(pm: pluggy.PluginManager, hook_name: str, **kwargs) -> None:
-    """Call a startup hook plugin by plugin, isolating one plugin's failure."""
-    hook = getattr(pm.hook, hook_name)
-    for impl in hook.get_hookimpls():
-        try:
-            impl.function(**{k: v for k, v in kwargs.items() if k in impl.argnames})
-        except Exception as exc:
-            if impl.plugin_name.startswith("millm_host."):
-                raise
-            _fail(pm, pm.millm_report, impl.plugin_name, exc)  # type: ignore[attr-defined]
+def collect_engines(pm: pluggy.PluginManager, settings: Settings) -> list[EngineSpec]:
+    """Every offered engine (a duplicate name is refused), each engine's own settings declared."""
+    engines: dict[str, EngineSpec] = {}
+
+    def register(spec: EngineSpec) -> None:
+        if spec.name in engines:
+            raise ValueError(f"engine {spec.name!r} is registered twice")
+        for setting in spec.settings:
+            settings.declare(setting)
+        engines[spec.name] = spec
+
+    hookcalls.startup(pm, "register_engines", register=register)
+    return list(engines.values())

@@ -8,9 +8,13 @@ registry can report or refuse them; plugins validate their own fields.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import re
+import threading
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,6 +28,9 @@ TopP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 PositiveInt = Annotated[int, Field(ge=1)]
+#: Request lists stop at their first bad item: a union member that does not fit
+#: (4 MiB of token ids tried as strings) would otherwise build an error per item.
+FAIL_FAST = Field(fail_fast=True)
 
 
 class _Strict(BaseModel):
@@ -37,7 +44,7 @@ class ContentPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], FAIL_FAST] | None = None
 
 
 class StreamOptions(_Strict):
@@ -55,7 +62,7 @@ class SamplingFields(_Strict):
     n: PositiveInt | None = None
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], FAIL_FAST] | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
@@ -100,16 +107,17 @@ class SamplingFields(_Strict):
 class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST]
 
 
-PromptIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+PromptIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1), FAIL_FAST]
 
 
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``."""
 
-    prompt: str | Annotated[list[str], Field(min_length=1)] | PromptIds | Annotated[list[PromptIds], Field(min_length=1)]
+    prompt: (str | Annotated[list[str], Field(min_length=1), FAIL_FAST] | PromptIds
+             | Annotated[list[PromptIds], Field(min_length=1), FAIL_FAST])
     add_special_tokens: bool | None = True
 
     @property
@@ -165,37 +173,115 @@ def _bounded_int(text: str) -> int:
 
 
 def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
-    """Parse a request body: UTF-8 JSON object, finite numbers, bounded nesting."""
+    """Parse a request body: UTF-8 JSON object, finite numbers, bounded nesting, valid Unicode.
+
+    Linear in the body: the C parser does the work (its recursion is guarded, so
+    nesting past the interpreter's limit is a RecursionError, not a crash), then
+    an iterative walk measures the nesting of what it built. A ``\\uD800``-style
+    escape without its pair decodes to a lone surrogate, which no tokenizer,
+    database or header can take: it is refused here, naming where it is. Call it
+    off the event loop for large bodies (``resources.common.parse_json``).
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidParameter(f"the request body is not valid UTF-8 (byte {exc.start})") from None
-    _check_depth(text, max_depth)
     try:
-        body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
+        with _gc_paused():
+            body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     except RecursionError:
         raise InvalidParameter(f"the request body nests deeper than {max_depth} levels") from None
     if not isinstance(body, dict):
         raise InvalidParameter("the request body must be a JSON object")
+    if nesting_exceeds(body, max_depth):
+        raise InvalidParameter(f"the request body nests deeper than {max_depth} levels")
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        where = lone_surrogate_at(body)
+        if where is not None:
+            raise InvalidParameter(
+                f"{where} holds a lone surrogate (a \\uD800-\\uDFFF escape without its pair); "
+                "text must be valid Unicode", param=where)
     return body
 
 
-_STRUCTURAL = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+def nesting_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether ``value`` nests objects and arrays deeper than ``max_depth`` (the outermost is level 1).
+
+    Level by level, allocating nothing per node (a tuple per node would cost
+    garbage-collection passes on a body of millions of small containers).
+    """
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 1
+    while level:
+        if depth > max_depth:
+            return True
+        below: list[Any] = []
+        for node in level:
+            below.extend(child for child in (node.values() if isinstance(node, dict) else node)
+                         if isinstance(child, (dict, list)))
+        level, depth = below, depth + 1
+    return False
 
 
-def _check_depth(text: str, max_depth: int) -> None:
-    """Refuse deep nesting before json.loads recurses (brackets inside strings skipped)."""
-    depth = 0
-    for match in _STRUCTURAL.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > max_depth:
-                raise InvalidParameter(f"the request body nests deeper than {max_depth} levels")
-        elif token in "]}":
-            depth -= 1
+#: Every lone surrogate comes from such an escape (raw UTF-8 cannot hold one): bodies without it skip the walk.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate_at(value: Any) -> str | None:
+    """Where the first string (or key) holding a lone surrogate is (``messages[0].content``); None if none."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            if not _encodable(node):
+                return where or "body"
+        elif isinstance(node, dict):
+            for key, child in reversed(node.items()):
+                if not _encodable(key):
+                    return f"a key of {where or 'the body'}"
+                stack.append((f"{where}.{key}" if where else key, child))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", child) for i, child in reversed(list(enumerate(node))))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while the C parser builds a body.
+
+    A 4 MiB body of small arrays is over a million new containers; left on, the
+    collector runs repeated full passes over the whole heap meanwhile (seconds
+    here, with the GIL held, so the event loop stalls too). Counted, so parses
+    on several threads at once restore the collector only when the last ends.
+    """
+    global _gc_pausers, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pausers == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pausers += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
@@ -216,8 +302,17 @@ def loc_to_param(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and (part.startswith(("list[", "str", "int", "float", "bool", "function-")) or "[" in part):
+        elif isinstance(part, str) and _is_union_tag(part):
             continue  # pydantic's union-member tags
         else:
             out += f".{part}" if out else part
     return out or "body"
+
+
+#: pydantic's tags for a union member that is a bare scalar; the others carry brackets ("list[str]").
+_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+
+
+def _is_union_tag(part: str) -> bool:
+    """A union-member tag, not a field name: "stream" and "integer_field" are field names."""
+    return part in _SCALAR_TAGS or "[" in part or part.startswith(("constrained-", "function-"))

@@ -11,10 +11,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .protocol import ChatCompletionRequest, CompletionRequest, _Strict
+from .protocol import FAIL_FAST, ChatCompletionRequest, CompletionRequest, _Strict
 
 TopCount = Annotated[int, Field(ge=0, le=20)]
-TokenIds = Annotated[list[int], Field(min_length=1, description="Token ids of the loaded model's vocabulary")]
+TokenIds = Annotated[list[int], Field(min_length=1, description="Token ids of the loaded model's vocabulary"), FAIL_FAST]
 PrecisionField = Annotated[
     Literal["native", "float32"] | None,
     Field(description='Precision of the scoring forward pass; "float32" scores a float32 copy of the model'),
@@ -58,7 +58,7 @@ class EmbeddingRequest(_Strict):
     """``POST /v1/embeddings``: one vector per input, pooled from the last hidden layer."""
 
     model: str
-    input: str | list[str] = Field(description="A string or a list of strings; none may be empty")
+    input: str | Annotated[list[str], FAIL_FAST] = Field(description="A string or a list of strings; none may be empty")
     encoding_format: Literal["float", "base64"] | None = Field(
         default=None, description='"float" (default) or "base64" (little-endian float32)'
     )

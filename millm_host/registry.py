@@ -18,8 +18,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from . import hookcalls
 from .default_model import default_model_path, describe_default
 from .engine import Engine, EngineSpec, ModelDescriptor
 from .errors import (
@@ -52,6 +53,8 @@ class ModelEntry:
     state: ModelState = ModelState.READY
     error: str | None = None
     created: int = 0
+    #: The engine's last progress message while it loads (shown by /api/health).
+    progress: str | None = None
 
     @property
     def id(self) -> str:
@@ -100,7 +103,7 @@ class ModelRegistry:
     def engine_for(self, fmt: str) -> list[EngineSpec]:
         preferred = self.host.settings["MILLM_ENGINE"]
         specs = [s for s in self.engines if fmt in s.formats]
-        return sorted(specs, key=lambda s: s.name != preferred)
+        return sorted(specs, key=lambda s: (s.name != preferred, -s.preference))
 
     def describe(self, path: str | Path) -> tuple[ModelDescriptor, EngineSpec] | None:
         path = Path(path)
@@ -179,6 +182,37 @@ class ModelRegistry:
                 code="AMBIGUOUS_MODEL_NAME",
             )
         raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+
+    def detail(self, entry: ModelEntry) -> dict[str, Any]:
+        """A model's state, and (when resident) the identity of the loaded weights probes are checked against."""
+        d = entry.descriptor
+        detail: dict[str, Any] = {
+            "id": entry.id,
+            "state": entry.state.value,
+            "engine": entry.spec.name,
+            "format": d.format,
+            "path": d.path,
+            "quantization": d.quantization,
+            "hf_id": d.hf_id or entry.id,
+            "revision": d.revision,
+            "error": entry.error,
+        }
+        engine = self.engine
+        if self.resident is entry and engine is not None:
+            info = engine.info
+            detail.update(
+                hf_id=info.hf_id or entry.id,
+                revision=info.revision,
+                d_model=info.d_model,
+                n_layers=info.n_layers,
+                chat_template_sha256=info.chat_template_sha256,
+                context_window=info.context_window,
+                dtype=info.dtype,
+                device=info.device,
+                load_id=info.load_id,
+                system_fingerprint=info.system_fingerprint,
+            )
+        return detail
 
     def listed(self) -> list[ModelEntry]:
         """What ``/v1/models`` shows: READY, LOADED and LOADING models, the resident first."""
@@ -261,9 +295,7 @@ class ModelRegistry:
             self._transition = None
 
     def _check_memory(self, entry: ModelEntry) -> None:
-        need = _disk_size(Path(entry.descriptor.path))
-        if entry.descriptor.format == "gguf" and entry.spec.name != "gguf":
-            need *= 8  # dequantized to float32
+        need = entry.spec.estimate_memory(entry.descriptor, _disk_size(Path(entry.descriptor.path)))
         available = available_memory()
         if available is not None and self.resident is not None:
             available += _disk_size(Path(self.resident.descriptor.path))  # freed by the unload
@@ -277,10 +309,15 @@ class ModelRegistry:
     def _load_on_engine_thread(self, entry: ModelEntry) -> Engine:
         started = time.monotonic()
         log.info("loading model %s (%s engine) from %s", entry.id, entry.spec.name, entry.descriptor.path)
-        engine = entry.spec.load(entry.descriptor, self.host.settings, lambda msg: log.info("%s: %s", entry.id, msg))
+        def progress(message: str) -> None:
+            entry.progress = message
+            log.info("%s: %s", entry.id, message)
+
+        entry.progress = "starting"
+        engine = entry.spec.load(entry.descriptor, self.host.settings, progress)
         engine.info.load_id = uuid.uuid4().hex[:16]
         log.info("model %s loaded in %.1f s", entry.id, time.monotonic() - started)
-        self.host.call_each("model_loaded", host=self.host, engine=engine)
+        hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
         return engine
 
     async def unload(self, entry: ModelEntry) -> None:
@@ -308,7 +345,7 @@ class ModelRegistry:
             log.warning("unloading %s: %d requests still running after %.0f s", entry.id, self._leases, timeout)
 
         def close() -> None:
-            self.host.call_each("model_unloading", host=self.host, engine=engine)
+            hookcalls.lifecycle(self.host.pm, "model_unloading", host=self.host, engine=engine)
             engine.close()
 
         await self.host.scheduler.run(close)

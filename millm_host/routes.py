@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import falcon
 import falcon.asgi
 
+from . import hookcalls
 from .errors import MillmError
 from .openapi import openapi_document
-from .plugins import call_each
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
 from .resources.embeddings import EmbeddingsResource
 from .resources.generation import GenerationResource
@@ -46,4 +46,4 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     app.add_route("/api/models/{model_id}/unload", managed, suffix="unload")
     app.add_route("/openapi.json", OpenAPI(host))
 
-    call_each(host.pm, "register_routes", host=host, add_route=app.add_route)
+    hookcalls.startup(host.pm, "register_routes", host=host, add_route=app.add_route)

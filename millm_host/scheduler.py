@@ -1,22 +1,36 @@
-"""The bounded request queue and the engine thread.
+"""The bounded request queue, the engine thread and the text thread.
 
 One engine thread runs all model work (loads, generation, scoring) in order, so
 a model is never touched by two threads. Requests reserve a place before doing
 any work; when ``MILLM_QUEUE_MAX`` requests already wait for the slot the next
 one is refused with ``503 queue_full``.
+
+A second thread, the text thread, renders and tokenizes prompts for engines
+whose text methods may run beside a generation (``Engine.concurrent_text``), so
+a refusal that needs only the tokenizer never waits behind the engine thread.
+
+Both are daemon threads: a generation stuck in native code cannot keep the
+process from exiting. A generation reports progress (``beat``) at every token;
+one that makes none for ``MILLM_GENERATION_STALL_S`` is stalled, and whatever
+waits behind it is failed rather than left waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from .errors import QueueFull, RequestCancelled
+from .errors import GenerationStalled, MillmError, QueueFull, RequestCancelled, ShuttingDown
 
 T = TypeVar("T")
+
+#: How often a waiter looks for a stall or the end of the shutdown grace (seconds).
+TICK = 0.25
 
 
 class Ticket:
@@ -38,15 +52,65 @@ class Ticket:
         self.release()
 
 
-class Scheduler:
-    """Admission control plus a single engine thread."""
+class Worker:
+    """One daemon thread running submitted calls in order."""
 
-    def __init__(self, queue_max: int) -> None:
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+        self.ident = self._thread.ident
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        future: Future[T] = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while it waited
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            del future, fn, args, item  # drop references before waiting again
+
+    def stop(self) -> None:
+        """Stop after the calls already submitted (returns at once)."""
+        self._jobs.put(None)
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+
+class Scheduler:
+    """Admission control, the engine thread and the text thread."""
+
+    def __init__(self, queue_max: int, stall_s: float = 0.0) -> None:
         self.queue_max = queue_max
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="millm-engine")
+        #: Seconds without progress after which a running generation is stalled (0: never).
+        self.stall_s = stall_s
+        self._engine = Worker("millm-engine")
+        self._text = Worker("millm-text")
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + running
-        self.engine_thread_id: int | None = None
+        self._beat: float | None = None  # last progress of the running generation; None while none runs
+        #: Set when shutdown begins: new requests are refused (``503 shutting_down``).
+        self.closing = False
+        #: When the shutdown grace ends (``time.monotonic()``): what still waits is cancelled.
+        self.deadline: float | None = None
+
+    @property
+    def engine_thread_id(self) -> int | None:
+        return self._engine.ident
 
     @property
     def admitted(self) -> int:
@@ -55,6 +119,8 @@ class Scheduler:
     def reserve(self) -> Ticket:
         """Take a place in the queue or raise ``QueueFull``. One runs, ``queue_max`` wait."""
         with self._lock:
+            if self.closing:
+                raise ShuttingDown("the server is shutting down; retry once it is back")
             if self._admitted >= self.queue_max + 1:
                 raise QueueFull(
                     f"the request queue is full ({self.queue_max} waiting); retry later"
@@ -66,23 +132,96 @@ class Scheduler:
         with self._lock:
             self._admitted -= 1
 
+    # --- progress ---------------------------------------------------------------------
+    def beat(self) -> None:
+        """A generation made progress (engine thread: at its start and at every token)."""
+        self._beat = time.monotonic()
+
+    def rest(self) -> None:
+        """The running generation ended (engine thread)."""
+        self._beat = None
+
+    @property
+    def generating(self) -> bool:
+        """A generation is running on the engine thread."""
+        return self._beat is not None
+
+    def stalled_for(self) -> float:
+        """Seconds the running generation has gone without progress (0 when none runs)."""
+        beat = self._beat
+        return 0.0 if beat is None else time.monotonic() - beat
+
+    def stalled(self) -> bool:
+        return self.stall_s > 0 and self.stalled_for() > self.stall_s
+
+    def expired(self) -> bool:
+        """The shutdown grace has run out."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def why_not_started(self) -> MillmError | None:
+        """Why a call that has not started yet should be given up, if it should."""
+        if self.expired():
+            return ShuttingDown("the server is shutting down; this request did not finish within the grace period")
+        if self.stalled():
+            return GenerationStalled(
+                f"the engine is stuck in a generation that made no progress for {self.stalled_for():.0f} s; "
+                "retry later"
+            )
+        return None
+
+    # --- running work -----------------------------------------------------------------
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Queue ``fn(*args)`` on the engine thread; the caller waits for the future itself."""
+        return self._engine.submit(fn, *args)
+
     async def run(self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None) -> T:
-        """Run ``fn(*args)`` on the engine thread, in order; skip it if cancelled while queued."""
+        """Run ``fn(*args)`` on the engine thread, in order.
 
-        def job() -> T:
-            self.engine_thread_id = threading.get_ident()
-            if cancel is not None and cancel.is_set():
+        With ``cancel``, a call that has not started yet is given up (and never
+        runs) once ``cancel`` is set, once a generation ahead of it stalls, or
+        once the shutdown grace ends.
+        """
+        return await self._wait(self._engine.submit(self._guarded, fn, args, cancel), cancel)
+
+    async def run_text(self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None) -> T:
+        """Run ``fn(*args)`` on the text thread (rendering and tokenizing; never model work)."""
+        return await self._wait(self._text.submit(self._guarded, fn, args, cancel), cancel)
+
+    @staticmethod
+    def _guarded(fn: Callable[..., T], args: tuple, cancel: threading.Event | None) -> T:
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelled()
+        return fn(*args)
+
+    async def _wait(self, future: Future[T], cancel: threading.Event | None) -> T:
+        waiter = asyncio.wrap_future(future)
+        if cancel is None:
+            return await waiter
+        while True:
+            done, _ = await asyncio.wait({waiter}, timeout=TICK)
+            if done:
+                return waiter.result()
+            if cancel.is_set() and future.cancel():
                 raise RequestCancelled()
-            return fn(*args)
+            error = self.why_not_started()
+            if error is not None and future.cancel():
+                cancel.set()
+                raise error
 
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, job)
-
-    def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` on the engine thread from a non-async thread and wait for it."""
+    def run_sync(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
+        """Run ``fn`` on the engine thread from a non-async thread and wait (``TimeoutError`` past ``timeout``)."""
         if threading.get_ident() == self.engine_thread_id:
             return fn(*args)
-        return self._executor.submit(fn, *args).result()
+        return self._engine.submit(fn, *args).result(timeout)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until the engine thread has run what was queued before now; False if it did not in time."""
+        try:
+            self.run_sync(lambda: None, timeout=timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._engine.stop()
+        self._text.stop()

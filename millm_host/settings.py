@@ -22,6 +22,8 @@ class Setting:
     type: type
     default: Any
     help: str
+    #: Never printed (``millm settings`` shows it as set or not).
+    secret: bool = False
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -54,14 +56,28 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     Setting("MILLM_DATABASE_URL", str, None, "SQLAlchemy URL of the database (default SQLite in the data directory)"),
     Setting("MILLM_MODELS_DIR", str, None, "Directory of models to serve: HF checkpoint directories and .gguf files"),
     Setting("MILLM_MODEL", str, None, "Model to load at start: a path or a model id (default: the bundled SmolLM2)"),
-    Setting("MILLM_ENGINE", str, "transformers",
-            "Engine preferred for .gguf files (transformers or gguf); another installed one serves them if it is absent"),
-    Setting("MILLM_DTYPE", str, "auto", "Weights dtype for the transformers engine (auto = float32 on CPU)"),
-    Setting("MILLM_DEVICE", str, "auto", "Device for the transformers engine (auto, cpu, cuda, cuda:N)"),
+    Setting("MILLM_ENGINE", str, None,
+            "Engine that serves files several installed engines can serve (e.g. .gguf); "
+            "default: the one that declares the highest preference"),
     Setting("MILLM_LOAD_ON_START", bool, True, "Load the start model when the server starts"),
     Setting("MILLM_AUTOLOAD", bool, True, "Load a requested model that is not resident"),
+    Setting("MILLM_PLUGIN_MODULES", list, [],
+            "Importable modules registered as plugins besides the installed entry points: "
+            "module or name=module, comma-separated (how tests load their test-only plugins)"),
     Setting("MILLM_PLUGINS", list, None, "Allow-list of plugin names to load (default: all installed)"),
     Setting("MILLM_DISABLE_PLUGINS", list, [], "Plugin names not to load"),
+    Setting("MILLM_API_KEYS", list, [], "Keys that open /v1 (Authorization: Bearer <key>); unset: /v1 is open",
+            secret=True),
+    Setting("MILLM_ADMIN_API_KEYS", list, [],
+            "Keys that open every other route but /api/health and /openapi.json (and /v1 too); "
+            "unset: those routes take MILLM_API_KEYS, or are open when that is unset too", secret=True),
+    Setting("MILLM_ALLOWED_HOSTS", list, None,
+            "Host header values answered (name or name:port, * for any); default the loopback names "
+            "localhost, 127.0.0.1, [::1] on any port, plus the address --host names"),
+    Setting("MILLM_CORS_ORIGINS", list, [],
+            "Origins (scheme://host:port, or *) whose pages may call this server from a browser; unset: CORS off"),
+    Setting("MILLM_SAE_DIRS", list, None,
+            "Directories SAEs may be registered from (POST /api/saes); default <data dir>/saes"),
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_MAX_JSON_DEPTH", int, 64, "Deepest JSON nesting accepted in a request body"),
@@ -71,6 +87,12 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
     Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),
     Setting("GRACEFUL_UNLOAD_TIMEOUT", float, 30.0, "Seconds an unload waits for running requests"),
+    Setting("MILLM_GENERATION_STALL_S", float, 300.0,
+            "Seconds a generation may go without producing a token before it fails with 503 generation_stalled "
+            "(0: never)"),
+    Setting("MILLM_SHUTDOWN_GRACE_S", float, 10.0,
+            "Seconds running and queued requests get to finish after SIGTERM; the rest then fail with "
+            "503 shutting_down (an error event on a stream)"),
 )
 
 
@@ -112,3 +134,8 @@ class Settings(Mapping[str, Any]):
     @property
     def cache_dir(self) -> Path:
         return Path(self["MILLM_CACHE_DIR"] or self.data_dir / "cache")
+
+    @property
+    def sae_dirs(self) -> list[Path]:
+        """Where SAEs may be registered from (``MILLM_SAE_DIRS``, default ``<data dir>/saes``)."""
+        return [Path(d) for d in self["MILLM_SAE_DIRS"] or [self.data_dir / "saes"]]

@@ -10,6 +10,7 @@ import pytest
 from millm_host import hookspecs
 from millm_host.plugins import build_plugin_manager
 from millm_host.settings import Settings
+from millm_host.testing.extra_plugins import in_process_environ
 
 SPECS = sorted(
     name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
@@ -19,7 +20,7 @@ SPECS = sorted(
 
 @pytest.fixture(scope="module")
 def pm() -> pluggy.PluginManager:
-    return build_plugin_manager(Settings(environ={}))
+    return build_plugin_manager(Settings(environ=in_process_environ()))
 
 
 def test_there_are_hookspecs():
@@ -41,3 +42,17 @@ def test_hookspec_is_implemented_by_a_plugin_of_this_repository(pm, name):
 
 def test_no_plugin_failed_to_load(pm):
     assert pm.millm_report.failed == []
+
+
+def test_every_hookspec_has_one_call_policy():
+    from millm_host.hookcalls import POLICIES
+
+    assert set(POLICIES) == set(SPECS)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_hookspec_names_its_call_policy(name):
+    from millm_host.hookcalls import POLICIES
+
+    doc = " ".join((inspect.getdoc(getattr(hookspecs, name)) or "").split())
+    assert f"Policy: {POLICIES[name]} (``millm_host.hookcalls``)" in doc

@@ -32,6 +32,7 @@ def test_health_reports_model_engine_and_plugins(app_factory):
     assert health["status"] == "ok"
     assert health["engine"] == "echo" and health["model"] == "echo"
     assert {"echo", "transformers"} <= set(health["engines"])
+    assert health["engine_status"] == {}  # in process: nothing to report (the GGUF engine reports its child)
     names = {p["name"] for p in health["plugins"]}
     assert {"engine_transformers", "detector_example"} <= names
     assert all(p["version"] for p in health["plugins"])

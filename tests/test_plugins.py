@@ -17,11 +17,12 @@ import pytest
 
 from millm_host.cli import main
 from millm_host.testing import chat, chat_body, stream_post
+from millm_host.testing.extra_plugins import with_test_plugins
 
 
 def _millm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "millm_host.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+                          env=with_test_plugins({**os.environ, **(env or {})}), timeout=120)
 
 
 def test_millm_plugins_lists_names_versions_and_status():

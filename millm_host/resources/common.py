@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -25,10 +26,22 @@ class BodyTooLarge(MillmError):
     status, code = 413, "request_too_large"
 
 
+#: Bodies past this many bytes are parsed on a worker thread, so the event loop never waits on one.
+PARSE_INLINE_MAX_BYTES = 64 * 1024
+
+
 async def read_json(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> dict[str, Any]:
     """The body as a JSON object: 415 for another media type, 413 past the size limit."""
     raw = await read_body(req, settings, required=required)
-    return parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"]) if raw else {}
+    return await parse_json(raw, settings) if raw else {}
+
+
+async def parse_json(raw: bytes, settings: Settings) -> dict[str, Any]:
+    """``protocol.parse_json_body`` with the configured depth, off the event loop for a large body."""
+    depth = settings["MILLM_MAX_JSON_DEPTH"]
+    if len(raw) <= PARSE_INLINE_MAX_BYTES:
+        return parse_json_body(raw, depth)
+    return await asyncio.to_thread(parse_json_body, raw, depth)
 
 
 async def read_body(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> bytes:
@@ -54,9 +67,12 @@ def lower_headers(req: falcon.asgi.Request) -> dict[str, str]:
 
 
 def render_error(resp: falcon.asgi.Response, error: MillmError) -> None:
+    """The error in OpenAI's shape; every 503 says when to retry (``Retry-After``)."""
     resp.status = error.status
     resp.content_type = falcon.MEDIA_JSON
     resp.text = json.dumps({"error": error.to_dict()})
+    if error.status == 503:
+        resp.set_header("Retry-After", str(error.retry_after))
     for name, value in error.headers.items():
         resp.set_header(name, value)
 
@@ -83,3 +99,31 @@ async def handle_unexpected(req, resp, ex: Exception, params) -> None:
         return
     log.exception("unhandled error on %s %s", req.method, req.path)
     render_error(resp, InternalError(f"internal error: {type(ex).__name__}"))
+
+
+class JsonResource:
+    """Base of a JSON route, the host's or a plugin's: bodies are read and checked the host's way.
+
+    Subclasses define Falcon's ``on_get``/``on_post``/... and raise ``MillmError``s,
+    which the app renders in OpenAI's shape.
+    """
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+
+    async def json(self, req: falcon.asgi.Request, *, required: bool = True) -> dict[str, Any]:
+        """The body as a JSON object (``{}`` when optional and absent); 413, 415 and 400 as ``read_json``."""
+        return await read_json(req, self.host.settings, required=required)
+
+    async def raw_body(self, req: falcon.asgi.Request, *, required: bool = True) -> bytes:
+        """The body's bytes, checked like ``json`` checks them, for a plugin that stores them verbatim."""
+        return await read_body(req, self.host.settings, required=required)
+
+    async def parse_json(self, raw: bytes) -> Any:
+        """``raw`` parsed as ``json`` parses a body (the depth limit included; off the event loop when large)."""
+        return await parse_json(raw, self.host.settings)
+
+    @staticmethod
+    def headers(req: falcon.asgi.Request) -> dict[str, str]:
+        """The request's headers, names lower-cased."""
+        return lower_headers(req)

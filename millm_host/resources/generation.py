@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import falcon
 from falcon.asgi import SSEvent
 
-from ..serving.run import collect_headers, complete, sse_data, stream
+from ..errors import ClientDisconnected, RequestCancelled
+from ..serving.run import collect_headers, complete, sse_data, stream, watch_client
 from .common import lower_headers, read_json
 
 if TYPE_CHECKING:
@@ -25,18 +27,27 @@ class GenerationResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         host = self.host
         body = await read_json(req, host.settings)
-        ctx = host.pipeline.build_context(self.endpoint, body, lower_headers(req))
+        # validation takes time in proportion to the body: off the event loop
+        ctx = await asyncio.to_thread(host.pipeline.build_context, self.endpoint, body, lower_headers(req))
         if ctx.scoring:
             payload, headers = await host.scoring(host, ctx)
             resp.media = payload
             resp.set_headers(headers)
             return
-        admission = await host.pipeline.prepare(ctx)
+        gone = watch_client(req, ctx)  # a client that leaves cancels its request, streamed or not
+        try:
+            admission = await host.pipeline.prepare(ctx)
+        except BaseException as exc:
+            if gone is not None:
+                gone.cancel()
+            if isinstance(exc, RequestCancelled):
+                raise ClientDisconnected("the client went away before the request was prepared") from None
+            raise
         if ctx.streaming:
             resp.set_headers(collect_headers(host, ctx))
-            resp.sse = _events(stream(host, ctx, admission))
+            resp.sse = _events(stream(host, ctx, admission, gone))
             return
-        payload, headers = await complete(host, ctx, admission)
+        payload, headers = await complete(host, ctx, admission, gone)
         resp.set_headers(headers)
         resp.media = payload
 

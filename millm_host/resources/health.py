@@ -14,22 +14,33 @@ class Health:
 
     async def on_get(self, req, resp) -> None:
         registry = self.host.registry
+        scheduler = self.host.scheduler
         report = self.host.report
         start = registry.start_model
+        entry, progress, error = registry.resident, None, None
         if registry.resident is not None:
             status = "ok"
         elif registry._transition is not None:
-            status = "loading" if registry._transition[0] == "load" else "unloading"
+            kind, entry = registry._transition[0], registry._transition[1]
+            status = "loading" if kind == "load" else "unloading"
+            progress = entry.progress
         elif start is not None and start.state.value == "FAILED":
-            status = "failed"
+            status, entry, error = "failed", start, start.error
         else:
             status = "no_model"
         resp.media = {
             "status": status,
-            "model": registry.resident.id if registry.resident else None,
-            "engine": registry.resident.spec.name if registry.resident else None,
+            # The model the status is about: the resident one, the one loading, or the start model that failed.
+            "model": entry.id if entry else None,
+            "engine": entry.spec.name if entry else None,
+            "phase": {"ok": "loaded"}.get(status, status) if entry else None,
+            "progress": progress,
+            "error": error,
+            "engine_status": dict(registry.engine.status()) if registry.engine is not None else None,
             "engines": [spec.name for spec in self.host.engines],
             "plugins": [{"name": r.name, "version": r.version} for r in report.loaded],
             "failed_plugins": [{"name": r.name, "error": r.error} for r in report.failed],
-            "queue": {"admitted": self.host.scheduler.admitted, "max_waiting": self.host.scheduler.queue_max},
+            "queue": {"admitted": scheduler.admitted, "max_waiting": scheduler.queue_max,
+                      "generating": scheduler.generating, "stalled": scheduler.stalled(),
+                      "shutting_down": scheduler.closing},
         }

@@ -41,34 +41,7 @@ class OpenAIModel:
 
 def model_detail(host: Host, entry: ModelEntry) -> dict[str, Any]:
     """A model's state and the identity probes are checked against."""
-    d = entry.descriptor
-    detail: dict[str, Any] = {
-        "id": entry.id,
-        "state": entry.state.value,
-        "engine": entry.spec.name,
-        "format": d.format,
-        "path": d.path,
-        "quantization": d.quantization,
-        "hf_id": d.hf_id or entry.id,
-        "revision": d.revision,
-        "error": entry.error,
-    }
-    engine = host.registry.engine
-    if host.registry.resident is entry and engine is not None:
-        info = engine.info
-        detail.update(
-            hf_id=info.hf_id or entry.id,
-            revision=info.revision,
-            d_model=info.d_model,
-            n_layers=info.n_layers,
-            chat_template_sha256=info.chat_template_sha256,
-            context_window=info.context_window,
-            dtype=info.dtype,
-            device=info.device,
-            load_id=info.load_id,
-            system_fingerprint=info.system_fingerprint,
-        )
-    return detail
+    return host.registry.detail(entry)
 
 
 class ManagedModels:

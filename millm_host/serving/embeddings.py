@@ -8,6 +8,7 @@ installed), and the host normalises, checks and encodes the vectors.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import struct
@@ -88,7 +89,7 @@ def encode(vector: list[float], encoding_format: str) -> list[float] | str:
 
 async def serve_embeddings(host: Host, body: dict[str, Any], headers: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """``POST /v1/embeddings``: the response body and headers."""
-    ctx = host.pipeline.build_context("embeddings", body, headers, protocol=EmbeddingRequest)
+    ctx = await asyncio.to_thread(host.pipeline.build_context, "embeddings", body, headers, EmbeddingRequest)
     params: EmbeddingRequest = ctx.params
     inputs = inputs_of(params, host.settings["EMBEDDINGS_MAX_INPUTS"])
     pooling = params.pooling or "mean"

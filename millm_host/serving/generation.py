@@ -5,15 +5,20 @@ their hooks (``before_forward``), generates every sequence, enforcing EOS,
 ``max_tokens`` and stop sequences, and tells plugins it ended (``after_generate``),
 also when it was cut short. Streaming requests pass ``emit`` to receive events as
 they happen; nothing here knows about HTTP.
+
+It reports progress to the scheduler at its start and at every token, so the
+host can tell a stalled generation from a slow one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook, LogitsProcessorFactory
 from ..errors import InternalError, MillmError, RequestCancelled
@@ -55,11 +60,16 @@ class GenerationJob:
         self.host = host
         self.ctx = ctx
         self.emit = emit
+        self._lock = threading.Lock()
+        self._told = False  # after_generate has been called
 
     def __call__(self) -> None:
-        ctx, pm = self.ctx, self.host.pm
+        ctx, scheduler = self.ctx, self.host.scheduler
+        scheduler.beat()
         try:
-            contributions = flatten(pm.hook.before_forward(ctx=ctx))
+            if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
+                raise RequestCancelled()
+            contributions = flatten(hookcalls.request(self.host.pm, "before_forward", ctx=ctx))
             hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
             filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
@@ -74,16 +84,24 @@ class GenerationJob:
             log.exception("generation failed")
             ctx.error, ctx.interrupted = InternalError(f"generation failed: {type(exc).__name__}: {exc}"), "generation_error"
         finally:
-            ctx.finished = True
-            for impl in pm.hook.after_generate.get_hookimpls():  # each runs, whatever another raised
-                try:
-                    impl.function(ctx=ctx)
-                except MillmError as exc:  # a plugin refuses the finished output
-                    ctx.error = ctx.error or exc
-                except Exception:
-                    log.exception("after_generate failed in %s", impl.plugin_name)
+            scheduler.beat()  # a plugin's after_generate that hangs is a stall too
+            self.finish()
+            scheduler.rest()
         if ctx.error is not None:
             raise ctx.error
+
+    def finish(self) -> None:
+        """Tell plugins the generation ended (``after_generate``), once.
+
+        The engine thread calls this when the generation ends; the host calls it
+        from another thread for a generation that hung and did not stop in time.
+        """
+        with self._lock:
+            if self._told:
+                return
+            self._told = True
+        self.ctx.finished = True
+        hookcalls.after_generate(self.host.pm, self.ctx)
 
     def _sequence(
         self,
@@ -107,8 +125,10 @@ class GenerationJob:
         tokens = engine.generate(
             prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors]
         )
+        beat = self.host.scheduler.beat
         try:
             for token in tokens:
+                beat()
                 if ctx.cancel_event.is_set():
                     raise RequestCancelled()
                 if token in eos:

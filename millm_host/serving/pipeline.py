@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
+from ..admission import Admission, admit
 from ..context import RequestContext
 from ..engine import SamplingParams
 from ..engine_scoring import InvalidScoringRequest
 from ..errors import ContextLengthExceeded, InternalError, InvalidParameter, MillmError
 from ..fields import check_fields, strict_mode
 from ..protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, message_text, validate
-from ..registry import Lease
-from ..scheduler import Ticket
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -47,19 +46,6 @@ def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
     return endpoint == "chat.completions" and body.get("top_logprobs") is not None
 
 
-@dataclass
-class Admission:
-    """What a prepared request holds until it finishes: a queue place and a model lease."""
-
-    ticket: Ticket
-    lease: Lease | None = None
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-        self.ticket.release()
-
-
 class Pipeline:
     """Turns a request body into a context ready for the engine."""
 
@@ -75,6 +61,7 @@ class Pipeline:
         strict = strict_mode(headers)
         entry = host.registry.resolve(params.model)
         ctx = RequestContext(
+            entry=entry,
             endpoint=endpoint,  # type: ignore[arg-type]
             body=body,
             params=params,
@@ -82,17 +69,22 @@ class Pipeline:
             model=entry.descriptor,
             engine_name=entry.spec.name,
             settings=host.settings,
+            host=host,
+            engine_capabilities=entry.spec.capabilities,
             streaming=bool(getattr(params, "stream", False)),
             scoring=is_scoring_request(endpoint, body),
         )
         ctx.unused_fields = check_fields(host.fields, endpoint, entry.spec.name, body, strict)
         if isinstance(params, ChatCompletionRequest):
             ctx.conversations = [_conversation(params.messages, "messages")]
+            ctx.messages = [_full_messages(params.messages)]
             extra = body.get("extra_messages")
             if extra is not None and not isinstance(extra, list):
                 raise InvalidParameter("extra_messages must be a list of conversations", param="extra_messages")
             for i, rows in enumerate(extra or ()):
-                ctx.conversations.append(_conversation(_extra_messages(rows, i), f"extra_messages[{i}]"))
+                messages = _extra_messages(rows, i)
+                ctx.conversations.append(_conversation(messages, f"extra_messages[{i}]"))
+                ctx.messages.append(_full_messages(messages))
             ctx.chat_template_kwargs = body.get("chat_template_kwargs")
             if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
                 raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
@@ -113,36 +105,41 @@ class Pipeline:
         releases it when the request ends.
         """
         host = self.host
-        await asyncio.to_thread(host.pm.hook.validate_request, ctx=ctx)
-        entry = host.registry.entries[ctx.model.id]
-        host.registry.check_available(entry)  # model_busy wins over queue_full
-        admission = Admission(host.scheduler.reserve())
+        await asyncio.to_thread(hookcalls.request, host.pm, "validate_request", ctx=ctx)
+        admission = await admit(host, ctx.entry)
         try:
-            admission.lease = await host.registry.acquire(entry)
-            ctx.engine = admission.lease.engine
-            await host.scheduler.run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
+            ctx.engine = admission.engine
+            # On the text thread when the engine allows it: a refusal that needs only the tokenizer
+            # (context_length_exceeded) never waits behind a running generation.
+            run = host.scheduler.run_text if ctx.engine.concurrent_text else admission.run
+            await run(self._render_and_tokenize, tokenize or self.tokenize, ctx, cancel=ctx.cancel_event)
             if ctx.endpoint in PROTOCOLS and not ctx.scoring:
                 self.check_context(ctx)
-            await asyncio.to_thread(host.pm.hook.after_tokenize, ctx=ctx)
+            await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
         except BaseException:
             admission.release()
             raise
         return admission
 
     def _render_and_tokenize(self, tokenize: Callable[[RequestContext], None], ctx: RequestContext) -> None:
-        """On the engine thread: plugins adjust the render for the resident model, then tokenize."""
-        self.host.pm.hook.before_tokenize(ctx=ctx)
+        """On the text (or engine) thread: plugins adjust the render for the resident model, then tokenize."""
+        hookcalls.request(self.host.pm, "before_tokenize", ctx=ctx)
         tokenize(ctx)
 
     def tokenize(self, ctx: RequestContext) -> None:
-        """Token ids for every prompt (engine thread: tokenizers are not re-entrant)."""
+        """Token ids for every prompt (text thread, or engine thread when the engine's text methods must run there)."""
         engine = ctx.engine
         assert engine is not None
         if ctx.is_chat:
-            ctx.prompts = [
-                engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs, fallback=not ctx.scoring)
-                for conv in ctx.conversations
-            ]
+            ctx.prompts = []
+            for i, conv in enumerate(ctx.conversations):
+                try:
+                    ctx.prompts.append(engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs,
+                                                       fallback=not ctx.scoring))
+                except InvalidParameter as exc:  # the engine names "messages"; the others are extra_messages
+                    if i == 0 or exc.param != "messages":
+                        raise
+                    raise InvalidParameter(exc.message, param=f"extra_messages[{i - 1}]") from None
         elif ctx.endpoint == "completions":
             add_special = ctx.params.add_special_tokens is not False
             ctx.prompts = [
@@ -166,6 +163,11 @@ class Pipeline:
         longest = max((len(p) for p in ctx.prompts), default=0)
         if longest == 0:
             raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
+        empty = next((i for i, p in enumerate(ctx.prompts) if not p), None)
+        if empty is not None:  # an engine given no ids fails deep inside; refuse it here
+            where = (f"prompt[{empty}]" if ctx.endpoint == "completions"
+                     else f"extra_messages[{empty - 1}]" if empty else "messages")
+            raise InvalidParameter(f"{where} is empty (it tokenizes to nothing); every prompt needs text", param=where)
         if window is not None:
             asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
             total = longest + (requested or 0)
@@ -198,6 +200,11 @@ def _conversation(messages: list[ChatMessage], where: str) -> list[dict[str, Any
     for i, message in enumerate(messages):
         rendered.append({"role": message.role, "content": message_text(message, i)})
     return rendered
+
+
+def _full_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as sent, every field kept (``tool_calls``, ``tool_call_id``, ``name``)."""
+    return [message.model_dump(exclude_unset=True) for message in messages]
 
 
 def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:

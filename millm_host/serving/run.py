@@ -1,38 +1,65 @@
-"""Running a prepared generation request: the whole answer, or a stream of chunks."""
+"""Running a prepared generation request: the whole answer, or a stream of chunks.
+
+A ``Flight`` is one generation as the event loop sees it. It holds the request's
+admission (queue place and model lease) until the answer is over, and ends the
+request early, freeing that admission at once, when:
+
+- the client goes away (``client_disconnected``): the generation is cancelled at
+  its next token, or skipped if it has not started;
+- the generation makes no progress for ``MILLM_GENERATION_STALL_S``
+  (``generation_thread_hung``): ``503 generation_stalled``. If the engine thread
+  has not stopped after as long again, the host calls ``after_generate`` itself.
+  Requests waiting behind a stalled generation fail the same way (``cancelled``);
+- the shutdown grace runs out (``cancelled``): ``503 shutting_down``.
+
+The engine thread is serial, so releasing the admission before a cancelled
+generation has stopped is safe: an unload's ``close`` queues behind it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..context import RequestContext
-from ..errors import RequestCancelled
+from ..errors import ClientDisconnected, GenerationStalled, MillmError, RequestCancelled
+from ..headers import serialize_string_list
 from ..output import ResponseExtra
+from ..scheduler import TICK
 from .generation import GenerationJob, flatten
 from .pipeline import Admission, raise_for
 from .responses import chunk, completion_body, delta_choice, usage
 
 if TYPE_CHECKING:
+    import falcon.asgi
+
     from ..app import Host
 
 log = logging.getLogger("millm.serving")
 
 DONE = "[DONE]"
+FINISHED = "finished"  # the engine thread is done with the request
+STOPPED = "stopped"  # the host ended the request early
 
 
 def collect_headers(host: Host, ctx: RequestContext) -> dict[str, str]:
+    """Every plugin's response headers, and ``X-miLLM-Plugin-Errors`` when a plugin's rendering failed."""
     headers: dict[str, str] = {}
-    for result in host.pm.hook.render_headers(ctx=ctx):
+    for result in hookcalls.rendering(host.pm, "render_headers", ctx):
         if result:
             headers.update(result)
+    if ctx.plugin_errors:
+        headers[hookcalls.PLUGIN_ERRORS_HEADER] = serialize_string_list(ctx.plugin_errors)
     return headers
 
 
 def collect_extras(host: Host, ctx: RequestContext) -> list[ResponseExtra]:
-    extras = [e for e in flatten(host.pm.hook.response_extras(ctx=ctx)) if isinstance(e, ResponseExtra)]
+    extras = [e for e in flatten(hookcalls.rendering(host.pm, "response_extras", ctx)) if isinstance(e, ResponseExtra)]
     return sorted(extras, key=lambda e: e.order)
 
 
@@ -43,56 +70,166 @@ def add_extras(host: Host, ctx: RequestContext, body: dict[str, Any]) -> dict[st
     return body
 
 
-async def complete(host: Host, ctx: RequestContext, admission: Admission) -> tuple[dict[str, Any], dict[str, str]]:
+def watch_client(req: falcon.asgi.Request, ctx: RequestContext) -> asyncio.Task | None:
+    """A task that ends when the client disconnects; meanwhile the request's ``cancel_event`` is set.
+
+    It waits on the ASGI receive channel for ``http.disconnect`` (call it once the
+    body has been read). Falcon offers no public accessor for that channel, hence
+    ``req._receive``; without one (another server adapter) nothing is watched.
+    """
+    receive = getattr(req, "_receive", None)
+    if receive is None:
+        return None
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            await asyncio.sleep(TICK)  # not expected once the body is read; never spin
+
+    def cancel(task: asyncio.Task) -> None:
+        if not task.cancelled():
+            ctx.interrupted = ctx.interrupted or "client_disconnected"
+            ctx.cancel_event.set()
+
+    task = asyncio.ensure_future(gone())
+    task.add_done_callback(cancel)
+    return task
+
+
+class Flight:
+    """One generation between the event loop and the engine thread (see the module docstring)."""
+
+    def __init__(self, host: Host, ctx: RequestContext, admission: Admission, *, streaming: bool,
+                 gone: asyncio.Future | None = None) -> None:
+        self.host, self.ctx, self.admission, self.gone = host, ctx, admission, gone
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        #: Why the host ended the request early (None: it did not, or the client left).
+        self.error: MillmError | None = None
+        self.ended = False
+        self.job = GenerationJob(host, ctx, self._emit if streaming else None)
+        self.future = host.scheduler.submit(self.job)
+        self.future.add_done_callback(lambda _: self._emit(FINISHED))
+        if gone is not None:
+            gone.add_done_callback(self._on_gone)
+        if ctx.cancel_event.is_set():  # the client left while the request was prepared
+            self.stop(ctx.interrupted or "client_disconnected")
+
+    def _on_gone(self, task: asyncio.Future) -> None:
+        if not task.cancelled():  # cancelled: the answer ended first (``end``)
+            self.stop("client_disconnected")
+
+    def _emit(self, event: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
+
+    def end(self) -> None:
+        """The answer is over: free the queue place and the model lease."""
+        if not self.ended:
+            self.ended = True
+            self.admission.release()
+            if self.gone is not None:
+                self.gone.cancel()
+
+    def stop(self, reason: str, error: MillmError | None = None) -> None:
+        """End the request now; a running generation is cancelled at its next token."""
+        if self.ended:
+            return
+        if not self.future.done():
+            self.ctx.interrupted = self.ctx.interrupted or reason
+            self.ctx.cancel_event.set()
+        self.error = error
+        self.end()
+        self.events.put_nowait(STOPPED)
+
+    def check(self) -> None:
+        """End the request if the shutdown grace ran out or the generation (or one ahead of it) stalled."""
+        scheduler = self.host.scheduler
+        if self.ended or self.future.done():
+            return
+        if scheduler.expired():
+            self.stop("cancelled", scheduler.why_not_started())
+        elif scheduler.stalled():
+            if self.future.running():  # this generation is the one that stalled
+                self.stop("generation_thread_hung", GenerationStalled(
+                    f"the generation made no progress for {scheduler.stall_s:g} s"))
+                self._tell_plugins(after=scheduler.stall_s)
+            elif self.future.cancel():  # it waits behind the stalled one: it will never start
+                self.stop("cancelled", scheduler.why_not_started())
+                self._tell_plugins(after=0)
+
+    def _tell_plugins(self, after: float) -> None:
+        """Call ``after_generate`` from a worker thread if the engine thread has not in ``after`` seconds."""
+
+        async def later() -> None:
+            deadline = time.monotonic() + after
+            while not self.future.done() and time.monotonic() < deadline:
+                await asyncio.sleep(TICK)
+            if not self.future.done() or self.future.cancelled():
+                log.warning("generation %s did not stop; after_generate called by the host", self.ctx.request_id)
+                await asyncio.to_thread(self.job.finish)
+
+        self.host.keep(asyncio.ensure_future(later()))
+
+    async def next(self, ping: float | None = None) -> Any:
+        """The next event (``FINISHED``, ``STOPPED`` or an engine event); None once ``ping`` s pass without one."""
+        waited = 0.0
+        while True:
+            self.check()
+            if not self.events.empty():  # wait_for costs a task: only when nothing is in yet
+                return self.events.get_nowait()
+            step = TICK if ping is None else min(TICK, ping - waited)
+            try:
+                return await asyncio.wait_for(self.events.get(), step)
+            except TimeoutError:
+                waited += step
+                if ping is not None and waited >= ping - 1e-9:
+                    return None
+
+
+async def complete(host: Host, ctx: RequestContext, admission: Admission,
+                   gone: asyncio.Future | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """Generate the whole answer; return the body and the response headers."""
+    flight = Flight(host, ctx, admission, streaming=False, gone=gone)
+    event = None
     try:
-        await host.scheduler.run(GenerationJob(host, ctx), cancel=ctx.cancel_event)
+        while event is not FINISHED and event is not STOPPED:
+            event = await flight.next()
     finally:
-        admission.release()
+        if event is None:  # this task itself was cancelled
+            flight.stop("cancelled")
+        flight.end()
+    if event is STOPPED:
+        raise flight.error or ClientDisconnected("the client went away before the answer was ready")
+    error = flight.future.exception()
+    if error is not None:
+        raise error
     return add_extras(host, ctx, completion_body(ctx)), collect_headers(host, ctx)
 
 
 async def stream(
-    host: Host, ctx: RequestContext, admission: Admission
+    host: Host, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None
 ) -> AsyncGenerator[dict[str, Any] | str | None, None]:
     """Chunks of a streamed answer (dicts), ``None`` for a keep-alive, ``"[DONE]"`` last.
 
     The generation runs on the engine thread and hands events over a queue. If
-    the consumer stops early (the client went away), the generation is cancelled
-    at its next token and its slot is freed; plugins still hear ``after_generate``.
+    the client goes away the stream ends at once, the generation is cancelled at
+    its next token and its place is freed; plugins still hear ``after_generate``.
+    A request the host ends (stall, shutdown) gets an error event, then ``[DONE]``.
     """
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
-    finished = object()
-
-    def emit(event: tuple[Any, ...]) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    task = asyncio.ensure_future(host.scheduler.run(GenerationJob(host, ctx, emit), cancel=ctx.cancel_event))
-
-    def on_done(t: asyncio.Future) -> None:
-        admission.release()
-        events.put_nowait(finished)
-        if not t.cancelled():
-            t.exception()  # retrieved here; reported below or dropped on a gone client
-
-    task.add_done_callback(on_done)
+    flight = Flight(host, ctx, admission, streaming=True, gone=gone)
     ping = host.settings["MILLM_STREAM_PING_S"]
-    completed = False
     try:
         choices = len(ctx.prompts) * ctx.n
         if ctx.is_chat:
             yield chunk(ctx, [delta_choice(ctx, i, role=True) for i in range(choices)])
         while True:
-            if events.empty():  # wait_for costs a task: only when the next token is not in yet
-                try:
-                    event = await asyncio.wait_for(events.get(), ping)
-                except TimeoutError:
-                    yield None  # lets the server notice a client that went away
-                    continue
-            else:
-                event = events.get_nowait()
-            if event is finished:
+            event = await flight.next(ping)
+            if event is None:
+                yield None  # lets the server notice a client that went away
+                continue
+            if event is FINISHED or event is STOPPED:
                 break
             kind, index, payload = event
             if kind == "delta":
@@ -101,24 +238,28 @@ async def stream(
                 yield chunk(ctx, [delta_choice(ctx, index, extra=payload)])
             elif kind == "finish":
                 yield chunk(ctx, [delta_choice(ctx, index, None if ctx.is_chat else "", finish_reason=payload)])
-        error = task.exception() if not task.cancelled() else None
-        if error is not None and not isinstance(error, RequestCancelled):
-            yield {"error": raise_for(error).to_dict()}
+        if event is STOPPED:
+            if flight.error is None:
+                return  # the client is gone: nobody reads what would follow
+            yield {"error": flight.error.to_dict()}
         else:
-            if ctx.params.stream_options and ctx.params.stream_options.include_usage:
-                yield chunk(ctx, [], usage=usage(ctx))
-            for extra in collect_extras(host, ctx):
-                yield chunk(ctx, [], **extra.fields)
-        completed = True
+            error = flight.future.exception()
+            if error is not None and not isinstance(error, RequestCancelled):
+                yield {"error": raise_for(error).to_dict()}
+            else:
+                if ctx.params.stream_options and ctx.params.stream_options.include_usage:
+                    yield chunk(ctx, [], usage=usage(ctx))
+                for extra in collect_extras(host, ctx):
+                    yield chunk(ctx, [], **extra.fields)
+                if ctx.plugin_errors:  # the headers are gone: the stream's last chunk names them
+                    yield chunk(ctx, [], **{hookcalls.PLUGIN_ERRORS_FIELD: list(ctx.plugin_errors)})
         yield DONE
     finally:
-        if not completed:
-            ctx.interrupted = ctx.interrupted or "client_disconnected"
-            ctx.cancel_event.set()
+        flight.stop("client_disconnected")  # a no-op unless the consumer left before the end
+        flight.end()
 
 
 def sse_data(item: dict[str, Any] | str) -> bytes:
     if isinstance(item, str):
         return item.encode()
     return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()
-

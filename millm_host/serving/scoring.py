@@ -9,10 +9,12 @@ are not called, and ``ctx.scoring`` tells the header and extras hooks so.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook
 from ..engine_scoring import (
@@ -168,7 +170,7 @@ class Scoring:
         self._float32 = threading.Lock()
 
     async def __call__(self, host: Host, ctx: RequestContext) -> tuple[dict[str, Any], dict[str, str]]:
-        request = parse_scoring_request(ctx)
+        request = await asyncio.to_thread(parse_scoring_request, ctx)  # validation: off the event loop
         try:
             admission = await host.pipeline.prepare(ctx, tokenize=lambda c: self._tokenize(host, c, request))
             try:
@@ -223,7 +225,7 @@ class Scoring:
         assert engine is not None
         hooks = []
         if request.params.precision != "float32":
-            hooks = [read_only(h) for h in flatten(host.pm.hook.before_scoring(ctx=ctx)) if isinstance(h, LayerHook)]
+            hooks = [read_only(h) for h in flatten(hookcalls.request(host.pm, "before_scoring", ctx=ctx)) if isinstance(h, LayerHook)]
         try:
             results = engine.score_next_token(ctx.prompts, request.params, hooks=hooks)
         except NonFiniteLogits as exc:

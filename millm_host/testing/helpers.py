@@ -43,4 +43,6 @@ def assert_error(response: httpx.Response, status: int, code: str, param: str | 
     assert isinstance(error["message"], str) and error["message"], error
     if param is not _ANY:
         assert error["param"] == param, error
+    if status == 503:  # every 503 says when to retry
+        assert int(response.headers["retry-after"]) >= 1, response.headers
     return error

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import httpx
 from falcon.testing import ASGIConductor
 
-from . import echo
+from . import echo, extra_plugins
 
 T = TypeVar("T")
 
@@ -136,6 +136,8 @@ class AppServer:
             **({"MILLM_ENGINE": echo.ENGINE_NAME} if echo_models else {}),
             **({"MILLM_MODEL": model} if model else {}),
             **({"MILLM_PLUGINS": ",".join(self.plugins)} if self.plugins else {}),
+            # The test-only plugins (tests/plugins) are not installed: named here, as ServerProcess names them.
+            **(extra_plugins.in_process_environ() if self.all_plugins or self.plugins else {}),
             **(env or {}),
         }
         self.wait_for = wait_for

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from .extra_plugins import with_test_plugins
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -50,14 +52,14 @@ class ServerProcess:
         if model:
             cmd += ["--model", str(model)]
         self.cmd = cmd + list(args or [])
-        self.env = {
+        self.env = with_test_plugins({
             **os.environ,
             "MILLM_DATA_DIR": str(self.data_dir),
             "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
             "PYTHONUNBUFFERED": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **(env or {}),
-        }
+        })
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300) -> ServerProcess:

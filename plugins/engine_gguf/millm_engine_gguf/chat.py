@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 
 class ChatTemplate:

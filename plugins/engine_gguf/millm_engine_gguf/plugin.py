@@ -5,10 +5,8 @@ Nothing here imports llama.cpp: the engine module loads only with a model.
 
 from __future__ import annotations
 
-from millm_host.errors import FieldNotHonoured
-from millm_host.hookspecs import hookimpl
+from millm_host.api import FieldNotHonoured, hookimpl
 
-from .settings import SETTINGS
 from .spec import ENGINE_NAME, SPEC
 
 #: What the GGUF engine honours beyond the host's own fields. Chat and text
@@ -16,13 +14,6 @@ from .spec import ENGINE_NAME, SPEC
 #: steering and scoring fields stay unclaimed, so the host refuses them before
 #: any load, and chat_template_kwargs and tool-call history are reported.
 EMBEDDING_FIELDS = ("input", "encoding_format", "pooling", "normalize")
-
-
-@hookimpl
-def register_settings(register) -> None:
-    """Declare the GGUF_* settings."""
-    for setting in SETTINGS:
-        register(setting)
 
 
 @hookimpl

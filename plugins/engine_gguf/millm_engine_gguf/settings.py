@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from millm_host.settings import Setting
+from millm_host.api import Setting
 
 SETTINGS = (
     Setting("GGUF_N_CTX", int, 4096,

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from millm_host.engine import EngineSpec, ModelDescriptor
-from millm_host.naming import split_gguf_name
+from millm_host.api import EMBEDDINGS, EngineSpec, ModelDescriptor, split_gguf_name
+
+from .settings import SETTINGS
 
 ENGINE_NAME = "gguf"
 
 SPEC = EngineSpec(
     name=ENGINE_NAME,
-    factory="millm_engine_gguf.engine:GGUFEngine",
+    factory="millm_engine_gguf.process:ProcessEngine",
     describe="millm_engine_gguf.spec:describe",
     formats=frozenset({"gguf"}),
+    capabilities=frozenset({EMBEDDINGS}),  # GGUF_ENABLE_EMBEDDINGS=false turns them off
+    settings=SETTINGS,
 )
 
 _MAGIC = b"GGUF"

@@ -14,9 +14,14 @@ from millm_engine_gguf import plugin
 from millm_engine_gguf.engine import GGUFEngine
 from millm_engine_gguf.settings import SETTINGS
 from millm_engine_gguf.spec import describe
-from millm_host.context import RequestContext
-from millm_host.engine import LayerHook, SamplingParams
-from millm_host.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter
+from millm_host.api import (
+    ContextLengthExceeded,
+    FieldNotHonoured,
+    InvalidParameter,
+    LayerHook,
+    RequestContext,
+    SamplingParams,
+)
 from millm_host.settings import HOST_SETTINGS, Settings
 from millm_host.testing.conformance import EngineConformance
 

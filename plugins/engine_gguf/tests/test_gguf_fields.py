@@ -9,7 +9,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 from millm_host.testing import assert_error
 
 from .conftest import DEFAULT_ID, N_CTX, SOLO_ID

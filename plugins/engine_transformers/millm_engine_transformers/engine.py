@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -11,17 +13,19 @@ import jinja2
 import torch
 import transformers
 
-from millm_host.engine import (
+from millm_host.api import (
     Engine,
     HookPoint,
+    InsufficientMemory,
+    InvalidParameter,
     LayerHook,
     ModelDescriptor,
     ModelInfo,
+    NextTokenScores,
     NoChatTemplate,
     SamplingParams,
+    ScoringParams,
 )
-from millm_host.engine_scoring import NextTokenScores, ScoringParams
-from millm_host.errors import InsufficientMemory, InvalidParameter
 
 from . import hooks as layer_hooks
 from .embedding import pooled_last_hidden
@@ -29,19 +33,28 @@ from .float32 import score_in_float32
 from .loader import load_model
 from .sampling import Penalties, choose, generator_for
 from .scoring import last_logits, next_token_scores
-from .spec import ENGINE_NAME
+from .spec import ENGINE_NAME, SETTINGS
 
 
 class TransformersEngine(Engine):
-    """A HuggingFace model and tokenizer, with per-call forward hooks."""
+    """A HuggingFace model and tokenizer, with per-call forward hooks.
+
+    HF fast tokenizers are not thread-safe (a call may reconfigure truncation and
+    padding, and the Rust side refuses a second borrower), so each thread gets its
+    own copy of the loaded tokenizer, which itself is only ever copied. That lets
+    the host tokenize on its text thread while this engine generates.
+    """
 
     name = ENGINE_NAME
+    concurrent_text = True
 
     def __init__(self, model: Any, tokenizer: Any, descriptor: ModelDescriptor, device: torch.device,
                  dtype: torch.dtype, settings: Any) -> None:
         self.model = model
         self.settings = settings
-        self.tokenizer = tokenizer
+        self._tokenizer_original = tokenizer  # never used directly: copied once per thread
+        self._tokenizer_copying = threading.Lock()
+        self._tokenizers = threading.local()
         self.descriptor = descriptor
         self.device = device
         self.dtype = dtype
@@ -74,9 +87,13 @@ class TransformersEngine(Engine):
         # transformers 5 renamed past_key_values to cache.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._tokenizers.tokenizer = copy.deepcopy(tokenizer)  # the loading (engine) thread's, made now
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
+        for setting in SETTINGS:  # loaded outside a host (tests, benches): the engine declares its own
+            if setting.name not in settings:
+                settings.declare(setting)
         model, tokenizer, device, dtype = load_model(descriptor, settings, progress)
         return cls(model, tokenizer, descriptor, device, dtype, settings)
 
@@ -98,6 +115,16 @@ class TransformersEngine(Engine):
         return frozenset(ids)
 
     # --- text -------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """This thread's own copy of the HF tokenizer."""
+        tokenizer = getattr(self._tokenizers, "tokenizer", None)
+        if tokenizer is None:
+            with self._tokenizer_copying:
+                tokenizer = copy.deepcopy(self._tokenizer_original)
+            self._tokenizers.tokenizer = tokenizer
+        return tokenizer
+
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 

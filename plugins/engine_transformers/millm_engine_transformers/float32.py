@@ -17,8 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from millm_host.engine_scoring import ScoringPrecisionUnavailable
-from millm_host.registry import available_memory
+from millm_host.api import ScoringPrecisionUnavailable, available_memory
 
 MIB = 2**20
 T = TypeVar("T")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from millm_host.engine import LayerHook
+from millm_host.api import LayerHook
 
 
 def decoder_layers(model: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 import transformers
 
-from millm_host.engine import ModelDescriptor
-from millm_host.files import save_atomically
+from millm_host.api import ModelDescriptor, save_atomically
 
 log = logging.getLogger("millm.engine.transformers")
 

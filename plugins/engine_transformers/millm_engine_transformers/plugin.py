@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from millm_host.hookspecs import hookimpl
-from millm_host.settings import Setting
+from millm_host.api import hookimpl
 
 from .spec import ENGINE_NAME, SPEC
 
@@ -23,11 +22,3 @@ def register_request_fields(register) -> None:
     register("chat.completions", ("seed", "n", "chat_template_kwargs", *CHAT_SCORING_FIELDS), engines=engines)
     register("completions", ("seed", "n", *COMPLETION_SCORING_FIELDS), engines=engines)
     register("embeddings", ("pooling",), engines=engines)
-
-
-@hookimpl
-def register_settings(register) -> None:
-    register(Setting("SCORING_FLOAT32_DEVICE", str, "auto",
-                     "Where a float32 scoring copy goes: auto (the model's GPU if it fits, then the CPU), cpu, cuda or cuda:N"))
-    register(Setting("SCORING_FLOAT32_HEADROOM_MB", int, 1024,
-                     "Memory (MiB) a float32 scoring copy must leave free on its device"))

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from millm_host.engine import SamplingParams
+from millm_host.api import SamplingParams
 
 #: Temperatures this small are greedy: their limit is greedy, and dividing by them
 #: overflows the logits to infinity (and the softmax to NaN).

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from millm_host.engine_scoring import NextTokenScores, NonFiniteLogits, ScoringParams, TokenLogprob
+from millm_host.api import NextTokenScores, NonFiniteLogits, ScoringParams, TokenLogprob
 
 
 @torch.inference_mode()

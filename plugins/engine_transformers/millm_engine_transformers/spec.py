@@ -6,16 +6,38 @@ import json
 import re
 from pathlib import Path
 
-from millm_host.engine import EngineSpec, ModelDescriptor
-from millm_host.naming import split_gguf_name
+from millm_host.api import (
+    EMBEDDINGS,
+    LAYER_HOOKS,
+    LOGITS_PROCESSORS,
+    SCORING,
+    EngineSpec,
+    ModelDescriptor,
+    Setting,
+    split_gguf_name,
+)
 
 ENGINE_NAME = "transformers"
+
+#: The engine's own settings (declared by the host when the engine registers).
+SETTINGS = (
+    Setting("MILLM_DTYPE", str, "auto", "Weights dtype for the transformers engine (auto = float32 on CPU)"),
+    Setting("MILLM_DEVICE", str, "auto", "Device for the transformers engine (auto, cpu, cuda, cuda:N)"),
+    Setting("SCORING_FLOAT32_DEVICE", str, "auto",
+            "Where a float32 scoring copy goes: auto (the model's GPU if it fits, then the CPU), cpu, cuda or cuda:N"),
+    Setting("SCORING_FLOAT32_HEADROOM_MB", int, 1024,
+            "Memory (MiB) a float32 scoring copy must leave free on its device"),
+)
 
 SPEC = EngineSpec(
     name=ENGINE_NAME,
     factory="millm_engine_transformers.engine:TransformersEngine",
     describe="millm_engine_transformers.spec:describe",
     formats=frozenset({"hf", "gguf"}),
+    capabilities=frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS}),
+    memory_estimate="millm_engine_transformers.spec:memory_estimate",
+    settings=SETTINGS,
+    preference=1,  # the reference engine: it serves .gguf files too unless MILLM_ENGINE names another
 )
 
 _HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{7,40})/?$")
@@ -44,6 +66,11 @@ def describe(path: str) -> ModelDescriptor | None:
         return ModelDescriptor(id=name, path=str(p), format="hf", engine=ENGINE_NAME,
                                hf_id=hf_id, revision=revision, quantization=quant)
     return None
+
+
+def memory_estimate(descriptor: ModelDescriptor, disk_bytes: int) -> int:
+    """A .gguf file is dequantized to float32 (about 8 times its size on disk); a checkpoint takes its size."""
+    return disk_bytes * 8 if descriptor.format == "gguf" else disk_bytes
 
 
 def _dtype_label(dtype: str | None) -> str | None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_host.engine import LayerHook, ModelDescriptor, SamplingParams
-from millm_host.settings import Settings
+from millm_host.api import LayerHook, ModelDescriptor, SamplingParams, Settings
 from millm_host.testing.conformance import EngineConformance, take
 
 

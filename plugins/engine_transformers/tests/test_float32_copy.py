@@ -14,10 +14,9 @@ import threading
 import pytest
 import torch
 
-from millm_engine_transformers import plugin
 from millm_engine_transformers.engine import TransformersEngine
 from millm_engine_transformers.spec import describe
-from millm_host.engine_scoring import ScoringParams, ScoringPrecisionUnavailable
+from millm_host.api import ScoringParams, ScoringPrecisionUnavailable
 from millm_host.settings import HOST_SETTINGS, Settings
 from millm_host.testing.tiny_models import tiny_llama
 
@@ -27,8 +26,7 @@ IDS = [1, 2, 3, 4, 5]
 
 @pytest.fixture(scope="module")
 def engine():
-    settings = Settings(HOST_SETTINGS, {"MILLM_DTYPE": "bfloat16", "MILLM_DEVICE": "cpu"})
-    plugin.register_settings(register=settings.declare)
+    settings = Settings(HOST_SETTINGS, {"MILLM_DTYPE": "bfloat16", "MILLM_DEVICE": "cpu"})  # the engine declares its own
     path = tiny_llama("tiny-bf16", dtype="bfloat16", seed=3)
     return TransformersEngine.load(describe(str(path)), settings, lambda message: None)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from millm_host.engine import ORDER_READ_PRE_STEERING, LayerHook
+from millm_host.api import ORDER_READ_PRE_STEERING, LayerHook
 
 from .scoring import Point
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from millm_host.protocol import loc_to_param
+from millm_host.api import loc_to_param
 
 from .errors import InvalidDefinition
 

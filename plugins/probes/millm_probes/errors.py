@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from millm_host.errors import MillmError
+from millm_host.api import MillmError
 
 
 class InvalidDefinition(MillmError):

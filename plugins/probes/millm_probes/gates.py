@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from millm_host.resources.models import model_detail
-
 from .definition import ModelBlock, ProbeDefinition
 from .errors import GateRefused, mismatch_message
 
@@ -19,9 +17,9 @@ MODEL_KEYS = ("id", "hf_id", "revision", "d_model", "n_layers", "chat_template_s
 PARITY_PASSING = ("passed", "cannot_check")  # cannot_check is the scope gate's to refuse
 
 
-def model_identity(host: Any, entry: Any) -> dict[str, Any]:
-    """The resident model's identity, as ``GET /api/models/{id}`` reports it (``entry`` is resident)."""
-    detail = model_detail(host, entry)
+def model_identity(host: Any, model_id: str) -> dict[str, Any]:
+    """The resident model's identity, as ``GET /api/models/{id}`` reports it (``model_id`` is resident)."""
+    detail = host.model_detail(model_id)
     return {key: detail[key] for key in MODEL_KEYS}
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import http_sfv
 
-from millm_host.headers import Token, item, serialize_list
+from millm_host.api import Token, item, serialize_list
 
 HEADER = "X-miLLM-Probe-Verdicts"
 DECIMAL_LIMIT = 1e12  # RFC 8941 decimals have at most 12 integer digits

@@ -14,9 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from millm_host.context import RequestContext
-from millm_host.engine import LayerHook
-from millm_host.output import ORDER_PROBE_VERDICTS, ResponseExtra
+from millm_host.api import ORDER_PROBE_VERDICTS, LayerHook, RequestContext, ResponseExtra
 
 from . import header, store
 from .capture import Capture

@@ -11,13 +11,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.errors import InvalidParameter, ModelBusy
-from millm_host.protocol import validate
+from millm_host.api import InvalidParameter, ModelBusy, check_display_name, plain_name, validate
 
 from . import digests, gates, store
-from .definition import Decision, parse
+from .definition import Decision, ProbeDefinition, parse
 from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
-from .parity import parity_summary, run_parity
+from .parity import parity_summary, run_parity, tolerance
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
 from .scoring import CompiledProbe
@@ -79,7 +78,7 @@ def probe_json(runtime: Runtime, row: Probe, view: ProbeView) -> dict[str, Any]:
         "decision_revision": row.decision_revision,
         "threshold_revision": row.threshold_revision,
         "n_test_vectors": len(d.test_vectors),
-        "parity_tolerance": d.parity.tolerance,
+        "parity_tolerance": tolerance(d),
         "armed": armed is not None,
         "armed_at": armed.armed_at if armed else None,
         "armed_load_id": armed.load_id if armed else None,
@@ -112,6 +111,15 @@ async def probe_detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
 # --- import ---------------------------------------------------------------------------------
 
 
+def check_names(definition: ProbeDefinition) -> None:
+    """Names operators read carry no hidden characters; an SAE id names one directory of PROBE_SAE_DIR."""
+    check_display_name(definition.name, "name")
+    if definition.behaviour is not None:
+        check_display_name(definition.behaviour, "behaviour")
+    if definition.sae is not None:
+        plain_name(check_display_name(definition.sae.sae_id, "sae.sae_id"), "sae.sae_id")
+
+
 async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
     """Check a definition and its digests, then store it verbatim; nothing is stored on refusal."""
     if on_conflict not in ("rename", "fail"):
@@ -121,6 +129,7 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
 
 def _import(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
     definition = parse(document)
+    check_names(definition)
     computed = {
         "detector_digest": digests.detector_digest(document),
         "decision_digest": digests.decision_digest(document.get("decision")),
@@ -166,7 +175,7 @@ async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     host = runtime.host
     row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
     engine, entry = host.registry.current()
-    report, _ = await run_parity(runtime, runtime.view(row), engine, entry)
+    report, _ = await run_parity(runtime, runtime.view(row), engine, entry.id)
     await asyncio.to_thread(store.add_parity_report, host.db, report)
     return report
 
@@ -183,9 +192,9 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
         d = view.definition
         engine, entry = host.registry.current()
         gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
-        warnings = gates.gate_identity(d, gates.model_identity(host, entry))
+        warnings = gates.gate_identity(d, gates.model_identity(host, entry.id))
         gates.gate_evidence(d, request.acknowledgement)
-        report, compiled = await run_parity(runtime, view, engine, entry)
+        report, compiled = await run_parity(runtime, view, engine, entry.id)
         await asyncio.to_thread(store.add_parity_report, host.db, report)
         gates.gate_parity(report)
         gates.gate_scope(d)
@@ -193,7 +202,7 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
             await asyncio.to_thread(store.add_acknowledgement, host.db, probe_id, request.acknowledgement,
                                     d.evidence.rung, engine.info.load_id)
         assert compiled is not None  # parity passed, so every vector was scored with it
-        await host.scheduler.run(_commit_arm, runtime, view, compiled, engine)
+        await host.run_on_engine_thread(_commit_arm, runtime, view, compiled, engine)
         try:
             await asyncio.to_thread(store.set_armed, host.db, probe_id, engine.info.load_id)
         except BaseException:

@@ -1,8 +1,8 @@
 """Hook implementations of the probes plugin.
 
-One ``Runtime`` per host, made at ``startup``; the request-path hooks find it
-through the request's settings object (each host has its own), so two hosts in
-one process never share armed probes.
+One ``Runtime`` per host, made at ``startup`` and kept in ``host.state["probes"]``;
+every hook reaches it through ``host`` or ``ctx.host``, so two hosts in one
+process never share armed probes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from millm_host.hookspecs import hookimpl
+from millm_host.api import hookimpl
 
 from . import live, routes, store
 from .runtime import Runtime
@@ -20,11 +20,17 @@ from .stateless import ScoreRequest
 
 log = logging.getLogger("millm.probes")
 
-_runtimes: dict[int, Runtime] = {}  # id(host.settings) -> that host's runtime
+#: The plugin's key in ``host.state``.
+STATE_KEY = "probes"
 
 
-def _runtime(settings: Any) -> Runtime | None:
-    return _runtimes.get(id(settings))
+def _runtime(host: Any) -> Runtime | None:
+    """This host's runtime (None before ``startup`` and after ``shutdown``)."""
+    return host.state.get(STATE_KEY)
+
+
+def _start(host: Any) -> Runtime:
+    return host.state.setdefault(STATE_KEY, Runtime(host))
 
 
 @hookimpl
@@ -43,7 +49,7 @@ def register_migrations(register) -> None:
 @hookimpl
 def register_routes(host, add_route) -> None:
     """The management API under ``/api/probes``."""
-    runtime = _runtimes.setdefault(id(host.settings), Runtime(host))
+    runtime = _start(host)
     routes.install(runtime, add_route)
     host.openapi_bodies.append(("/api/probes/score", ScoreRequest))
 
@@ -51,20 +57,20 @@ def register_routes(host, add_route) -> None:
 @hookimpl
 def startup(host) -> None:
     """Nothing is armed after a restart: mark what the last process left armed as disarmed."""
-    _runtimes.setdefault(id(host.settings), Runtime(host))
+    _start(host)
     store.set_disarmed(host.db, "restart")
 
 
 @hookimpl
 def shutdown(host) -> None:
     """Forget this host's runtime."""
-    _runtimes.pop(id(host.settings), None)
+    host.state.pop(STATE_KEY, None)
 
 
 @hookimpl
 def model_unloading(host, engine) -> None:
     """Every probe is disarmed by an unload: its head was checked against this load only."""
-    runtime = _runtime(host.settings)
+    runtime = _runtime(host)
     if runtime is None:
         return
     runtime.forget_model(engine.info.load_id)
@@ -77,14 +83,14 @@ def model_unloading(host, engine) -> None:
 @hookimpl
 def before_forward(ctx):
     """Read hooks on the armed probes' layers (none when nothing is armed)."""
-    runtime = _runtime(ctx.settings)
+    runtime = _runtime(ctx.host)
     return live.begin(runtime, ctx) if runtime is not None else None
 
 
 @hookimpl
 def after_generate(ctx) -> None:
     """Score every armed probe and window once, and store the results."""
-    runtime = _runtime(ctx.settings)
+    runtime = _runtime(ctx.host)
     if runtime is not None:
         live.finish(runtime, ctx)
 
@@ -92,7 +98,7 @@ def after_generate(ctx) -> None:
 @hookimpl
 def render_headers(ctx):
     """``X-miLLM-Probe-Verdicts`` on a monitored non-streaming response."""
-    runtime = _runtime(ctx.settings)
+    runtime = _runtime(ctx.host)
     return live.headers(runtime, ctx) if runtime is not None else None
 
 

@@ -6,38 +6,37 @@ import asyncio
 
 import falcon
 
-from millm_host.errors import InvalidParameter
-from millm_host.protocol import parse_json_body
-from millm_host.resources.common import lower_headers, read_body, read_json
+from millm_host.api import InvalidParameter, JsonResource
 
 from . import manage, stateless, store
 from .definition import WINDOWS
 from .runtime import Runtime
 
 
-class Probes:
-    """``GET /api/probes``; ``POST /api/probes/import``."""
+class _Resource(JsonResource):
+    """A probes route: the host's body reading, and the plugin's runtime."""
 
     def __init__(self, runtime: Runtime) -> None:
+        super().__init__(runtime.host)
         self.runtime = runtime
+
+
+class Probes(_Resource):
+    """``GET /api/probes``; ``POST /api/probes/import``."""
 
     async def on_get(self, req, resp) -> None:
         resp.media = await asyncio.to_thread(manage.probe_list, self.runtime)
 
     async def on_post_import(self, req, resp) -> None:
-        settings = self.runtime.settings
-        raw = await read_body(req, settings)  # a definition is stored as the bytes received
-        document = parse_json_body(raw, settings["MILLM_MAX_JSON_DEPTH"])
+        raw = await self.raw_body(req)  # a definition is stored as the bytes received
+        document = await self.parse_json(raw)
         on_conflict = req.get_param("on_conflict") or "fail"
         resp.media = await manage.import_probe(self.runtime, raw, document, on_conflict)
         resp.status = falcon.HTTP_201
 
 
-class ProbeItem:
+class ProbeItem(_Resource):
     """One probe: read, delete, its definition, parity, arming and its bar."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
 
     async def on_get(self, req, resp, probe_id: str) -> None:
         resp.media = await manage.probe_detail(self.runtime, probe_id)
@@ -56,38 +55,32 @@ class ProbeItem:
         resp.media = {"object": "list", "data": reports}
 
     async def on_post_parity(self, req, resp, probe_id: str) -> None:
-        await read_json(req, self.runtime.settings, required=False)
+        await self.json(req, required=False)
         resp.media = await manage.check_parity(self.runtime, probe_id)
 
     async def on_post_arm(self, req, resp, probe_id: str) -> None:
-        body = await read_json(req, self.runtime.settings, required=False)
+        body = await self.json(req, required=False)
         resp.media = await manage.arm(self.runtime, probe_id, body)
 
     async def on_post_disarm(self, req, resp, probe_id: str) -> None:
-        await read_json(req, self.runtime.settings, required=False)
+        await self.json(req, required=False)
         resp.media = await manage.disarm(self.runtime, probe_id)
 
     async def on_post_recalibrate(self, req, resp, probe_id: str) -> None:
-        body = await read_json(req, self.runtime.settings)
+        body = await self.json(req)
         resp.media = await manage.recalibrate(self.runtime, probe_id, body)
 
 
-class Score:
+class Score(_Resource):
     """``POST /api/probes/score``: stateless scoring."""
 
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
     async def on_post(self, req, resp) -> None:
-        body = await read_json(req, self.runtime.settings)
-        resp.media = await stateless.score(self.runtime, body, lower_headers(req))
+        body = await self.json(req)
+        resp.media = await stateless.score(self.runtime, body, self.headers(req))
 
 
-class Status:
+class Status(_Resource):
     """``GET /api/probes/status``: what is armed, why a quiet probe is quiet, the last overhead."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
 
     async def on_get(self, req, resp) -> None:
         resp.media = self.runtime.status()
@@ -104,11 +97,8 @@ def _bool_param(req, name: str) -> bool | None:
     raise InvalidParameter(f"{name} must be true or false, not {raw!r}", param=name)
 
 
-class Events:
+class Events(_Resource):
     """``GET /api/probes/events`` and ``GET /api/probes/events/{result_id}`` (the detail, with text)."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
 
     async def on_get(self, req, resp) -> None:
         window = req.get_param("window")

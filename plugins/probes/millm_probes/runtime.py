@@ -18,7 +18,7 @@ from .store import view_of
 from .windows import template_prefix_ids
 
 if TYPE_CHECKING:
-    from millm_host.app import Host
+    from millm_host.api import Host
 
     from .tables import Probe
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .definition import ProbeDefinition
-from .sae import Encoder, SaeUnavailable, load_encoder
+from .sae import SaeUnavailable, load_encoder
+
+if TYPE_CHECKING:
+    from millm_saelens.weights import FeatureEncoder as Encoder
 
 Point = tuple[int, str]  # (layer, hook point)
 

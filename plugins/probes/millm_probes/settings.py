@@ -1,6 +1,6 @@
 """The settings the probes plugin reads (names as the spec gives them)."""
 
-from millm_host.settings import Setting
+from millm_host.api import Setting
 
 SETTINGS = (
     Setting("PROBE_MAX_ARMED", int, 4, "Most probes armed at once (the arming gate 'limit')"),

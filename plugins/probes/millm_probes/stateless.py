@@ -14,9 +14,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from millm_host.engine import NoChatTemplate
-from millm_host.errors import ContextLengthExceeded, InvalidParameter, ModelBusy, ModelNotLoaded
-from millm_host.protocol import ChatMessage, message_text, validate
+from millm_host.api import (
+    ChatMessage,
+    ContextLengthExceeded,
+    InvalidParameter,
+    ModelBusy,
+    ModelNotLoaded,
+    NoChatTemplate,
+    message_text,
+    validate,
+)
 
 from . import store
 from .definition import Window
@@ -95,6 +102,8 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
                 derived = common_prefix(engine.chat_ids(conversation[:-1], fallback=False), ids) if ends_with_reply else len(ids)
             except NoChatTemplate as exc:
                 raise NoChatTemplate(exc.message, param=f"{where}.{'messages' if item.messages else 'text'}") from None
+            except InvalidParameter as exc:  # the engine names "messages"; here they are this input's
+                raise InvalidParameter(exc.message, param=f"{where}.messages") from None
         bad = [t for t in ids if t >= info.vocab_size]
         if bad:
             raise InvalidParameter(f"token id {bad[0]} is outside the vocabulary (size {info.vocab_size})",
@@ -140,7 +149,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     """Score every input with every chosen probe; nothing is stored."""
     host = runtime.host
     settings = runtime.settings
-    request = validate(ScoreRequest, body)
+    request = await asyncio.to_thread(validate, ScoreRequest, body)  # in proportion to the body: off the loop
     if len(request.inputs) > settings["PROBE_SCORE_MAX_INPUTS"]:
         raise InvalidParameter(f"at most {settings['PROBE_SCORE_MAX_INPUTS']} inputs per request "
                                "(PROBE_SCORE_MAX_INPUTS)", param="inputs", code="PROBE_SCORE_MAX_INPUTS")
@@ -148,7 +157,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         raise InvalidParameter(f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
                                param="probe_ids", code="PROBE_MAX_ARMED")
     engine, entry = host.registry.current()
-    identity = model_identity(host, entry)
+    identity = model_identity(host, entry.id)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
     views, skipped, refused = [], [], []
     for view in all_views:
@@ -169,8 +178,10 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     reports = await asyncio.to_thread(store.latest_parity_reports, host.db, [v.probe_id for v in views])
     trace = new_trace(headers)
     request_id = "score-" + uuid.uuid4().hex
-    with host.scheduler.reserve():
-        prepared = await host.scheduler.run(_prepare, engine, request.inputs)
+    async with host.engine_slot(entry.id) as slot:
+        if slot.engine is not engine:
+            raise ModelBusy("the model changed while this request started; retry", param="model")
+        prepared = await slot.run(_prepare, engine, request.inputs)
     served = Served.of(engine, "stateless")
     compiled: dict[str, Any] = {}
     outputs: list[dict[str, Any]] = []
@@ -180,16 +191,13 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         outputs.append(output)
         changed = changed or host.registry.engine is not engine  # an unload or a reload replaces it
         if not changed and views:
-            with host.scheduler.reserve():
-                try:
-                    lease = await host.registry.acquire(entry)
-                except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
-                    changed = True
-                else:
-                    try:
-                        readings = await host.scheduler.run(_score_one, runtime, engine, views, plan, item, compiled)
-                    finally:
-                        lease.release()
+            try:
+                async with host.engine_slot(entry.id) as slot:
+                    changed = slot.engine is not engine
+                    if not changed:
+                        readings = await slot.run(_score_one, runtime, engine, views, plan, item, compiled)
+            except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
+                changed = True
         if changed:
             output["error"] = ModelChanged(
                 "the model changed during this request; no input is scored on a different model from the first",

@@ -265,7 +265,7 @@ def probes_server(app_factory, probe_model_dir, sae_dir):
     In-process (``AppServer``), with every installed plugin and the transformers engine;
     restarts and unloads are tested on a real server (``test_lifecycle``).
     """
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"PROBE_SAE_DIR": str(sae_dir)})
+    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"PROBE_SAE_DIR": str(sae_dir), "MILLM_SAE_DIRS": str(sae_dir)})
 
 
 @pytest.fixture(scope="session")

@@ -166,3 +166,31 @@ def test_recalibrate_moves_the_bar_only(api, lab, identity, helpers):
             "PROBE_THRESHOLD_UNSOURCED", "decision.threshold")
     refused({**cut, "decision_digest": "sha256:" + "0" * 64}, 409, "PROBE_IDENTITY_MISMATCH", "decision_digest")
     assert api.get(f"/api/probes/{probe['id']}").json()["decision_revision"] == 2
+
+
+def test_a_definition_cannot_loosen_parity(api, lab, identity, helpers):
+    """Issue 11 §4: tolerance 1e9 and scores 50 off passed parity and armed; the spec's bar is 1e-3."""
+    doc = lab.definition(identity, name="loose")
+    doc["parity"]["tolerance"] = 1e9
+    for vector in doc["test_vectors"]:
+        vector["score"] += 50.0
+    probe = helpers.import_probe(api, doc)
+    report = api.post(f"/api/probes/{probe['id']}/parity").json()
+    assert report["status"] == "failed" and not any(v["passed"] for v in report["vectors"])
+    assert (report["tolerance"], report["definition_tolerance"]) == (1e-3, 1e9)
+    assert "tolerance 0.001" in report["reason"]
+    assert api.get(f"/api/probes/{probe['id']}").json()["parity_tolerance"] == 1e-3
+    error = refusal(api, probe["id"])
+    assert error["gate"] == "parity" and error["code"] == "PROBE_PARITY_FAILED"
+    assert probe["id"] not in armed_ids(api)
+
+
+def test_a_definition_may_tighten_parity(api, lab, identity, helpers):
+    doc = lab.definition(identity, name="tight")
+    doc["parity"]["tolerance"] = 1e-12
+    for vector in doc["test_vectors"]:
+        vector["score"] += 1e-4  # within the spec's 1e-3, outside the definition's own bar
+    probe = helpers.import_probe(api, doc)
+    report = api.post(f"/api/probes/{probe['id']}/parity").json()
+    assert report["status"] == "failed" and report["tolerance"] == 1e-12
+    assert refusal(api, probe["id"])["gate"] == "parity"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from millm_host.testing import assert_error
 
 
@@ -118,3 +120,33 @@ def test_delete_is_refused_while_armed(api, lab, identity, helpers):
     assert_error(api.delete(f"/api/probes/{probe['id']}"), 409, "PROBE_ARMED")
     api.post(f"/api/probes/{probe['id']}/disarm")
     assert api.delete(f"/api/probes/{probe['id']}").status_code == 200
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("name", "zero\u200bwidth"), ("name", "bidi\u202eevil"), ("name", "bell\x07"),
+    ("behaviour", "isolate\u2066x"), ("behaviour", "c1\x85"),
+])
+def test_names_with_hidden_characters_are_refused(api, lab, identity, field, value):
+    doc = lab.definition(identity, name="hidden-characters", vectors=0, behaviour="shouting")
+    doc[field] = value
+    before = probe_count(api)
+    response = api.post("/api/probes/import", json=doc)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_parameter", field) and "U+" in error["message"]
+    assert probe_count(api) == before
+
+
+@pytest.mark.parametrize("sae_id", ["../saes/x", "/tmp/saes/x", "..", "a/b", "a\\b", "zero\u200bwidth"])
+def test_an_sae_id_must_name_one_directory_of_the_sae_dir(api, lab, identity, sae_id):
+    doc = lab.definition(identity, name="escaping-sae", vectors=0, sae={"sae_id": sae_id, "feature_indices": [1, 2]})
+    before = probe_count(api)
+    response = api.post("/api/probes/import", json=doc)
+    assert response.status_code == 400, response.text
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == ("invalid_parameter", "sae.sae_id")
+    assert probe_count(api) == before
+
+
+def test_a_plain_unicode_name_is_accepted(api, lab, identity, helpers):
+    doc = lab.definition(identity, name="détecteur", vectors=0, behaviour="crier fort")
+    assert helpers.import_probe(api, doc)["name"] == "détecteur"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 from millm_host.testing import assert_error
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 from millm_host.testing import chat as post_chat
 
 WINDOWS = ["all", "prompt", "response"]

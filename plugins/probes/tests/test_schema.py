@@ -10,7 +10,7 @@ import http_sfv
 import jsonschema
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "docs" / "schemas" / "probe-result-v1.json"
 CHAT = [{"role": "user", "content": "Describe the sea."}]

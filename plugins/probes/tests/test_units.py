@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from millm_host.context import RequestContext
+from millm_host.api import RequestContext
 from millm_probes import header, live, store
 from millm_probes.trace import trace_id_from
 from millm_probes.windows import Layout, NotScored, Span, last_user_span, measure, template_prefix_ids, window_span
@@ -64,7 +64,7 @@ def templateless_engine():
     """A real transformers engine, in this process, on a tiny model without a chat template."""
     from millm_engine_transformers.engine import TransformersEngine
     from millm_engine_transformers.spec import describe
-    from millm_host.settings import Settings
+    from millm_host.api import Settings
     from millm_host.testing.tiny_models import tiny_llama
 
     path = tiny_llama("probe-llama-plain", num_hidden_layers=2, chat_template=False)
@@ -88,9 +88,9 @@ def test_a_model_without_a_template_has_no_measurable_prefix(templateless_engine
 def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine, tmp_path, lab):
     """A probe is armed only on a model whose parity ran, and an unload disarms it, so a served request
     never meets a hookless engine with a probe armed; the live path is checked here with one stood in."""
+    from millm_host.api import Settings
     from millm_host.app import build
-    from millm_host.settings import Settings
-    from millm_probes.plugin import _runtimes
+    from millm_probes.plugin import STATE_KEY
     from millm_probes.results import now_iso
     from millm_probes.runtime import Armed
     from millm_probes.scoring import compile_probe
@@ -98,7 +98,7 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
     settings = Settings(environ={"MILLM_DATA_DIR": str(tmp_path), "MILLM_LOAD_ON_START": "false"})
     app, host = build(settings)
     try:
-        runtime = _runtimes[id(settings)]
+        runtime = host.state[STATE_KEY]
         engine = templateless_engine
         identity = {"hf_id": engine.info.id, "revision": None, "d_model": engine.info.d_model,
                     "n_layers": engine.info.n_layers, "chat_template_sha256": None}

@@ -13,15 +13,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from millm_host.engine import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, LayerHook
-from millm_host.errors import InvalidParameter
+from millm_host.api import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, InvalidParameter, LayerHook
 
 from .features import check_indices, is_int, non_negative_int
 from .resolve import select_attachment
 from .state import Attachment, Snapshot
 
 if TYPE_CHECKING:
-    from millm_host.context import RequestContext
+    from millm_host.api import RequestContext
 
 PARAM = "return_sae_activations"
 POSITIONS = ("last", "prompt", "completion", "all")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from millm_host.errors import INVALID_REQUEST, MillmError
+from millm_host.api import INVALID_REQUEST, MillmError
 
 
 class InvalidFeatureIndex(MillmError):

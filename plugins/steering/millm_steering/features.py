@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 from .errors import InvalidFeatureIndex
 

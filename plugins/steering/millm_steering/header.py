@@ -3,31 +3,25 @@
 The steering value is an RFC 8941 List: ``none``, ``unknown``, or one member per
 applied entry (SAE items by layer, then SAE id), each a Token naming the kind
 with its parameters in the spec's order. Booleans serialise bare (``changed``).
+Every String (profile names, SAE ids) is percent-encoded by ``millm_host.headers``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from millm_host.headers import Token, item, serialize_item, serialize_list
+from millm_host.api import Token, item, serialize_item, serialize_list
 
 from .resolve import Entry
 
 STEERING = "X-miLLM-Steering"
 INTENSITY = "X-miLLM-Steering-Intensity"
 
-_KEEP = frozenset(range(0x20, 0x7F)) - {ord("%"), ord('"'), ord("\\")}
-
-
-def percent_encode(name: str) -> str:
-    """Each UTF-8 byte outside %x20-7E, and each of ``%``, ``"``, ``\\``, as ``%XX`` (uppercase)."""
-    return "".join(chr(b) if b in _KEEP else f"%{b:02X}" for b in name.encode("utf-8"))
-
 
 def _member(entry: Entry, changed: bool) -> object:
     params: dict[str, object] = {}
     if entry.kind == "profile":
-        params["name"] = percent_encode(entry.name or "")
+        params["name"] = entry.name or ""  # percent-encoded by item(), as every String is
         params["source"] = Token(entry.source or "request")
         params["intensity"] = repr(float(entry.intensity if entry.intensity is not None else 1.0))
     params["sae"] = entry.attachment.sae_id

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 ENVELOPE = (0.0, 2.0)
 SYMBOLS = ("off", "min", "max")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from millm_host.engine import ORDER_WRITE_STEERING, LayerHook
+from millm_host.api import ORDER_WRITE_STEERING, LayerHook
 
 from .resolve import Entry
 from .state import AttachmentKey, Snapshot, SteeringState

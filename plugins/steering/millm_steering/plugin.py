@@ -1,7 +1,7 @@
 """Hook implementations of the steering plugin.
 
-The service (live state and stored data) is built at ``startup``, one per host
-(keyed by the host's settings, which every hook reaches through ``host`` or ``ctx``).
+The service (live state and stored data) is built at ``startup``, one per host, and
+kept in ``host.state["steering"]``; every hook reaches it through ``host`` or ``ctx.host``.
 A request with nothing attached installs no hook and pays one snapshot read.
 """
 
@@ -10,15 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from millm_host.hookspecs import hookimpl
-from millm_host.output import ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra
-from millm_host.settings import Setting
+from millm_host.api import LAYER_HOOKS, ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra, Setting, hookimpl
 
 from . import request, routes
 from .header import INTENSITY, STEERING
 from .service import SteeringService
 
-ENGINES = ("transformers",)
 MIGRATIONS = Path(__file__).parent / "migrations" / "versions"
 
 REQUEST_FIELDS = (
@@ -32,13 +29,14 @@ REQUEST_FIELDS = (
     "return_sae_activations.read_point",
 )
 
-_services: dict[int, SteeringService] = {}  # id(host.settings) -> that host's service
+#: The plugin's key in ``host.state``.
+STATE_KEY = "steering"
 
 
-def service(settings) -> SteeringService:
-    """The steering service of the host these settings belong to."""
+def service(host) -> SteeringService:
+    """This host's steering service (made at ``startup``)."""
     try:
-        return _services[id(settings)]
+        return host.state[STATE_KEY]
     except KeyError:
         raise RuntimeError("the steering plugin has not started on this host") from None
 
@@ -57,10 +55,10 @@ def register_settings(register) -> None:
 
 @hookimpl
 def register_request_fields(register) -> None:
-    """Claim the steering fields on chat and text completions, transformers engine only
+    """Claim the steering fields on chat and text completions, on engines with layer hooks only
     (elsewhere the host refuses them: they change the output)."""
     for endpoint in ("chat.completions", "completions"):
-        register(endpoint, REQUEST_FIELDS, engines=ENGINES)
+        register(endpoint, REQUEST_FIELDS, requires=LAYER_HOOKS)
 
 
 @hookimpl
@@ -72,62 +70,62 @@ def register_migrations(register) -> None:
 @hookimpl
 def startup(host) -> None:
     """Build the service: the stored lock is read; SAEs and profiles stay in the database."""
-    _services[id(host.settings)] = SteeringService(host)
+    host.state[STATE_KEY] = SteeringService(host)
 
 
 @hookimpl
 def shutdown(host) -> None:
     """Forget this host's service."""
-    _services.pop(id(host.settings), None)
+    host.state.pop(STATE_KEY, None)
 
 
 @hookimpl
 def register_routes(host, add_route) -> None:
     """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``)."""
-    routes.install(host, service(host.settings), add_route)
+    routes.install(host, service(host), add_route)
 
 
 @hookimpl
 def filter_listed_models(host, model_ids: list[str]) -> list[str] | None:
     """While the steering lock is set, ``/v1/models`` lists only the locked model."""
-    locked = service(host.settings).locked_model
+    locked = service(host).locked_model
     return None if locked is None else [m for m in model_ids if m == locked]
 
 
 @hookimpl
 def model_loaded(host, engine) -> None:
     """SAEs may attach to the new resident model (and only to it)."""
-    service(host.settings).state.model_loaded(engine.info.load_id)
+    service(host).state.model_loaded(engine.info.load_id)
 
 
 @hookimpl
 def model_unloading(host, engine) -> None:
     """Attached SAEs (and their live values) go with the model."""
-    service(host.settings).state.model_unloading()
+    service(host).state.model_unloading()
 
 
 @hookimpl
 def validate_request(ctx) -> None:
     """Refuse malformed or unservable ``profile``/``steering_intensity``/``steering``/``return_sae_activations``."""
-    request.validate(ctx, service(ctx.settings))
+    request.validate(ctx, service(ctx.host))
 
 
 @hookimpl
 def after_tokenize(ctx) -> None:
     """Check again against the resident model's SAEs; settle ``X-miLLM-Steering-Intensity``."""
-    request.recheck(ctx, service(ctx.settings))
+    request.recheck(ctx, service(ctx.host))
 
 
 @hookimpl
 def before_forward(ctx) -> list[Any] | None:
     """The request's steering write hooks and activation read hook (none when nothing applies)."""
-    return request.hooks(ctx, service(ctx.settings))
+    return request.hooks(ctx, service(ctx.host))
 
 
 @hookimpl
 def before_scoring(ctx) -> list[Any] | None:
     """A scoring request's activation read hook (read only: scoring is never steered)."""
-    return request.scoring_hooks(ctx, service(ctx.settings))
+    return request.scoring_hooks(ctx, service(ctx.host))
 
 
 @hookimpl

@@ -13,8 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from millm_host.engine import LayerHook
-from millm_host.errors import FieldNotHonoured, InvalidParameter
+from millm_host.api import FieldNotHonoured, InvalidParameter, LayerHook
 
 from . import activations
 from .activations import ActivationReader, ActivationsRequest
@@ -28,7 +27,7 @@ from .state import Profile, Snapshot
 from .store import to_profile
 
 if TYPE_CHECKING:
-    from millm_host.context import RequestContext
+    from millm_host.api import RequestContext
 
     from .service import SteeringService
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 from .errors import SAENotAttached
 from .features import Features, check_indices

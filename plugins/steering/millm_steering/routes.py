@@ -7,16 +7,16 @@ them on the resident model. ``/api/steering``: the live values (and
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
-from millm_host.errors import InvalidParameter
-from millm_host.resources.common import read_json
+from millm_host.api import InvalidParameter, JsonResource, check_display_name
 
-from .features import non_negative_int, parse_features
+from .features import Features, non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
 
 if TYPE_CHECKING:
-    from millm_host.app import Host
+    from millm_host.api import Host
 
     from .service import SteeringService
 
@@ -47,19 +47,24 @@ def _layer(body: dict[str, Any]) -> int | None:
 
 
 def _profile_name(value: str) -> str:
-    if len(value) > PROFILE_NAME_MAX or "/" in value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise InvalidParameter(
-            f"name must be 1-{PROFILE_NAME_MAX} characters without '/' or control characters", param="name")
+    check_display_name(value, "name")
+    if len(value) > PROFILE_NAME_MAX or "/" in value:
+        raise InvalidParameter(f"name must be 1-{PROFILE_NAME_MAX} characters without '/'", param="name")
     return value
 
 
-class _Resource:
-    def __init__(self, host: Host, service: SteeringService) -> None:
-        self.host = host
-        self.service = service
+async def _features(value: Any, max_abs: float | None = None) -> Features:
+    """``parse_features`` for the management API, off the event loop (a list can fill the body)."""
+    return await asyncio.to_thread(parse_features, value, "features", strict_keys=True, max_abs=max_abs)
 
-    async def body(self, req: Any, required: bool = True) -> dict[str, Any]:
-        return await read_json(req, self.host.settings, required=required)
+
+
+class _Resource(JsonResource):
+    """A steering route: the host's body reading, and the plugin's service."""
+
+    def __init__(self, host: Host, service: SteeringService) -> None:
+        super().__init__(host)
+        self.service = service
 
 
 class SAEs(_Resource):
@@ -69,7 +74,7 @@ class SAEs(_Resource):
         resp.media = {"object": "list", "data": await self.service.list_saes()}
 
     async def on_post(self, req, resp) -> None:
-        body = _body(await self.body(req), ("path",), ("sae_id",))
+        body = _body(await self.json(req), ("path",), ("sae_id",))
         resp.media = await self.service.register_sae(_string(body, "path"), _string(body, "sae_id"))
 
 
@@ -84,11 +89,11 @@ class SAE(_Resource):
         resp.media = {"sae_id": sae_id, "deleted": True}
 
     async def on_post_attach(self, req, resp, sae_id: str) -> None:
-        body = _body(await self.body(req, required=False), (), ("layer",))
+        body = _body(await self.json(req, required=False), (), ("layer",))
         resp.media = await self.service.attach(sae_id, _layer(body))
 
     async def on_post_detach(self, req, resp, sae_id: str) -> None:
-        body = _body(await self.body(req, required=False), (), ("layer",))
+        body = _body(await self.json(req, required=False), (), ("layer",))
         resp.media = await self.service.detach(sae_id, _layer(body))
 
 
@@ -99,8 +104,8 @@ class Steering(_Resource):
         resp.media = self.service.steering_view(self.service.state.snapshot())
 
     async def on_put(self, req, resp) -> None:
-        body = _body(await self.body(req), ("sae_id", "features"), ("layer",))
-        features = parse_features(body["features"], "features", strict_keys=True, max_abs=STRENGTH_LIMIT)
+        body = _body(await self.json(req), ("sae_id", "features"), ("layer",))
+        features = await _features(body["features"], max_abs=STRENGTH_LIMIT)
         resp.media = self.service.set_manual(_string(body, "sae_id"), _layer(body), features)
 
     async def on_delete(self, req, resp) -> None:
@@ -114,7 +119,7 @@ class Lock(_Resource):
         resp.media = self.service.lock_view()
 
     async def on_post(self, req, resp) -> None:
-        body = _body(await self.body(req, required=False), (), ("model",))
+        body = _body(await self.json(req, required=False), (), ("model",))
         resp.media = await self.service.set_lock(self.service.lock_target(_string(body, "model")))
 
     async def on_delete(self, req, resp) -> None:
@@ -128,8 +133,8 @@ class Profiles(_Resource):
         resp.media = {"object": "list", "data": await self.service.list_profiles()}
 
     async def on_post(self, req, resp) -> None:
-        body = _body(await self.body(req), ("name", "sae_id", "features"), ("layer",))
-        features = parse_features(body["features"], "features", strict_keys=True)
+        body = _body(await self.json(req), ("name", "sae_id", "features"), ("layer",))
+        features = await _features(body["features"])
         if not features:
             raise InvalidParameter("features must list at least one feature", param="features")
         resp.media = await self.service.create_profile(

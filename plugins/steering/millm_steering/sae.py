@@ -1,8 +1,8 @@
-"""A SAE's weights on the model's device: encoding and steering vectors (torch).
+"""An attached SAE (torch): the shared SAELens encoder, plus what steering reads and writes with it.
 
-Weights are kept in float32 whatever the file stores: encoding reads the
-residual in float32, and a steering vector is summed in float32 before it is
-cast once to the model's dtype.
+Weights are float32 on the model's device (``millm_saelens.weights``): encoding
+reads the residual in float32, and a steering vector is summed in float32 before
+it is cast once to the model's dtype.
 """
 
 from __future__ import annotations
@@ -11,40 +11,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from .saelens import WEIGHTS_FILE, SAEConfig, SAEUnreadable, expected_shapes
+from millm_saelens import SAEConfig
+from millm_saelens.weights import SAE, load_tensors
 
 
-class LoadedSAE:
-    """``W_enc [d_in, d_sae]``, ``b_enc``, ``W_dec [d_sae, d_in]``, ``b_dec`` (and ``threshold``) on a device."""
+class LoadedSAE(SAE):
+    """A registered SAE's weights, known by its ``sae_id``."""
 
     def __init__(self, sae_id: str, cfg: SAEConfig, tensors: Mapping[str, torch.Tensor]) -> None:
+        super().__init__(cfg, dict(tensors))
         self.sae_id = sae_id
-        self.cfg = cfg
-        self.W_enc = tensors["W_enc"]
-        self.b_enc = tensors["b_enc"]
-        self.W_dec = tensors["W_dec"]
-        self.b_dec = tensors["b_dec"]
-        self.threshold = tensors.get("threshold")
-
-    @property
-    def device(self) -> torch.device:
-        return self.W_dec.device
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Feature activations ``[..., d_sae]`` of residual rows ``x [..., d_in]`` (float32)."""
-        x = x.to(device=self.device, dtype=torch.float32)
-        if self.cfg.apply_b_dec_to_input:
-            x = x - self.b_dec
-        pre = x @ self.W_enc + self.b_enc
-        if self.cfg.architecture == "jumprelu":
-            return pre * (pre > self.threshold)
-        acts = torch.relu(pre)
-        if self.cfg.architecture == "topk":
-            top = torch.topk(acts, self.cfg.k, dim=-1)
-            acts = torch.zeros_like(acts).scatter(-1, top.indices, top.values)
-        return acts
 
     def top_features(
         self, rows: torch.Tensor, candidates: torch.Tensor | None, k: int
@@ -82,14 +59,4 @@ def model_dtype(name: str | None) -> torch.dtype:
 
 def load(sae_id: str, directory: Path, cfg: SAEConfig, device: str | torch.device) -> LoadedSAE:
     """Read the weights onto ``device`` (a torch device or its name, as ``ModelInfo.device``) in float32."""
-    try:
-        raw = load_file(str(directory / WEIGHTS_FILE), device="cpu")
-    except Exception as exc:
-        raise SAEUnreadable(f"{directory / WEIGHTS_FILE} cannot be read: {type(exc).__name__}: {exc}") from None
-    tensors = {}
-    for name, shape in expected_shapes(cfg).items():
-        tensor = raw.get(name)
-        if tensor is None or list(tensor.shape) != shape:
-            raise SAEUnreadable(f"{directory / WEIGHTS_FILE}: {name} is missing or changed shape since registration")
-        tensors[name] = tensor.to(device=device, dtype=torch.float32).contiguous()
-    return LoadedSAE(sae_id, cfg, tensors)
+    return LoadedSAE(sae_id, cfg, load_tensors(directory, cfg, device, since="registration"))

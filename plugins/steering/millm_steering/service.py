@@ -13,20 +13,19 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from millm_host.engine import HookPoint
-from millm_host.errors import FieldNotHonoured, InvalidParameter, ModelBusy
+from millm_host.api import FieldNotHonoured, HookPoint, InvalidParameter, ModelBusy, check_display_name, confined_path
+from millm_saelens import SAEUnreadable, describe as describe_sae_dir, read_config
 
 from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
 from .header import steering_value
 from .intensity import Dial, resolve
 from .resolve import global_entries, select_attachment
-from .saelens import SAEUnreadable, describe as describe_sae_dir, read_config
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
 
 if TYPE_CHECKING:
-    from millm_host.app import Host
+    from millm_host.api import Host
 
     from .tables import ProfileRecord, SAERecord
 
@@ -119,10 +118,9 @@ class SteeringService:
 
     # --- SAEs -------------------------------------------------------------------------------
     async def register_sae(self, path: str, sae_id: str | None) -> dict[str, Any]:
-        directory = Path(path).expanduser()
-        if not directory.is_absolute():
-            raise InvalidParameter("path must be an absolute path on the server", param="path")
-        sae_id = sae_id if sae_id is not None else directory.name
+        """Register the SAELens directory ``path`` (inside ``MILLM_SAE_DIRS``) as ``sae_id``."""
+        directory = confined_path(path, self.host.settings.sae_dirs, param="path", setting="MILLM_SAE_DIRS")
+        sae_id = check_display_name(sae_id if sae_id is not None else directory.name, "sae_id")
         if not SAE_ID.match(sae_id):
             raise InvalidParameter(
                 f"sae_id {sae_id!r} must be 1-200 characters of letters, digits and . _ ~ - (starting with a "
@@ -176,6 +174,7 @@ class SteeringService:
         loaded = next((a.sae for a in snap.attached(sae_id)), None)
         if loaded is None:
             def load() -> Any:  # the weights' shapes are checked as they load
+                self.check_still_allowed(record)
                 cfg = read_config(Path(record.path))
                 if (cfg.d_in, cfg.d_sae, cfg.hook_name, cfg.architecture) != (
                         record.d_in, record.d_sae, record.hook_point, record.architecture):
@@ -189,6 +188,14 @@ class SteeringService:
             raise ModelBusy(f"model {entry.id!r} was unloaded while SAE {sae_id!r} was attaching; retry")
         log.info("attached SAE %s at layer %d of %s", sae_id, layer, entry.id)
         return self.attachment_view(snap.attachments[(sae_id, layer)], entry.id, snap)
+
+    def check_still_allowed(self, record: SAERecord) -> None:
+        """A registration older than the current ``MILLM_SAE_DIRS`` may not read outside it."""
+        try:
+            confined_path(record.path, self.host.settings.sae_dirs, param="path", setting="MILLM_SAE_DIRS")
+        except InvalidParameter as exc:
+            raise SAEUnreadable(f"SAE {record.sae_id!r} was registered from outside the directories "
+                                f"MILLM_SAE_DIRS now allows; {exc.message}", param="sae_id") from None
 
     def attachment_view(self, attachment: Attachment, model_id: str, snap: Snapshot) -> dict[str, Any]:
         return {"sae_id": attachment.sae_id, "layer": attachment.layer, "hook_point": attachment.hook_name,

@@ -8,11 +8,11 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from millm_host.db import Database
+from millm_host.api import Database
+from millm_saelens import SAEConfig
 
 from .errors import Conflict, ProfileNotFound, SAENotFound
 from .features import Features
-from .saelens import SAEConfig
 from .state import Profile
 from .tables import LockRecord, ProfileRecord, SAERecord
 

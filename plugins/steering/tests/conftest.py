@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 D_MODEL = 64  # the tiny model's hidden size
 #: Lowered for the server so a request can exceed it on a 512-token model.
@@ -16,9 +16,15 @@ MAX_ENTRIES = 20000
 
 
 @pytest.fixture(scope="session")
-def sae_dir(tmp_path_factory) -> Callable[..., Path]:
+def sae_root(tmp_path_factory) -> Path:
+    """The steering server's ``MILLM_SAE_DIRS``: every SAE the tests register lives here."""
+    return tmp_path_factory.mktemp("saes")
+
+
+@pytest.fixture(scope="session")
+def sae_dir(sae_root) -> Callable[..., Path]:
     """``sae_dir(name, d_sae=..., layer=..., ...)``: a SAE directory written once per session per name."""
-    root = tmp_path_factory.mktemp("saes")
+    root = sae_root
     made: dict[str, Path] = {}
 
     def make(name: str, **kwargs) -> Path:
@@ -33,14 +39,15 @@ def sae_dir(tmp_path_factory) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
-def steering_server(app_factory, tiny_model_dir):
+def steering_server(app_factory, tiny_model_dir, sae_root):
     """The app on the tiny model, of the steering tests' own (they change its state).
 
     In-process (``AppServer``), with every installed plugin and the transformers
     engine; a restart is tested on a real server (``test_management``).
     """
     return app_factory(plugins="all", models={}, model=str(tiny_model_dir),
-                       env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES)})
+                       env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES),
+                            "MILLM_SAE_DIRS": str(sae_root)})
 
 
 def reset(client: httpx.Client) -> None:

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import http_sfv
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list, percent_encode
 from millm_steering.hashing import applied_set
-from millm_steering.header import intensity_value, percent_encode, steering_value, unknown_value
+from millm_steering.header import intensity_value, steering_value, unknown_value
 from millm_steering.resolve import Entry
 from millm_steering.state import Attachment
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 from millm_steering.intensity import Dial, parse_dial, resolve
 
 

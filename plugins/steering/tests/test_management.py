@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from millm_host.testing import assert_error
-from millm_steering.testing import write_sae
+from millm_saelens.testing import write_sae
 
 
 def epoch(client) -> int:
@@ -30,19 +30,23 @@ def test_register_list_show_delete(client, sae_dir):
 
 @pytest.mark.parametrize(("body", "status", "code", "param"), [
     ({}, 400, "invalid_parameter", "path"),
-    ({"path": "relative/dir"}, 400, "invalid_parameter", "path"),
-    ({"path": "/nonexistent/sae"}, 400, "sae_unreadable", "path"),
-    ({"path": "/tmp", "sae_id": "has space"}, 400, "invalid_parameter", "sae_id"),
-    ({"path": "/tmp", "sae_id": 5}, 400, "invalid_parameter", "sae_id"),
-    ({"path": "/tmp", "colour": "red"}, 400, "invalid_parameter", "colour"),
+    ({"path": "relative/dir"}, 400, "sae_unreadable", "path"),  # inside MILLM_SAE_DIRS, absent
+    ({"path": "/nonexistent/sae"}, 400, "invalid_parameter", "path"),  # outside MILLM_SAE_DIRS
+    ({"path": "x", "sae_id": "has space"}, 400, "invalid_parameter", "sae_id"),
+    ({"path": "x", "sae_id": 5}, 400, "invalid_parameter", "sae_id"),
+    ({"path": "x", "colour": "red"}, 400, "invalid_parameter", "colour"),
+    ({"path": "/tmp/" + "a" * 256}, 400, "invalid_parameter", "path"),  # was OSError ENAMETOOLONG: a 500
+    ({"path": "/tmp/" + "é" * 128 + "/x"}, 400, "invalid_parameter", "path"),  # 256 bytes in UTF-8
+    ({"path": "/tmp/" + "a/" * 2100}, 400, "invalid_parameter", "path"),
+    ({"path": "/tmp/a\u0000b"}, 400, "invalid_parameter", "path"),
 ])
 def test_bad_registrations(client, body, status, code, param):
     assert_error(client.post("/api/saes", json=body), status, code, param)
     assert client.get("/api/saes").json()["data"] == []
 
 
-def test_a_broken_directory_names_the_problem(client, tmp_path):
-    directory = write_sae(tmp_path / "bad", d_in=64, d_sae=10, layer=0, architecture="topk")
+def test_a_broken_directory_names_the_problem(client, sae_root):
+    directory = write_sae(sae_root / "bad", d_in=64, d_sae=10, layer=0, architecture="topk")
     body = assert_error(client.post("/api/saes", json={"path": str(directory)}), 400, "sae_unreadable")
     assert "k must be" in body["message"]
 
@@ -76,8 +80,8 @@ def test_attach_refusals(client, sae_dir):
     assert client.get("/api/steering").json()["attached"] == []
 
 
-def test_weights_changed_since_registration_are_refused_at_attach(client, tmp_path):
-    directory = write_sae(tmp_path / "moving", d_in=64, d_sae=10, layer=0)
+def test_weights_changed_since_registration_are_refused_at_attach(client, sae_root, tmp_path):
+    directory = write_sae(sae_root / "moving", d_in=64, d_sae=10, layer=0)
     client.post("/api/saes", json={"path": str(directory)}).raise_for_status()
     weights = directory / "sae_weights.safetensors"
     weights.write_bytes((write_sae(tmp_path / "wider", d_in=64, d_sae=12, layer=0) / weights.name).read_bytes())
@@ -188,8 +192,8 @@ def test_the_lock_narrows_v1_models(client, model_id):
     assert {m["id"] for m in client.get("/v1/models").json()["data"]} == everything
 
 
-def test_saes_profiles_and_the_lock_survive_a_restart(server_factory, tiny_model_dir, sae_dir):
-    server = server_factory(tiny_model_dir)
+def test_saes_profiles_and_the_lock_survive_a_restart(server_factory, tiny_model_dir, sae_dir, sae_root):
+    server = server_factory(tiny_model_dir, env={"MILLM_SAE_DIRS": str(sae_root)})
     with server.http() as client:
         client.post("/api/saes", json={"path": str(sae_dir("kept")), "sae_id": "kept"}).raise_for_status()
         client.post("/api/profiles", json={"name": "kept-profile", "sae_id": "kept", "layer": 1,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from millm_saelens import describe
+from millm_saelens.testing import write_sae
 from millm_steering import sae as sae_weights
 from millm_steering.hashing import applied_set
 from millm_steering.plan import Plan
 from millm_steering.resolve import Entry, global_entries
-from millm_steering.saelens import describe
 from millm_steering.state import Attachment, SteeringState
-from millm_steering.testing import write_sae
 
 
 def setup(tmp_path):

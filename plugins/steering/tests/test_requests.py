@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from millm_host.headers import parse_list
+from millm_host.api import parse_list
 from millm_host.testing import assert_error, chat as post_chat
 
 LFM = "LiquidAI--LFM2.5-1.2B-Instruct-sae--layer_11"

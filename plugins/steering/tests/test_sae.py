@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
+from millm_saelens import SAEUnreadable, describe
+from millm_saelens.testing import write_sae
 from millm_steering import sae as sae_weights
-from millm_steering.saelens import SAEUnreadable, describe
-from millm_steering.testing import write_sae
 
 
 def reference_encode(x, w, cfg):

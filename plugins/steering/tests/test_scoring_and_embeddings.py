@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_host.context import RequestContext
-from millm_host.engine import ModelDescriptor
-from millm_host.errors import FieldNotHonoured
-from millm_host.settings import Settings
+from millm_host.api import FieldNotHonoured, ModelDescriptor, RequestContext, Settings
 from millm_host.testing import assert_error
 from millm_steering import plugin, request
 

@@ -25,7 +25,7 @@ from .errors import ResponseFormatUnsupported
 from .response_format import PARAM, ResponseFormat
 
 if TYPE_CHECKING:
-    from millm_host.engine import Engine
+    from millm_host.api import Engine
 
 #: One space after ',' and ':' and nowhere else: the layout models are trained on,
 #: and no room for a small model to wander into endless whitespace.
@@ -81,14 +81,20 @@ class ConstraintCompiler:
             return self._grammars.put(fmt.key, grammar)
 
     def prepare(self, engine: Engine, fmt: ResponseFormat) -> llguidance.LLMatcher:
-        """The cached matcher in its start state for ``fmt`` on ``engine`` (engine thread; built once)."""
+        """The cached matcher in its start state for ``fmt`` on ``engine`` (built once).
+
+        Called from the text thread (``before_tokenize``) and the engine thread
+        (``before_forward``) at once, hence the lock around the caches.
+        """
         tokenizer, matchers = self._engine_cache(engine)
-        ready = matchers.hit(fmt.key)
+        with self._lock:
+            ready = matchers.hit(fmt.key)
         if ready is None:
             ready = llguidance.LLMatcher(tokenizer, self.grammar(fmt))
             if ready.is_error():
                 raise ResponseFormatUnsupported(f"the schema cannot be enforced: {ready.get_error()}", param=PARAM)
-            matchers.put(fmt.key, ready)
+            with self._lock:
+                ready = matchers.hit(fmt.key) or matchers.put(fmt.key, ready)
         return ready
 
     def matcher(self, engine: Engine, fmt: ResponseFormat) -> llguidance.LLMatcher:
@@ -97,13 +103,16 @@ class ConstraintCompiler:
 
     def forget(self, engine: Engine) -> None:
         """Drop what was built for ``engine`` (it is being unloaded)."""
-        self._per_engine.pop(engine, None)
+        with self._lock:
+            self._per_engine.pop(engine, None)
 
     def _engine_cache(self, engine: Engine) -> tuple[Any, _LRU]:
-        entry = self._per_engine.get(engine)
+        with self._lock:
+            entry = self._per_engine.get(engine)
         if entry is None:
-            entry = (llm_tokenizer(engine), _LRU(MATCHER_CACHE_SIZE))
-            self._per_engine[engine] = entry
+            built = (llm_tokenizer(engine), _LRU(MATCHER_CACHE_SIZE))
+            with self._lock:
+                entry = self._per_engine.setdefault(engine, built)
         return entry
 
 

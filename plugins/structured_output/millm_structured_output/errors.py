@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from millm_host.errors import SERVER_ERROR, MillmError
+from millm_host.api import SERVER_ERROR, MillmError
 
 
 class ResponseFormatUnsupported(MillmError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from millm_host.headers import Token, serialize_item
+from millm_host.api import Token, serialize_item
 
 from .response_format import ResponseFormat
 

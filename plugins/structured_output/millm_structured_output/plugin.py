@@ -12,10 +12,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from millm_host.engine import LogitsProcessorFactory, NoChatTemplate
-from millm_host.errors import FieldNotHonoured
-from millm_host.hookspecs import hookimpl
-from millm_host.output import OutputFilterFactory
+from millm_host.api import (
+    LOGITS_PROCESSORS,
+    FieldNotHonoured,
+    LogitsProcessorFactory,
+    NoChatTemplate,
+    OutputFilterFactory,
+    hookimpl,
+)
 
 from .constraint import ConstraintCompiler, JsonConstraint
 from .errors import ConstrainedOutputInvalid, ResponseFormatUnsupported
@@ -31,7 +35,6 @@ from .validation import document_problem
 log = logging.getLogger("millm.structured_output")
 
 NAME = "structured_output"
-ENGINES = ("transformers",)
 
 _RESPONSE_FORMAT_FIELDS = (
     "response_format", "response_format.type", "response_format.json_schema",
@@ -67,15 +70,16 @@ class Plan:
 
 @hookimpl
 def register_request_fields(register) -> None:
-    """response_format, tools and tool-call history: chat completions on transformers only."""
+    """response_format, tools and tool-call history: chat completions, on engines that apply logits
+    processors only."""
     history = (*(f"messages[].{f}" for f in _HISTORY_FIELDS), *(f"extra_messages[][].{f}" for f in _HISTORY_FIELDS))
-    register("chat.completions", (*_RESPONSE_FORMAT_FIELDS, *_TOOL_FIELDS, *history), engines=ENGINES)
+    register("chat.completions", (*_RESPONSE_FORMAT_FIELDS, *_TOOL_FIELDS, *history), requires=LOGITS_PROCESSORS)
 
 
 @hookimpl
 def validate_request(ctx) -> None:
     """Read the request, refuse what cannot be honoured, carry tool history into the render."""
-    if not ctx.is_chat or ctx.engine_name not in ENGINES:
+    if not ctx.is_chat or LOGITS_PROCESSORS not in ctx.engine_capabilities:
         return
     fmt = parse_response_format(ctx.body.get("response_format"))
     tools = parse_tool_request(ctx.body)
@@ -84,7 +88,7 @@ def validate_request(ctx) -> None:
         COMPILER.grammar(fmt)  # a schema the library cannot compile is refused before any load
     if tools is not None and tools.tools and ctx.scoring:
         raise FieldNotHonoured("tools cannot be used on a scoring request", param="tools")
-    history = add_tool_history(ctx.body, ctx.conversations)
+    history = add_tool_history(ctx.messages, ctx.conversations)
     if tools is not None and tools.shown:
         ctx.chat_tools = tools.tools
     if fmt is not None or tools is not None or history:
@@ -131,7 +135,7 @@ def before_tokenize(ctx) -> None:
             if traits.call_format is None:
                 raise FieldNotHonoured(f"the chat template of {info.id} cannot render tool calls",
                                        param=plan.history[0])
-            write_calls_into_content(ctx.conversations, traits.call_format, ctx.body)
+            write_calls_into_content(ctx.conversations, traits.call_format, ctx.messages)
     if tools is not None and tools.opens_call:  # opens_call implies shown, so call_format is set
         plan.opening = plan.call_format.opening(tools.forced)
         for conversation in ctx.conversations:

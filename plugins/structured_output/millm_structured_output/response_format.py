@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 from .errors import ResponseFormatUnsupported
 from .schema_subset import check_subset

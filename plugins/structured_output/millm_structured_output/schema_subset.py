@@ -56,7 +56,8 @@ def check_subset(schema: Any) -> list[Problem]:
     size = schema_size(schema)
     if size > MAX_SCHEMA_BYTES:
         return [Problem("", None, f"the schema is {size} bytes; the limit is {MAX_SCHEMA_BYTES}")]
-    return list(_walk(schema, schema, "", 1))
+    problems = list(_walk(schema, schema, "", 1))
+    return problems or list(_ref_loops(schema))
 
 
 def _walk(root: Any, node: Any, pointer: str, depth: int) -> Iterator[Problem]:
@@ -103,3 +104,83 @@ def _check_ref(root: Any, ref: Any, pointer: str) -> Iterator[Problem]:
             yield Problem(pointer, None, f"$ref {ref!r} does not resolve")
             return
         target = target[token]
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The node a ``#/$defs/...`` reference names (None when it does not resolve)."""
+    target: Any = root
+    for token in ["$defs", *ref[len(_DEFS_PREFIX):].split("/")]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, dict) or token not in target:
+            return None
+        target = target[token]
+    return target
+
+
+def _all_refs(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
+    """Every local ``$defs`` reference in the schema, with the pointer of its ``$ref``, in document order."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            here = f"{pointer}/{pointer_token(key)}"
+            if key == "$ref" and isinstance(value, str) and value.startswith(_DEFS_PREFIX):
+                yield value, here
+            else:
+                yield from _all_refs(value, here)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _all_refs(value, f"{pointer}/{i}")
+
+
+def _unguarded_refs(node: Any, pointer: str) -> Iterator[tuple[str, str]]:
+    """(ref, its pointer) reachable from ``node`` before any input is produced: its own ``$ref``
+    and its ``anyOf`` members'. Refs under ``properties`` or ``items`` come after a ``{`` or ``[``."""
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith(_DEFS_PREFIX):
+        yield ref, f"{pointer}/$ref"
+    members = node.get("anyOf")
+    if isinstance(members, list):
+        for i, member in enumerate(members):
+            yield from _unguarded_refs(member, f"{pointer}/anyOf/{i}")
+
+
+def _ref_loops(root: Any) -> Iterator[Problem]:
+    """A ``$ref`` whose target can produce no finite document without producing itself first
+    (``{"$ref": "#/$defs/a"}`` inside ``a``, or ``a`` → ``b`` → ``a``): the constraint would accept
+    nothing and every reply would fail, so it is refused before any generation.
+
+    A target is productive when its own ``$ref`` (if any) is, and one of its ``anyOf`` members
+    (if any) is; anything under ``properties`` or ``items`` comes after a ``{`` or ``[``, so counts
+    as progress. A worklist finds the productive ones (each re-checked only when a reference it
+    waits on turns productive).
+    """
+    uses = list(_all_refs(root, ""))
+    targets = {ref: _resolve(root, ref) for ref, _ in uses}
+    productive: set[str] = set()
+
+    def produces(node: Any) -> bool:
+        if not isinstance(node, dict):
+            return node is not False
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith(_DEFS_PREFIX) and ref not in productive:
+            return False
+        members = node.get("anyOf")
+        return not isinstance(members, list) or any(produces(m) for m in members)
+
+    waiting: dict[str, list[str]] = {}  # ref -> the refs whose target waits on it
+    for ref, target in targets.items():
+        for needed, _ in _unguarded_refs(target, ""):
+            waiting.setdefault(needed, []).append(ref)
+    ready = [ref for ref, target in targets.items() if target is not None and produces(target)]
+    productive.update(ready)
+    while ready:  # each ref is re-checked only when one it waits on becomes productive
+        for ref in waiting.get(ready.pop(), ()):
+            if ref not in productive and targets[ref] is not None and produces(targets[ref]):
+                productive.add(ref)
+                ready.append(ref)
+    for ref, pointer in uses:
+        if ref not in productive and targets[ref] is not None:
+            yield Problem(pointer, "$ref", f"{ref} cannot produce a finite document without reaching itself "
+                          "again first (a reference loop with nothing in between)")
+            return

@@ -10,12 +10,9 @@ from __future__ import annotations
 import pytest
 
 from millm_host import default_fields
-from millm_host.context import RequestContext
-from millm_host.engine import ModelDescriptor
-from millm_host.errors import FieldNotHonoured
+from millm_host.api import LOGITS_PROCESSORS, EngineSpec, FieldNotHonoured, ModelDescriptor, RequestContext, Settings
 from millm_host.fields import FieldRegistry, check_fields
 from millm_host.protocol import ChatCompletionRequest, validate
-from millm_host.settings import Settings
 from millm_structured_output import plugin
 from millm_structured_output.errors import ResponseFormatUnsupported
 
@@ -30,9 +27,16 @@ HISTORY = [
 ]
 
 
+#: Stand-ins for the two engines: only the first applies logits processors.
+ENGINES = [
+    EngineSpec("transformers", "x:X", "x:describe", frozenset({"hf"}), capabilities=frozenset({LOGITS_PROCESSORS})),
+    EngineSpec("gguf", "x:X", "x:describe", frozenset({"gguf"})),
+]
+
+
 @pytest.fixture(scope="module")
 def fields() -> FieldRegistry:
-    registry = FieldRegistry()
+    registry = FieldRegistry(ENGINES)
     default_fields.register_request_fields(registry.register)
     plugin.register_request_fields(registry.register)
     return registry
@@ -84,8 +88,10 @@ def context(body: dict, *, scoring: bool) -> RequestContext:
         endpoint="chat.completions", body=body, params=validate(ChatCompletionRequest, body), headers={},
         model=ModelDescriptor(id="m", path="/nowhere", format="hf", engine="transformers"),
         engine_name="transformers", settings=Settings(environ={}), scoring=scoring,
+        engine_capabilities=frozenset({LOGITS_PROCESSORS}),
     )
     ctx.conversations = [[{"role": m["role"], "content": m["content"]} for m in body["messages"]]]
+    ctx.messages = [list(body["messages"])]
     return ctx
 
 
@@ -103,3 +109,13 @@ def test_a_request_without_either_installs_nothing():
     ctx = context(dict(CHAT), scoring=False)
     plugin.validate_request(ctx)
     assert plugin.NAME not in ctx.state and plugin.before_forward(ctx) is None
+
+
+def test_tool_history_comes_from_the_full_messages_not_the_body():
+    """The host keeps each conversation's messages in full (ctx.messages); the body is never reread."""
+    ctx = context({**CHAT, "messages": HISTORY}, scoring=False)
+    ctx.body = dict(CHAT)  # what the body says no longer matters
+    plugin.validate_request(ctx)
+    assert ctx.state[plugin.NAME].history == ["messages[1].tool_calls"]
+    assert ctx.conversations[0][1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {}}
+    assert ctx.conversations[0][2]["tool_call_id"] == "c1"

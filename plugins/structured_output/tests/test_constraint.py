@@ -30,7 +30,7 @@ def engine(tiny_model_dir):
     """A real transformers engine on the tiny model (SmolLM2's tokenizer)."""
     from millm_engine_transformers.engine import TransformersEngine
     from millm_engine_transformers.spec import describe
-    from millm_host.settings import Settings
+    from millm_host.api import Settings
 
     loaded = TransformersEngine.load(describe(str(tiny_model_dir)), Settings(), lambda message: None)
     yield loaded

@@ -111,6 +111,8 @@ def resident(http) -> str:
      "response_format_unsupported", "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a(?=b)"}}}},
      "response_format_unsupported", "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}}, "response_format_unsupported", "response_format"),
 ])
 def test_refused_before_loading(http, extra, code, param):
     before = resident(http)

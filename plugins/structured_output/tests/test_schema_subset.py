@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 from millm_structured_output.errors import ResponseFormatUnsupported
 from millm_structured_output.response_format import parse_response_format
 from millm_structured_output.schema_subset import MAX_DEPTH, MAX_PROPERTIES, check_subset
@@ -114,3 +114,27 @@ def test_malformed_values_are_invalid_parameters(value, param):
     with pytest.raises(InvalidParameter) as raised:
         parse_response_format(value)
     assert raised.value.param == param
+
+
+@pytest.mark.parametrize("schema, pointer", [
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "/$defs/a/$ref"),
+    ({"type": "object", "properties": {"p": {"$ref": "#/$defs/a"}},
+      "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}}, "/properties/p/$ref"),
+], ids=["itself", "through-another-and-anyOf"])
+def test_a_ref_that_reaches_itself_before_any_input_is_refused(schema, pointer):
+    """Such a schema describes no finite document: the constraint accepted nothing and every reply was a 500."""
+    with pytest.raises(ResponseFormatUnsupported) as raised:
+        parse_response_format(fmt(schema))
+    assert raised.value.status == 400 and f"$ref at {pointer}" in raised.value.message
+    assert raised.value.extra["unsupported"][0]["pointer"] == pointer
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"},
+    {"$defs": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}},
+     "$ref": "#/$defs/a"},
+    {"$defs": {"list": {"type": "array", "items": {"$ref": "#/$defs/list"}}}, "$ref": "#/$defs/list"},
+], ids=["recursive-object", "loop-with-a-way-out", "nested-arrays"])
+def test_recursion_through_input_is_served(schema):
+    assert check_subset(schema) == []
+    parse_response_format(fmt(schema))

@@ -13,7 +13,7 @@ import json
 import secrets
 from typing import Any
 
-from millm_host.output import FilterResult
+from millm_host.api import FilterResult
 
 from .formats import CallFormat, ParsedReply
 

@@ -14,23 +14,23 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from millm_host.errors import InvalidParameter
+from millm_host.api import InvalidParameter
 
 from .formats import CallFormat, ParsedCall
 
 
-def sources(body: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
-    """``(location, messages)`` of every conversation, in ``ctx.conversations`` order."""
-    yield "messages", body.get("messages") or []
-    for i, rows in enumerate(body.get("extra_messages") or []):
-        yield f"extra_messages[{i}]", rows if isinstance(rows, list) else []
+def sources(messages: list[list[dict[str, Any]]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """``(location, messages)`` of every conversation (``ctx.messages``), in ``ctx.conversations`` order."""
+    for i, rows in enumerate(messages):
+        yield ("messages" if i == 0 else f"extra_messages[{i - 1}]"), rows
 
 
-def add_tool_history(body: dict[str, Any], conversations: list[list[dict[str, Any]]]) -> list[str]:
-    """Copy tool calls and tool-call ids into ``conversations``; return where calls were found."""
+def add_tool_history(messages: list[list[dict[str, Any]]], conversations: list[list[dict[str, Any]]]) -> list[str]:
+    """Copy tool calls and tool-call ids from the full ``messages`` (``ctx.messages``) into
+    ``conversations``; return where calls were found."""
     found: list[str] = []
-    for conversation, (where, messages) in zip(conversations, sources(body), strict=False):
-        for j, (message, rendered) in enumerate(zip(messages, conversation, strict=False)):
+    for conversation, (where, rows) in zip(conversations, sources(messages), strict=False):
+        for j, (message, rendered) in enumerate(zip(rows, conversation, strict=False)):
             if not isinstance(message, dict):
                 continue
             here = f"{where}[{j}]"
@@ -79,9 +79,9 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 
 
 def write_calls_into_content(conversations: list[list[dict[str, Any]]], fmt: CallFormat,
-                             body: dict[str, Any]) -> None:
+                             messages: list[list[dict[str, Any]]]) -> None:
     """For a template that renders only content: calls become text in the family's syntax."""
-    for conversation, (where, _) in zip(conversations, sources(body), strict=False):
+    for conversation, (where, _) in zip(conversations, sources(messages), strict=False):
         for j, message in enumerate(conversation):
             calls = message.pop("tool_calls", None)
             if not calls:

@@ -7,9 +7,9 @@ every chat completion (a terminal chunk when streaming). Enabled only when
 
 from __future__ import annotations
 
-from millm_host.hookspecs import hookimpl
-from millm_host.output import ResponseExtra
-from millm_host.settings import Setting
+from millm_host.api import ResponseExtra, Setting, hookimpl
+
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
 
 STATE_KEY = "detector_example"
 

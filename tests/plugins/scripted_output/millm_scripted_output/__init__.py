@@ -13,9 +13,9 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
-from millm_host.engine import LogitsProcessorFactory
-from millm_host.hookspecs import hookimpl
-from millm_host.settings import Setting
+from millm_host.api import LogitsProcessorFactory, Setting, hookimpl
+
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
 
 HEADER = "x-test-scripted-output"
 

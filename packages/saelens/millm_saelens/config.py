@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from millm_host.errors import MillmError
-
-from .features import is_int
+from millm_host.api import MillmError
 
 CONFIG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
 ARCHITECTURES = ("standard", "jumprelu", "topk")
 HOOK_NAME = re.compile(r"^blocks\.(?P<layer>0|[1-9]\d*)\.hook_resid_(?P<point>pre|post)$")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class SAEUnreadable(MillmError):
@@ -49,7 +51,7 @@ class SAEConfig:
 
 def _positive_int(cfg: dict[str, Any], key: str) -> int:
     value = cfg.get(key)
-    if not is_int(value) or value < 1:
+    if not _is_int(value) or value < 1:
         raise SAEUnreadable(f"{CONFIG_FILE}: {key} must be a positive integer, not {value!r}", param="path")
     return value
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from .saelens import CONFIG_FILE, WEIGHTS_FILE
+from .config import CONFIG_FILE, WEIGHTS_FILE
 
 
 def write_sae(

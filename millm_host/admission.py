@@ -1,0 +1,74 @@
+"""Admission: the one way work reaches the engine thread on a model.
+
+Reserve a place in the queue (``503 queue_full`` past ``MILLM_QUEUE_MAX``), take
+a lease on the model (loading it first if needed and allowed; ``503 model_busy``
+during another model's load or any unload), run on the engine thread, release
+both. Generation, scoring and embeddings go through it (``Pipeline.prepare``),
+and so do plugins (``host.engine_slot(model)``): nothing copies the sequence.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .app import Host
+    from .engine import Engine
+    from .registry import Lease, ModelEntry
+    from .scheduler import Scheduler, Ticket
+
+T = TypeVar("T")
+
+
+@dataclass
+class Admission:
+    """A queue place and a lease on the model, held until ``release``."""
+
+    scheduler: Scheduler
+    ticket: Ticket
+    lease: Lease | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The resident model this admission holds a lease on."""
+        assert self.lease is not None
+        return self.lease.engine
+
+    async def run(self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None) -> T:
+        """``fn(*args)`` on the engine thread, in queue order (skipped once ``cancel`` is set)."""
+        return await self.scheduler.run(fn, *args, cancel=cancel)
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+        self.ticket.release()
+
+
+async def admit(host: Host, entry: ModelEntry) -> Admission:
+    """A queue place, then a lease on ``entry`` (made resident if it is not); the caller releases it."""
+    host.registry.check_available(entry)  # model_busy wins over queue_full
+    admission = Admission(host.scheduler, host.scheduler.reserve())
+    try:
+        admission.lease = await host.registry.acquire(entry)
+    except BaseException:
+        admission.release()
+        raise
+    return admission
+
+
+@asynccontextmanager
+async def engine_slot(host: Host, model: str) -> AsyncIterator[Admission]:
+    """``async with host.engine_slot(model_id) as slot: await slot.run(fn, ...)``: admitted work.
+
+    ``slot.engine`` is the resident model; the queue place and the lease are
+    released when the block ends, whatever it raised.
+    """
+    admission = await admit(host, host.registry.resolve(model))
+    try:
+        yield admission
+    finally:
+        admission.release()

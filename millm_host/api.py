@@ -1,0 +1,186 @@
+"""The public plugin API: the one module a millm plugin imports (with ``millm_host.hookspecs``).
+
+An import-linter contract (``tests/test_import_contracts.py``) holds every plugin
+to this module and ``millm_host.hookspecs``: a plugin that needs something this
+module lacks gets it added here, never imported from another host module.
+
+What is here:
+
+- ``hookimpl``, the marker of a hook implementation (the hooks: ``millm_host.hookspecs``).
+- ``RequestContext`` and ``SequenceOutput``: what request-path hooks receive.
+  ``ctx.host`` is the ``Host`` (every hook reaches it), ``ctx.state[<plugin>]``
+  is per-request scratch space, ``ctx.messages`` every conversation's messages
+  in full as sent (read them, not ``ctx.body``).
+- ``Host``, the type of ``host`` and ``ctx.host``. What a plugin uses of it:
+  ``host.settings`` (every declared setting), ``host.state[<plugin>]`` (the
+  plugin's per-host object, made at ``startup``), ``host.db`` (a ``Database``:
+  ``host.db.session()`` is a SQLAlchemy session for the plugin's own tables),
+  ``host.engine_slot(model_id)`` (admitted work on the engine thread),
+  ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
+  (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
+  ``resident``, ``engine``) and ``host.openapi_bodies``.
+- Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
+  ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``), ``ModelDescriptor``, ``ModelInfo``,
+  ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
+  ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
+- Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
+  ``FilterResult`` (and the ``ORDER_*`` of terminal stream chunks).
+- Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
+- Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
+- Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,
+  ``serialize_item``, ``serialize_list``, ``serialize_string_list``, ``parse_list``.
+- ``JsonResource``: the base of a plugin's JSON route (bodies read and checked
+  the host's way); ``read_json``, ``read_body`` and ``lower_headers`` for a
+  resource that does not subclass it.
+- ``ctx.engine_capabilities``: what the request's engine declares; a plugin claims
+  request fields by capability (``register(..., requires=LAYER_HOOKS)``), never by
+  engine name.
+- Small helpers engines share: ``split_gguf_name``, ``save_atomically``,
+  ``available_memory``, ``fallback_chat_render``.
+- ``testing``: ``millm_host.testing`` (a real server, tiny models, SSE reading, the
+  engine conformance suite), imported on first use so that plugins never load it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .app import Host
+from .context import RequestContext, SequenceOutput
+from .db import Database
+from .engine import (
+    EMBEDDINGS,
+    LAYER_HOOKS,
+    LOGITS_PROCESSORS,
+    ORDER_READ_POST_STEERING,
+    ORDER_READ_PRE_STEERING,
+    ORDER_WRITE_STEERING,
+    SCORING,
+    Engine,
+    EngineSpec,
+    HookPoint,
+    LayerHook,
+    LogitsProcessorFactory,
+    ModelDescriptor,
+    ModelInfo,
+    NoChatTemplate,
+    SamplingParams,
+    fallback_chat_render,
+)
+from .engine_scoring import (
+    NextTokenScores,
+    NonFiniteLogits,
+    ScoringParams,
+    ScoringPrecisionUnavailable,
+    TokenLogprob,
+)
+from .errors import (
+    INVALID_REQUEST,
+    SERVER_ERROR,
+    ContextLengthExceeded,
+    FieldNotHonoured,
+    InsufficientMemory,
+    InvalidParameter,
+    MillmError,
+    ModelBusy,
+    ModelLoadFailed,
+    ModelNotLoaded,
+)
+from .files import save_atomically
+from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
+from .hookspecs import hookimpl
+from .naming import check_display_name, split_gguf_name
+from .output import (
+    ORDER_PROBE_VERDICTS,
+    ORDER_SAE_ACTIVATIONS,
+    ORDER_STEERING,
+    FilterResult,
+    OutputFilter,
+    OutputFilterFactory,
+    ResponseExtra,
+)
+from .paths import confined_path, plain_name
+from .protocol import ChatMessage, loc_to_param, message_text, validate
+from .registry import available_memory
+from .resources.common import JsonResource, lower_headers, read_body, read_json
+from .settings import Setting, Settings
+
+__all__ = [
+    "ModelLoadFailed",
+    "percent_encode",
+    "check_display_name",
+    "confined_path",
+    "plain_name",
+    "EMBEDDINGS",
+    "INVALID_REQUEST",
+    "LAYER_HOOKS",
+    "LOGITS_PROCESSORS",
+    "ORDER_PROBE_VERDICTS",
+    "ORDER_READ_POST_STEERING",
+    "ORDER_READ_PRE_STEERING",
+    "ORDER_SAE_ACTIVATIONS",
+    "ORDER_STEERING",
+    "ORDER_WRITE_STEERING",
+    "SCORING",
+    "SERVER_ERROR",
+    "ChatMessage",
+    "ContextLengthExceeded",
+    "Database",
+    "Engine",
+    "EngineSpec",
+    "FieldNotHonoured",
+    "FilterResult",
+    "HookPoint",
+    "Host",
+    "InsufficientMemory",
+    "InvalidParameter",
+    "JsonResource",
+    "LayerHook",
+    "LogitsProcessorFactory",
+    "MillmError",
+    "ModelBusy",
+    "ModelDescriptor",
+    "ModelInfo",
+    "ModelNotLoaded",
+    "NextTokenScores",
+    "NoChatTemplate",
+    "NonFiniteLogits",
+    "OutputFilter",
+    "OutputFilterFactory",
+    "RequestContext",
+    "ResponseExtra",
+    "SamplingParams",
+    "ScoringParams",
+    "ScoringPrecisionUnavailable",
+    "SequenceOutput",
+    "Setting",
+    "Settings",
+    "Token",
+    "TokenLogprob",
+    "available_memory",
+    "fallback_chat_render",
+    "hookimpl",
+    "item",
+    "loc_to_param",
+    "lower_headers",
+    "message_text",
+    "parse_list",
+    "read_body",
+    "read_json",
+    "save_atomically",
+    "serialize_item",
+    "serialize_list",
+    "serialize_string_list",
+    "split_gguf_name",
+    "testing",  # noqa: F822 (loaded on first use, by the module __getattr__)
+    "validate",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``api.testing`` is imported on first use: serving never loads the test helpers."""
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module(".testing", __package__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

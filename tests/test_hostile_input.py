@@ -1,0 +1,218 @@
+"""Hostile input never takes the server down or answers 500 (issue 11 §0, §3, §3b).
+
+- One body, parsed slowly, must not freeze the event loop: ``/api/health`` answers
+  while a 4 MiB pathological body is refused.
+- Every string that reaches a structured header is percent-encoded, losslessly.
+- Input the model cannot take (lone surrogates, an assistant-only chat, an empty
+  prompt) is a 400 in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from urllib.parse import unquote
+
+import httpx
+import pytest
+
+from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
+from millm_host.testing import assert_error, chat_body
+
+HOSTILE = ['q"uote', "back\\slash", "100%", "détecteur", "日本語", "😀", "tab\tnew\nline\x00\x7f", "bidi\u202eover",
+           "zero\u200bwidth", "x" * 1024, "é" * 1024]
+
+
+# --- §0: no body freezes the server -------------------------------------------------
+
+BODY_LIMIT = 4 * 1024 * 1024  # MILLM_MAX_BODY_BYTES' default
+#: Generous: a blocked event loop answered after 19.5 s at 64 KB, and hours at 4 MiB.
+HEALTH_BOUND_S = 1.0
+
+
+def just_under_the_limit(prefix: bytes, unit: bytes, suffix: bytes = b"") -> bytes:
+    count = (BODY_LIMIT - 64 - len(prefix) - len(suffix)) // len(unit)
+    return prefix + unit * count + suffix
+
+
+@pytest.fixture(scope="module")
+def own_server(server_factory, tiny_model_dir):
+    """A server of this module's own: before the fix, the first body below blocked it for hours."""
+    return server_factory(tiny_model_dir)
+
+
+def health_while(server, method: str, path: str, body: bytes) -> tuple[httpx.Response, float]:
+    """Send one request while ``/api/health`` is asked again and again; (its response, the slowest health answer)."""
+    slowest = [0.0]
+    polled = threading.Event()
+    done = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:
+            while not done.is_set():
+                started = time.monotonic()
+                try:
+                    http.get("/api/health").raise_for_status()
+                except httpx.HTTPError:
+                    slowest[0] = math.inf
+                    return
+                slowest[0] = max(slowest[0], time.monotonic() - started)
+                polled.set()
+                time.sleep(0.005)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        assert polled.wait(30), "health never answered"
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            response = http.request(method, path, content=body, headers={"content-type": "application/json"})
+        time.sleep(0.05)
+    finally:
+        done.set()
+        poller.join(30)
+    return response, slowest[0]
+
+
+def test_the_unterminated_string_reproducer_at_4_mib(own_server):
+    """Issue 11 §0's body: an unterminated string of \\" (the old nesting regex took time in its square)."""
+    body = just_under_the_limit(b'{"a":"', b'\\"')
+    response, slowest = health_while(own_server, "POST", "/v1/chat/completions", body)
+    assert_error(response, 400, "invalid_parameter")
+    assert "not valid JSON" in response.json()["error"]["message"]
+    assert slowest < HEALTH_BOUND_S, f"/api/health took {slowest:.2f} s while a 4 MiB body was parsed"
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
+                                              ("POST", "/api/probes/score"), ("POST", "/api/profiles"),
+                                              ("PUT", "/api/steering"), ("POST", "/api/probes/import")])
+def test_every_json_route_refuses_the_reproducer_promptly(own_server, method, path):
+    response, slowest = health_while(own_server, method, path, just_under_the_limit(b'{"a":"', b'\\"'))
+    assert_error(response, 400, "invalid_parameter")
+    assert slowest < HEALTH_BOUND_S, f"/api/health took {slowest:.2f} s"
+
+
+@pytest.mark.parametrize("kind", ["deep", "token-ids", "empty-arrays"])
+def test_large_bodies_leave_the_event_loop_free(own_server, kind):
+    """Nesting past the interpreter's recursion, 2M token ids to validate, 1.4M containers to build."""
+    model = json.dumps(own_server.model_id).encode()
+    path, body, code = {
+        "deep": ("/v1/chat/completions", just_under_the_limit(b'{"messages":', b"["), "invalid_parameter"),
+        "token-ids": ("/v1/completions", just_under_the_limit(b'{"model":' + model + b',"max_tokens":1,"prompt":[',
+                                                              b"1,", b"1]}"), "context_length_exceeded"),
+        "empty-arrays": ("/v1/chat/completions", just_under_the_limit(b'{"model":' + model + b',"x":[', b"[],", b"[]]}"),
+                         "invalid_parameter"),
+    }[kind]
+    response, slowest = health_while(own_server, "POST", path, body)
+    assert_error(response, 400, code)
+    assert slowest < HEALTH_BOUND_S, f"/api/health took {slowest:.2f} s"
+
+
+def test_nesting_is_bounded_where_the_setting_says(own_server):
+    model = own_server.model_id
+    with own_server.http() as http:
+        for depth, status in ((62, 200), (64, 400), (5000, 400)):
+            extra = "[" * depth + "]" * depth  # inside an object inside the body: depth + 1 levels, +1 for the body
+            content = f'{{"model": "{model}", "max_tokens": 1, "messages": [{{"role": "user", "content": "hi"}}], "x": {extra}}}'
+            response = http.post("/v1/chat/completions", content=content.encode(), headers={"content-type": "application/json"})
+            assert response.status_code == status, (depth, response.text[:200])
+
+
+# --- §3: structured headers carry any string ------------------------------------------
+
+@pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
+def test_every_header_string_is_percent_encoded_losslessly(text):
+    value = serialize_list([item(text, {"name": text, "kind": Token("probe"), "n": 3, "flag": True})])
+    value.encode("ascii")  # printable ASCII, or a response could not carry it
+    [member] = list(parse_list(value))
+    assert unquote(member.value) == text and unquote(member.params["name"]) == text
+    assert str(member.params["kind"]) == "probe" and member.params["n"] == 3 and member.params["flag"] is True
+
+
+def test_percent_encoding_is_the_spec_s():
+    assert percent_encode("plain name-1") == "plain name-1"
+    assert percent_encode('a"b\\c%d\n') == "a%22b%5Cc%25d%0A"
+    assert percent_encode("日") == "%E6%97%A5"
+    assert percent_encode("a\ud800") == "a%ED%A0%80"  # a lone surrogate never raises
+    assert serialize_item(Token("json_schema"), {"name": "x"}) == 'json_schema;name="x"'
+
+
+def test_ignored_field_names_are_carried_losslessly(tiny_server):
+    names = ['a"b', "c\\d", "e%41f", "日本"]
+    with tiny_server.http() as http:
+        body = chat_body(tiny_server.model_id, max_tokens=1, **{name: 1 for name in names})
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert [unquote(m.value) for m in parse_list(response.headers["x-millm-ignored-fields"])] == names
+
+
+# --- §3b: bad input is a 400, never a 500 ---------------------------------------------
+
+def post_raw(http: httpx.Client, path: str, text: str) -> httpx.Response:
+    """Send ``text`` as written: JSON escapes such as ``\\ud800`` reach the server unchanged."""
+    return http.post(path, content=text.encode(), headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(("path", "template", "param"), [
+    ("/v1/chat/completions", '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions", ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": '
+                              '[{"type": "text", "text": "\\udfffb"}]}]}'), "messages[0].content[0].text"),
+    ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": "a\\ud800"}', "prompt"),
+    ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": ["ok", "a\\ud800"]}', "prompt[1]"),
+    ("/v1/embeddings", '{"model": %s, "input": "a\\ud800"}', "input"),
+    ("/v1/embeddings", '{"model": %s, "input": ["a", "\\udc00"]}', "input[1]"),
+    ("/v1/chat/completions", ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], '
+                              '"stop": ["\\ud800"]}'), "stop[0]"),
+])
+def test_a_lone_surrogate_is_a_400_naming_where(tiny_server, path, template, param):
+    with tiny_server.http() as http:
+        response = post_raw(http, path, template % json.dumps(tiny_server.model_id))
+    error = assert_error(response, 400, "invalid_parameter", param)
+    assert "lone surrogate" in error["message"]
+
+
+def test_a_surrogate_pair_is_one_character(tiny_server):
+    text = '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    with tiny_server.http() as http:
+        assert post_raw(http, "/v1/chat/completions", text % json.dumps(tiny_server.model_id)).status_code == 200
+
+
+@pytest.mark.parametrize("scoring", [False, True], ids=["generation", "scoring"])
+def test_a_chat_of_only_an_assistant_message_is_a_400(tiny_server, scoring):
+    body = {"model": tiny_server.model_id, "max_tokens": 1, "messages": [{"role": "assistant", "content": "Hi"}]}
+    if scoring:
+        body["logprobs"] = True
+    with tiny_server.http() as http:
+        assert_error(http.post("/v1/chat/completions", json=body), 400, "invalid_parameter", "messages")
+        extra = {**body, "messages": [{"role": "user", "content": "Hi"}], "extra_messages": [body["messages"]]}
+        assert_error(http.post("/v1/chat/completions", json=extra), 400, "invalid_parameter", "extra_messages[0]")
+        body["messages"] = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]
+        assert http.post("/v1/chat/completions", json=body).status_code == 200  # continuing a reply still works
+
+
+def test_an_empty_string_in_a_prompt_list_is_a_400(tiny_server):
+    with tiny_server.http() as http:
+        body = {"model": tiny_server.model_id, "max_tokens": 1, "prompt": ["Once upon", ""]}
+        error = assert_error(http.post("/v1/completions", json=body), 400, "invalid_parameter", "prompt[1]")
+        assert "torch" not in error["message"] and "Tensor" not in error["message"]
+        body["prompt"] = ["", "Once upon"]
+        assert_error(http.post("/v1/completions", json=body), 400, "invalid_parameter", "prompt[0]")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"stream": "yes"}, "stream"),
+    ({"stream": True, "stream_options": {"include_usage": 5}}, "stream_options.include_usage"),
+    ({"stop": [1]}, "stop"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content"),
+])
+def test_a_refusal_names_fields_that_look_like_type_tags(fields, param):
+    """Union-member tags ("str", "list[str]") are dropped from the location; "stream" is a field, not a tag."""
+    from millm_host.errors import InvalidParameter
+    from millm_host.protocol import ChatCompletionRequest, validate
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    with pytest.raises(InvalidParameter) as raised:
+        validate(ChatCompletionRequest, body)
+    assert raised.value.param == param

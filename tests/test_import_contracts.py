@@ -1,0 +1,90 @@
+"""The import contracts (``[tool.importlinter]`` in pyproject.toml), checked with ``lint-imports``.
+
+Plugins reach the host only through ``millm_host.api`` and ``millm_host.hookspecs``
+and never import each other; the host imports no plugin, torch, transformers or
+llama.cpp. The contracts are checked against this checkout (not whatever copy is
+installed): every package directory of the repository goes first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
+
+
+def _pythonpath() -> str:
+    dirs = [ROOT]
+    for parent in ("plugins", "tests/plugins", "packages"):
+        dirs += sorted(p for p in (ROOT / parent).glob("*") if p.is_dir() and (p / "pyproject.toml").is_file())
+    return os.pathsep.join([*map(str, dirs), os.environ.get("PYTHONPATH", "")])
+
+
+def _lint(*args: str, extra_path: Path | None = None) -> subprocess.CompletedProcess:
+    path = _pythonpath() if extra_path is None else os.pathsep.join([str(extra_path), _pythonpath()])
+    return subprocess.run([LINT_IMPORTS, "--no-cache", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
+
+
+def _config() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def test_every_import_contract_is_kept():
+    result = _lint()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Contracts: {len(_config()['contracts'])} kept, 0 broken." in result.stdout
+
+
+def _ini(config: dict) -> str:
+    """The same configuration as an ``.importlinter`` INI file."""
+
+    def value(v: object) -> str:
+        if isinstance(v, list):
+            return "".join(f"\n    {item}" for item in v)
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    lines = ["[importlinter]"]
+    lines += [f"{k} = {value(v)}" for k, v in config.items() if k != "contracts"]
+    for i, contract in enumerate(config["contracts"]):
+        lines.append(f"\n[importlinter:contract:{i}]")
+        lines += [f"{k} = {value(v)}" for k, v in contract.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("imported", "allowed"), [
+    ("millm_host.errors", False),
+    ("millm_host.resources.common", False),
+    ("millm_steering.plugin", False),
+    ("millm_host.api", True),
+    ("millm_host.hookspecs", True),
+])
+def test_a_plugin_importing_a_host_module_breaks_the_contract(tmp_path, imported, allowed):
+    """A new plugin held to the same contracts: only the public modules may be imported."""
+    package = tmp_path / "millm_contract_example"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"import {imported}\n")
+    config = _config()
+    config["root_packages"] = [*config["root_packages"], "millm_contract_example"]
+    only_api, independent = config["contracts"][0], config["contracts"][1]
+    only_api["source_modules"] = [*only_api["source_modules"], "millm_contract_example"]
+    only_api["ignore_imports"] = [*only_api["ignore_imports"],
+                                  "millm_contract_example -> millm_host.api",
+                                  "millm_contract_example -> millm_host.hookspecs"]
+    independent["modules"] = [*independent["modules"], "millm_contract_example"]
+    ini = tmp_path / "contracts.ini"
+    ini.write_text(_ini(config))
+    result = _lint("--config", str(ini), extra_path=tmp_path)
+    if allowed:
+        assert result.returncode == 0, result.stdout + result.stderr
+    else:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"millm_contract_example -> {imported}" in result.stdout
