@@ -61,7 +61,7 @@ class ConductorTransport(httpx.BaseTransport):
         headers = [(name, value) for name, value in request.headers.multi_items() if name.lower() != "host"]
         result = self.server.call(self.server.conductor.simulate_request(
             request.method, request.url.path, query_string=request.url.query.decode() or None,
-            headers=headers, body=body, _stream_result=True,
+            headers=headers, body=body, host=request.url.host, _stream_result=True,
         ))
         response_headers = [(k, v) for k, v in result.headers.items() if k.lower() != "content-length"]
         return httpx.Response(result.status_code, headers=response_headers, stream=_BodyStream(self.server, result),
@@ -104,7 +104,7 @@ class _BodyStream(httpx.SyncByteStream):
 class AppServer:
     """The app served in-process; ``start()`` returns once the start model is resident."""
 
-    base_url = "http://millm.test"
+    base_url = "http://localhost"  # a loopback name: the Host check (MILLM_ALLOWED_HOSTS) lets it in
 
     def __init__(
         self,
@@ -152,7 +152,7 @@ class AppServer:
     # --- lifecycle ------------------------------------------------------------------
     def start(self, timeout: float = 60) -> AppServer:
         from ..app import build
-        from ..plugins import build_plugin_manager
+        from ..plugins import build_plugin_manager, collect_engines
         from ..settings import Settings
 
         settings = Settings(environ=self.environ)
@@ -161,6 +161,7 @@ class AppServer:
         for plugin in self.extra_plugins:
             pm.register(plugin)
         pm.check_pending()
+        pm.millm_engines = collect_engines(pm, settings)  # the echo engine and any engine registered here
         logging.getLogger("millm").addHandler(self._log)
         self.app, self.host = build(settings, pm)
         self._loop = asyncio.new_event_loop()
