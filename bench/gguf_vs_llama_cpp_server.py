@@ -118,7 +118,7 @@ def main() -> int:
               f"runs " + " ".join(f"{v:.1f}" for v in values))
     ratio = statistics.median(rates["millm"]) / statistics.median(rates["llama_cpp.server"])
     # Each run's two measurements are adjacent in time, so their ratio cancels slow load drift.
-    paired = statistics.median(m / l for m, l in zip(rates["millm"], rates["llama_cpp.server"]))
+    paired = statistics.median(m / c for m, c in zip(rates["millm"], rates["llama_cpp.server"], strict=True))
     print(f"ratio millm / llama_cpp.server: {ratio:.3f} of the medians, {paired:.3f} median of paired runs "
           f"(target >= 1.0)")
     return 0

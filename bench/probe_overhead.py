@@ -80,7 +80,7 @@ def token_interval(http, body: dict) -> tuple[float, int]:
         for line in response.iter_lines():
             if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
                 arrivals.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(arrivals[1:], arrivals[2:])]  # the first gap includes the prompt pass
+    gaps = [b - a for a, b in zip(arrivals[1:], arrivals[2:], strict=False)]  # the first gap includes the prompt pass
     return statistics.median(gaps), len(arrivals)
 
 

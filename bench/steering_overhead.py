@@ -51,7 +51,7 @@ def run(client, pid: int, model: str, tokens: int) -> tuple[int, float, float, s
 
 def report(label: str, baseline: list[float], steered: list[float]) -> None:
     medians = statistics.median(steered) / statistics.median(baseline)
-    paired = statistics.median(s / b for s, b in zip(steered, baseline))
+    paired = statistics.median(s / b for s, b in zip(steered, baseline, strict=True))
     print(f"{label}: baseline median {statistics.median(baseline):.2f}, steered median {statistics.median(steered):.2f}")
     print(f"  steered/baseline: {medians:.4f} (ratio of medians), {paired:.4f} (median of paired rounds); "
           f"overhead {100 * (1 - paired):+.2f}%")

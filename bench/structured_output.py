@@ -125,7 +125,7 @@ def main() -> None:
     print(f"median unconstrained: {plain:.1f} tok/s")
     print(f"median constrained:   {constrained:.1f} tok/s")
     print(f"median constraint cost: {statistics.median(per_token_ms):.3f} ms/token")
-    paired = statistics.median(c / p for c, p in zip(constrained_rates, plain_rates))
+    paired = statistics.median(c / p for c, p in zip(constrained_rates, plain_rates, strict=True))
     print(f"median of paired ratios: {paired:.3f}")
     print(f"ratio constrained/unconstrained: {constrained / plain:.3f} (target >= 0.8)")
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from .app import Host
     from .engine import Engine
-    from .models import Lease, ModelEntry
+    from .registry import Lease, ModelEntry
     from .scheduler import Scheduler, Ticket
 
 T = TypeVar("T")

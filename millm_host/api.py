@@ -67,13 +67,6 @@ from .engine import (
     SamplingParams,
     fallback_chat_render,
 )
-from .scoring.engine import (
-    NextTokenScores,
-    NonFiniteLogits,
-    ScoringParams,
-    ScoringPrecisionUnavailable,
-    TokenLogprob,
-)
 from .errors import (
     INVALID_REQUEST,
     SERVER_ERROR,
@@ -83,14 +76,13 @@ from .errors import (
     InvalidParameter,
     MillmError,
     ModelBusy,
+    ModelLoadFailed,
     ModelNotLoaded,
 )
 from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
-from .models import available_memory
 from .naming import check_display_name, split_gguf_name
-from .paths import confined_path, plain_name
 from .output import (
     ORDER_PROBE_VERDICTS,
     ORDER_SAE_ACTIVATIONS,
@@ -100,11 +92,21 @@ from .output import (
     OutputFilterFactory,
     ResponseExtra,
 )
+from .paths import confined_path, plain_name
 from .protocol import ChatMessage, loc_to_param, message_text, validate
+from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
+from .scoring.engine import (
+    NextTokenScores,
+    NonFiniteLogits,
+    ScoringParams,
+    ScoringPrecisionUnavailable,
+    TokenLogprob,
+)
 from .settings import Setting, Settings
 
 __all__ = [
+    "ModelLoadFailed",
     "percent_encode",
     "check_display_name",
     "confined_path",
@@ -170,7 +172,7 @@ __all__ = [
     "serialize_list",
     "serialize_string_list",
     "split_gguf_name",
-    "testing",
+    "testing",  # noqa: F822 (loaded on first use, by the module __getattr__)
     "validate",
 ]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -14,14 +14,14 @@ import falcon.asgi
 import pluggy
 
 from . import hookcalls
-from .admission import Admission, engine_slot
 from .access import Access
+from .admission import Admission, engine_slot
 from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
 from .fields import FieldRegistry
-from .models import ModelRegistry
 from .plugins import build_plugin_manager
+from .registry import ModelRegistry
 from .scheduler import Scheduler
 from .serving.base import Serving
 from .serving.chat import ServingChat
@@ -160,10 +160,10 @@ class _Lifespan:
     def __init__(self, host: Host) -> None:
         self.host = host
 
-    async def process_startup(self, scope: dict, event: dict) -> None:
+    async def process_startup(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         self.host._load_task = asyncio.create_task(self.host.load_start_model())
 
-    async def process_shutdown(self, scope: dict, event: dict) -> None:
+    async def process_shutdown(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         task = self.host._load_task
         if task is not None and not task.done():
             task.cancel()

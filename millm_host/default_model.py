@@ -24,7 +24,7 @@ def default_model_path() -> Path | None:
         return None
     for file in dist.files or ():
         if str(file).endswith(".gguf"):
-            path = Path(dist.locate_file(file))
+            path = Path(str(dist.locate_file(file)))
             return path if path.is_file() else None
     return None
 

@@ -3,8 +3,9 @@
 An engine plugin registers an ``EngineSpec`` (by ``"module:Class"`` strings, so
 discovering it never imports torch or llama.cpp). The host's model registry asks
 the spec to *describe* model files (cheap, no weights read) and to *load* one,
-which returns an ``Engine``: a resident model. All ``Engine`` methods run on the
-engine thread (see ``millm_host.scheduler``); none is called from the event loop.
+which returns an ``Engine``: a resident model. All ``Engine`` methods but
+``status`` run on the engine thread (see ``millm_host.scheduler``); none is
+called from the event loop.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import importlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -162,7 +163,7 @@ def fallback_chat_render(messages: Sequence[Mapping[str, Any]], add_generation_p
 
 
 class Engine(abc.ABC):
-    """A resident model. Every method runs on the engine thread (text methods: see ``concurrent_text``)."""
+    """A resident model. Every method but ``status`` runs on the engine thread (text methods: see ``concurrent_text``)."""
 
     #: The registered engine name (``"transformers"``, ``"gguf"``).
     name: str = ""
@@ -260,7 +261,7 @@ class Engine(abc.ABC):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Iterator[int]:
+    ) -> Generator[int, None, None]:
         """Yield generated token ids one at a time, EOS included, until closed.
 
         The caller decides when to stop (EOS, ``max_tokens``, a stop string) and
@@ -302,8 +303,17 @@ class Engine(abc.ABC):
         """
         return self.info.context_window
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: an engine may hold nothing to release)
         """Release the model's memory. Called once, on unload."""
+
+    def status(self) -> Mapping[str, Any]:
+        """What the engine reports in ``/api/health`` under ``engine_status`` (empty: nothing).
+
+        The one method called from any thread (the event loop included): it only
+        reads, never blocks. An engine running its model in a child process
+        reports that process here (state, restarts, last signal).
+        """
+        return {}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -46,7 +47,7 @@ def _error_responses() -> dict[str, Any]:
     )}
 
 
-def openapi_document(extra_bodies: list[tuple[str, type[BaseModel]]] = ()) -> dict[str, Any]:
+def openapi_document(extra_bodies: Sequence[tuple[str, type[BaseModel]]] = ()) -> dict[str, Any]:
     bodies = [*REQUEST_BODIES, *extra_bodies]
     _, schemas = models_json_schema([(m, "validation") for _, m in bodies], ref_template="#/components/schemas/{model}")
     components = dict(schemas.get("$defs", {}))

@@ -126,14 +126,18 @@ def _register_module(pm: pluggy.PluginManager, report: PluginReport, entry: str,
 
 
 def collect_engines(pm: pluggy.PluginManager, settings: Settings) -> list[EngineSpec]:
-    """Every offered engine (a duplicate name is refused), each engine's own settings declared."""
+    """Every offered engine (a duplicate name is refused), each engine's own settings declared.
+
+    ``build_plugin_manager`` calls it; call it again after registering a plugin by hand.
+    """
     engines: dict[str, EngineSpec] = {}
 
     def register(spec: EngineSpec) -> None:
         if spec.name in engines:
             raise ValueError(f"engine {spec.name!r} is registered twice")
         for setting in spec.settings:
-            settings.declare(setting)
+            if setting not in settings.declared:  # collected again after a late registration
+                settings.declare(setting)
         engines[spec.name] = spec
 
     hookcalls.startup(pm, "register_engines", register=register)

@@ -17,7 +17,7 @@ import math
 import re
 import threading
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -128,8 +128,8 @@ class CompletionRequest(SamplingFields):
         if isinstance(p, str):
             return [p]
         if p and all(isinstance(x, int) for x in p):
-            return [list(p)]  # one prompt of token ids
-        return list(p)
+            return [cast("list[int]", list(p))]  # one prompt of token ids
+        return cast("list[str | list[int]]", list(p))
 
 
 class EmbeddingRequest(_Strict):

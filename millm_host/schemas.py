@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic.json_schema import models_json_schema
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from .scoring.protocol import (
     ErrorResponse,
@@ -23,17 +24,20 @@ from .scoring.protocol import (
 
 SCORING_SCHEMA_PATH = Path("docs") / "schemas" / "millm-scoring-api-v1.json"
 
-_REQUESTS = {"/v1/completions": ScoringCompletionRequest, "/v1/chat/completions": ScoringChatRequest}
-_RESPONSES = {"/v1/completions": ScoringCompletionResponse, "/v1/chat/completions": ScoringChatResponse}
+_REQUESTS: dict[str, type[BaseModel]] = {
+    "/v1/completions": ScoringCompletionRequest, "/v1/chat/completions": ScoringChatRequest}
+_RESPONSES: dict[str, type[BaseModel]] = {
+    "/v1/completions": ScoringCompletionResponse, "/v1/chat/completions": ScoringChatResponse}
 
 
 def scoring_api_schema() -> dict[str, Any]:
     """The scoring API: request and response of each endpoint, and the refusal."""
-    models = [(m, "validation") for m in _REQUESTS.values()]
-    models += [(m, "serialization") for m in (*_RESPONSES.values(), ErrorResponse)]
+    models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for m in _REQUESTS.values()]
+    responses: list[type[BaseModel]] = [*_RESPONSES.values(), ErrorResponse]
+    models += [(m, "serialization") for m in responses]
     refs, defs = models_json_schema(models, ref_template="#/$defs/{model}")
 
-    def ref(model: type, mode: str) -> dict[str, str]:
+    def ref(model: type[BaseModel], mode: JsonSchemaMode) -> dict[str, str]:
         return refs[(model, mode)]
 
     return {

@@ -11,8 +11,7 @@ import pytest
 
 from millm_host.access import Access
 from millm_host.settings import Settings
-
-from .helpers import assert_error, chat_body
+from millm_host.testing import assert_error, chat_body
 
 USER_KEY, ADMIN_KEY = "user-key-1", "admin-key-1"
 APP_ORIGIN = "http://app.example:3000"

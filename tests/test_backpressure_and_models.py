@@ -1,4 +1,9 @@
-"""The bounded queue, disconnects, and model management (load on demand, graceful unload, refusals)."""
+"""The bounded queue, disconnects, and model management (load on demand, graceful unload, refusals).
+
+Loads, refusals and listings run in-process on echo models; the queue, disconnects
+and the graceful unload, which need a request that runs for a long time, on tiny
+models in a real server.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from millm_host.testing.models import tiny_llama
-
-from .helpers import assert_error, chat_body
+from millm_host.testing import assert_error, chat, chat_body
+from millm_host.testing.tiny_models import tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +27,9 @@ def long_model() -> Path:
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory, long_model) -> Path:
-    """Models on disk: a second tiny model, a broken checkpoint, one too big for memory."""
+    """Models on disk: a second tiny model."""
     root = tmp_path_factory.mktemp("models")
     shutil.copytree(tiny_llama("tiny-other", seed=1, max_position_embeddings=8192), root / "tiny-other")
-    broken = root / "broken-model"
-    broken.mkdir()
-    shutil.copy(long_model / "config.json", broken / "config.json")
-    (broken / "model.safetensors").write_bytes(b"this is not a safetensors file")
-    huge = root / "huge-model"
-    huge.mkdir()
-    shutil.copy(long_model / "config.json", huge / "config.json")
-    with open(huge / "model.safetensors", "wb") as f:  # sparse: 4 TiB on paper, nothing on disk
-        f.truncate(4 * 2**40)
     return root
 
 
@@ -93,41 +88,6 @@ def test_queue_full_then_disconnect_frees_the_slot(server):
     assert waited < (8000 / rate) / 4, (waited, rate)
 
 
-def test_request_for_another_model_loads_it(server):
-    first = server.model_id
-    with server.http() as http:
-        listed = {m["id"] for m in http.get("/v1/models").json()["data"]}
-        assert {"tiny-other", first} <= listed
-        assert "huge-model" in listed and "broken-model" in listed
-        reply = http.post("/v1/chat/completions", json=chat_body("tiny-other", max_tokens=1))
-        assert reply.status_code == 200 and reply.json()["model"] == "tiny-other"
-        states = {m["id"]: m["state"] for m in http.get("/api/models").json()["data"]}
-        assert states["tiny-other"] == "LOADED" and states[first] == "READY"
-        back = http.post("/v1/chat/completions", json=chat_body(first, max_tokens=1))
-        assert back.status_code == 200 and server.model_id == first
-
-
-def test_load_refused_before_unload_keeps_the_resident_model(server):
-    resident = server.model_id
-    with server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body("huge-model", max_tokens=1))
-        error = assert_error(response, 503, "insufficient_memory", "model")
-        assert "GiB" in error["message"]
-        assert http.get("/api/health").json()["model"] == resident
-
-
-def test_failed_load_is_500_and_reported(server):
-    with server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body("broken-model", max_tokens=1))
-        assert_error(response, 500, "model_load_failed")
-        states = {m["id"]: m for m in http.get("/api/models").json()["data"]}
-        assert states["broken-model"]["state"] == "FAILED" and states["broken-model"]["error"]
-        assert "broken-model" not in {m["id"] for m in http.get("/v1/models").json()["data"]}
-        # The server recovers: a request for a good model loads it.
-        first = http.post("/v1/chat/completions", json=chat_body("tiny-other", max_tokens=1))
-        assert first.status_code == 200
-
-
 def test_graceful_unload_refuses_new_requests_and_waits(server):
     model = "tiny-other"
     with server.http() as http:
@@ -153,7 +113,7 @@ def test_graceful_unload_refuses_new_requests_and_waits(server):
         assert_error(busy, 503, "model_busy", "model")
         assert_error(other, 503, "model_busy", "model")  # no second transition while one runs
         # The running request was not cut: it still streams.
-        assert any(line.startswith("data: ") for _, line in zip(range(5), stream.lines))
+        assert any(line.startswith("data: ") for _, line in zip(range(5), stream.lines, strict=False))
         assert worker.is_alive()
     finally:
         stream.close()
@@ -162,20 +122,62 @@ def test_graceful_unload_refuses_new_requests_and_waits(server):
     assert unload_result["response"].json()["state"] == "READY"
 
 
-def test_model_not_loaded_without_autoload(server_factory, long_model):
-    server = server_factory(long_model, env={"MILLM_AUTOLOAD": "false"})
-    model = server.model_id
-    with server.http() as http:
-        http.post(f"/api/models/{model}/unload").raise_for_status()
-        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1))
+@pytest.fixture(scope="module")
+def models_app(app_factory):
+    """In-process: two echo models, one that fails to load, one too big for memory."""
+    app = app_factory(models={"echo": {}, "echo-other": {}, "broken-model": {"load_error": "not a checkpoint"},
+                              "huge-model": {}})
+    with open(app.models_dir / "huge-model" / "model.safetensors", "wb") as f:  # sparse: 4 TiB on paper
+        f.truncate(4 * 2**40)
+    return app
+
+
+def test_request_for_another_model_loads_it(models_app):
+    with models_app.http() as http:
+        listed = {m["id"] for m in http.get("/v1/models").json()["data"]}
+        assert listed == {"echo", "echo-other", "huge-model", "broken-model"}
+        reply = chat(http, "echo-other", max_tokens=1)
+        assert reply.status_code == 200 and reply.json()["model"] == "echo-other"
+        states = {m["id"]: m["state"] for m in http.get("/api/models").json()["data"]}
+        assert states["echo-other"] == "LOADED" and states["echo"] == "READY"
+        back = chat(http, "echo", max_tokens=1)
+        assert back.status_code == 200 and models_app.model_id == "echo"
+
+
+def test_load_refused_before_unload_keeps_the_resident_model(models_app):
+    resident = models_app.model_id
+    with models_app.http() as http:
+        response = chat(http, "huge-model", max_tokens=1)
+        error = assert_error(response, 503, "insufficient_memory", "model")
+        assert "GiB" in error["message"]
+        assert http.get("/api/health").json()["model"] == resident
+
+
+def test_failed_load_is_500_and_reported(models_app):
+    with models_app.http() as http:
+        response = chat(http, "broken-model", max_tokens=1)
+        error = assert_error(response, 500, "model_load_failed")
+        assert "not a checkpoint" in error["message"]
+        states = {m["id"]: m for m in http.get("/api/models").json()["data"]}
+        assert states["broken-model"]["state"] == "FAILED" and states["broken-model"]["error"]
+        assert "broken-model" not in {m["id"] for m in http.get("/v1/models").json()["data"]}
+        # The app recovers: a request for a good model loads it.
+        assert chat(http, "echo-other", max_tokens=1).status_code == 200
+
+
+def test_model_not_loaded_without_autoload(app_factory):
+    app = app_factory(env={"MILLM_AUTOLOAD": "false"})
+    with app.http() as http:
+        http.post("/api/models/echo/unload").raise_for_status()
+        response = chat(http, "echo", max_tokens=1)
         assert_error(response, 503, "model_not_loaded", "model")
         assert http.get("/api/health").json()["status"] == "no_model"
-        http.post(f"/api/models/{model}/load").raise_for_status()
-        assert http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1)).status_code == 200
+        http.post("/api/models/echo/load").raise_for_status()
+        assert chat(http, "echo", max_tokens=1).status_code == 200
 
 
-def test_v1_models_lists_ready_loaded_and_loading_only(server):
-    with server.http() as http:
+def test_v1_models_lists_ready_loaded_and_loading_only(models_app):
+    with models_app.http() as http:
         detail = {m["id"]: m["state"] for m in http.get("/api/models").json()["data"]}
         listed = {m["id"] for m in http.get("/v1/models").json()["data"]}
     assert listed == {m for m, state in detail.items() if state in ("READY", "LOADED", "LOADING")}

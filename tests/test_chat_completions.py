@@ -1,13 +1,17 @@
-"""Chat completions through the official openai SDK and httpx, on a tiny random model."""
+"""Chat completions through the official openai SDK and httpx.
+
+What the host renders and refuses runs in-process on the echo engine (``echo_app``);
+what a real model generates (sampling, seeds, stop sequences on real tokens)
+runs on a tiny random model in a real server (``tiny_server``).
+"""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
+from millm_host.testing import assert_error, chat, chat_body, stream_post
 from millm_host.testing.openai_schema import validate_openai
-
-from .helpers import assert_error, chat_body, stream_post
 
 
 @pytest.fixture(scope="module")
@@ -15,19 +19,35 @@ def model_id(tiny_server) -> str:
     return tiny_server.model_id
 
 
-def test_chat_response_matches_openai_schema(tiny_server, model_id):
-    with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model_id, max_tokens=5, temperature=0))
+@pytest.fixture(scope="module")
+def echo(echo_app):
+    return echo_app
+
+
+def test_chat_response_matches_openai_schema(echo):
+    with echo.http() as http:
+        response = chat(http, "echo", max_tokens=5, temperature=0)
     assert response.status_code == 200
     body = response.json()
     validate_openai("CreateChatCompletionResponse", body)
-    assert body["object"] == "chat.completion" and body["model"] == model_id
-    assert body["system_fingerprint"] == f"millm:{model_id}@unrecorded:float32/F32:transformers"
+    assert body["object"] == "chat.completion" and body["model"] == "echo"
+    assert body["system_fingerprint"] == "millm:echo@unrecorded:unrecorded/unrecorded:echo"
     choice = body["choices"][0]
-    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    assert choice["message"] == {"role": "assistant", "content": "Hello", "refusal": None}
+    assert choice["finish_reason"] == "length"
     usage = body["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-    assert 1 <= usage["completion_tokens"] <= 5
+    assert usage["completion_tokens"] == 5
+
+
+def test_real_model_response_matches_openai_schema(tiny_server, model_id):
+    with tiny_server.http() as http:
+        response = chat(http, model_id, max_tokens=5, temperature=0)
+    assert response.status_code == 200
+    body = response.json()
+    validate_openai("CreateChatCompletionResponse", body)
+    assert body["system_fingerprint"] == f"millm:{model_id}@unrecorded:float32/F32:transformers"
+    assert 1 <= body["usage"]["completion_tokens"] <= 5
 
 
 def test_sdk_chat_round_trip(tiny_server, model_id):
@@ -41,9 +61,9 @@ def test_sdk_chat_round_trip(tiny_server, model_id):
     assert reply.usage.completion_tokens <= 4
 
 
-def test_stream_chunks_match_openai_schema_and_order(tiny_server, model_id):
-    body = chat_body(model_id, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
-    with tiny_server.http() as http:
+def test_stream_chunks_match_openai_schema_and_order(echo):
+    body = chat_body("echo", max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
+    with echo.http() as http:
         response, events = stream_post(http, "/v1/chat/completions", body)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
@@ -54,10 +74,11 @@ def test_stream_chunks_match_openai_schema_and_order(tiny_server, model_id):
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     chunks = [c for c in chunks if not any(key.startswith("millm") for key in c)]  # extension chunks come last
     usage_chunk = chunks[-1]
-    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] >= 1
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 6
     final = chunks[-2]["choices"][0]
-    assert final["finish_reason"] in ("stop", "length")
+    assert final["finish_reason"] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-2]) == "Hello "
 
 
 def test_streamed_text_equals_non_streamed(tiny_server, model_id):
@@ -81,27 +102,27 @@ def test_n_choices(tiny_server, model_id):
     assert [c.index for c in reply.choices] == [0, 1, 2]
 
 
-def test_n_with_stream_is_refused(tiny_server, model_id):
-    with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model_id, n=2, stream=True))
+def test_n_with_stream_is_refused(echo):
+    with echo.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body("echo", n=2, stream=True))
     assert_error(response, 400, "invalid_parameter", "n")
 
 
-def test_max_tokens_and_max_completion_tokens_must_agree(tiny_server, model_id):
-    with tiny_server.http() as http:
-        refused = http.post("/v1/chat/completions", json=chat_body(model_id, max_tokens=3, max_completion_tokens=4))
-        agreed = http.post("/v1/chat/completions", json=chat_body(model_id, max_tokens=3, max_completion_tokens=3, temperature=0))
+def test_max_tokens_and_max_completion_tokens_must_agree(echo):
+    with echo.http() as http:
+        refused = http.post("/v1/chat/completions", json=chat_body("echo", max_tokens=3, max_completion_tokens=4))
+        agreed = http.post("/v1/chat/completions", json=chat_body("echo", max_tokens=3, max_completion_tokens=3, temperature=0))
     error = assert_error(refused, 400, "invalid_parameter")
     assert "max_tokens" in error["param"] and "max_completion_tokens" in error["param"]
     assert agreed.status_code == 200
 
 
-def test_max_completion_tokens_is_honoured(tiny_server, model_id):
-    reply = tiny_server.openai().chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": "Count"}], max_completion_tokens=2,
+def test_max_completion_tokens_is_honoured(echo):
+    reply = echo.openai().chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "Count"}], max_completion_tokens=2,
         temperature=1, seed=3,
     )
-    assert reply.usage.completion_tokens <= 2
+    assert reply.usage.completion_tokens == 2 and reply.choices[0].message.content == "Co"
 
 
 def test_seed_is_echoed_and_reproducible(tiny_server, model_id):
@@ -118,9 +139,9 @@ def test_seed_is_echoed_and_reproducible(tiny_server, model_id):
 
 
 @pytest.mark.parametrize("value", [True, -1, 2**32, 1.5, "7", "abc"])
-def test_invalid_seeds_are_refused(tiny_server, model_id, value):
-    with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model_id, seed=value))
+def test_invalid_seeds_are_refused(echo, value):
+    with echo.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body("echo", seed=value))
     assert_error(response, 400, "invalid_parameter", "seed")
 
 
@@ -129,9 +150,9 @@ def test_invalid_seeds_are_refused(tiny_server, model_id, value):
     [("temperature", 2.5), ("temperature", -0.1), ("temperature", "hot"), ("top_p", 1.5),
      ("frequency_penalty", 2.1), ("presence_penalty", -3), ("max_tokens", 0), ("n", 0), ("stop", 5)],
 )
-def test_out_of_range_sampling_fields_are_refused(tiny_server, model_id, field, value):
-    with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model_id, **{field: value}))
+def test_out_of_range_sampling_fields_are_refused(echo, field, value):
+    with echo.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body("echo", **{field: value}))
     assert_error(response, 400, "invalid_parameter", field)
 
 
@@ -169,14 +190,14 @@ def test_stop_sequences_cut_the_text_streaming_or_not(tiny_server, model_id):
     assert all(stop not in "".join(deltas[: i + 1]) for i in range(len(deltas)))
 
 
-def test_stream_options_without_stream_is_refused(tiny_server, model_id):
-    with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model_id, stream_options={"include_usage": True}))
+def test_stream_options_without_stream_is_refused(echo):
+    with echo.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body("echo", stream_options={"include_usage": True}))
     assert_error(response, 400, "invalid_parameter", "stream_options")
 
 
-def test_sdk_raises_typed_errors(tiny_server):
-    client = tiny_server.openai()
+def test_sdk_raises_typed_errors(echo):
+    client = echo.openai()
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "model_not_found"

@@ -1,11 +1,15 @@
-"""How a chat becomes token ids: one BOS, never two; a trailing assistant message continues."""
+"""How a chat becomes token ids: one BOS, never two; a trailing assistant message continues.
+
+The app runs in-process with the transformers engine on tiny models (real tokenizers,
+no server process); the trailing-assistant check goes through the real server.
+"""
 
 from __future__ import annotations
 
 import pytest
 import transformers
 
-from millm_host.testing.models import tiny_llama
+from millm_host.testing.tiny_models import tiny_llama
 
 NO_BOS_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -21,9 +25,14 @@ def bos_model():
     return tiny_llama("tiny-add-bos", add_bos=True)
 
 
+def transformers_app(app_factory, model):
+    """The app in this process, serving ``model`` with the transformers engine."""
+    return app_factory(plugins=["engine_transformers"], models={}, model=str(model))
+
+
 @pytest.fixture(scope="module")
-def bos_server(server_factory, bos_model):
-    return server_factory(bos_model)
+def bos_server(app_factory, bos_model):
+    return transformers_app(app_factory, bos_model)
 
 
 def _prompt_tokens(server, messages, **extra) -> int:
@@ -42,13 +51,13 @@ def test_template_that_writes_bos_gets_exactly_one(bos_server, bos_model):
     assert _prompt_tokens(bos_server, MESSAGES) == len(single)
 
 
-def test_template_without_bos_gets_the_tokenizers(server_factory):
+def test_template_without_bos_gets_the_tokenizers(app_factory):
     model = tiny_llama("tiny-add-bos-plain", add_bos=True, chat_template=NO_BOS_TEMPLATE)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model)
     text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     expected = tokenizer(text)["input_ids"]
     assert expected[0] == tokenizer.bos_token_id and expected[1] != tokenizer.bos_token_id
-    assert _prompt_tokens(server_factory(model), MESSAGES) == len(expected)
+    assert _prompt_tokens(transformers_app(app_factory, model), MESSAGES) == len(expected)
 
 
 def test_completions_honour_add_special_tokens(bos_server, bos_model):

@@ -8,8 +8,8 @@ import pytest
 
 from millm_host.api import EMBEDDINGS, LAYER_HOOKS, EngineSpec, ModelDescriptor, Setting, hookimpl
 from millm_host.fields import FieldRegistry
-from millm_host.models import ModelRegistry
 from millm_host.plugins import build_plugin_manager, collect_engines
+from millm_host.registry import ModelRegistry
 from millm_host.settings import HOST_SETTINGS, Settings
 
 HOOKED = EngineSpec("hooked", "x:X", "x:describe", frozenset({"hf", "gguf"}), capabilities=frozenset({LAYER_HOOKS}))

@@ -1,17 +1,24 @@
-"""Every field is honoured, reported or refused (X-miLLM-Ignored-Fields, X-miLLM-Strict, field_not_honoured)."""
+"""Every field is honoured, reported or refused (X-miLLM-Ignored-Fields, X-miLLM-Strict, field_not_honoured).
+
+In-process, on the echo engine: which fields are honoured is the host's logic.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from millm_host.headers import parse_list
-
-from .helpers import assert_error, chat_body, stream_post
+from millm_host.testing import assert_error, chat_body, stream_post
 
 
 @pytest.fixture(scope="module")
-def model(tiny_server) -> str:
-    return tiny_server.model_id
+def server(echo_app):
+    return echo_app
+
+
+@pytest.fixture(scope="module")
+def model(server) -> str:
+    return server.model_id
 
 
 def _ignored(response) -> list[str]:
@@ -19,7 +26,7 @@ def _ignored(response) -> list[str]:
     return [] if header is None else [item.value for item in parse_list(header)]
 
 
-def test_unused_fields_are_reported_by_location(tiny_server, model):
+def test_unused_fields_are_reported_by_location(server, model):
     body = {
         "model": model,
         "messages": [
@@ -31,7 +38,7 @@ def test_unused_fields_are_reported_by_location(tiny_server, model):
         "user": "someone",
         "foo": {"bar": 1},
     }
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=body)
         clean = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
     assert response.status_code == 200
@@ -40,25 +47,25 @@ def test_unused_fields_are_reported_by_location(tiny_server, model):
     assert response.json().keys() == clean.json().keys()
 
 
-def test_nested_extra_messages_locations(tiny_server, model):
+def test_nested_extra_messages_locations(server, model):
     body = chat_body(model, max_tokens=1, extra_messages=[[{"role": "user", "content": "a"},
                                                            {"role": "user", "content": "b", "weight": 2}]])
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     assert _ignored(response) == ["extra_messages[0][1].weight"]
     assert len(response.json()["choices"]) == 2
 
 
-def test_report_on_streams_too(tiny_server, model):
-    with tiny_server.http() as http:
+def test_report_on_streams_too(server, model):
+    with server.http() as http:
         response, events = stream_post(http, "/v1/chat/completions", chat_body(model, max_tokens=2, stream=True, user="u"))
     assert _ignored(response) == ["user"] and events[-1] == "[DONE]"
 
 
-def test_header_is_capped_with_a_count(tiny_server, model):
+def test_header_is_capped_with_a_count(server, model):
     extra = {f"field_{i:03d}_with_a_long_name": i for i in range(200)}
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, **extra))
     header = response.headers["x-millm-ignored-fields"]
     assert len(header.encode()) <= 1024
@@ -67,26 +74,26 @@ def test_header_is_capped_with_a_count(tiny_server, model):
     assert items[:-1] == list(extra)[: len(items) - 1]
 
 
-def test_non_printable_names_are_percent_encoded(tiny_server, model):
-    with tiny_server.http() as http:
+def test_non_printable_names_are_percent_encoded(server, model):
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, **{"caf\u00e9\n": 1}))
     assert _ignored(response) == ["caf%C3%A9%0A"]
 
 
-def test_one_log_warning_with_locations_never_values(tiny_server, model):
-    with tiny_server.http() as http:
+def test_one_log_warning_with_locations_never_values(server, model):
+    with server.http() as http:
         http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, secret_field="SECRET-VALUE-42"))
-    log = tiny_server.log()
+    log = server.log()
     lines = [line for line in log.splitlines() if "request_fields_unused" in line and "secret_field" in line]
     assert len(lines) == 1
     assert "SECRET-VALUE-42" not in log
 
 
 @pytest.mark.parametrize("value", ["true", "1", "TRUE"])
-def test_strict_mode_refuses_every_unused_location(tiny_server, model, value):
+def test_strict_mode_refuses_every_unused_location(server, model, value):
     body = {**chat_body(model, max_tokens=1, user="u", foo=1)}
     body["messages"][0]["name"] = "n"
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=body, headers={"X-miLLM-Strict": value})
     error = assert_error(response, 400, "unused_fields_refused")
     for location in ("messages[0].name", "user", "foo"):
@@ -94,22 +101,22 @@ def test_strict_mode_refuses_every_unused_location(tiny_server, model, value):
 
 
 @pytest.mark.parametrize("value", ["false", "0"])
-def test_strict_off_reports(tiny_server, model, value):
-    with tiny_server.http() as http:
+def test_strict_off_reports(server, model, value):
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, user="u"),
                              headers={"X-miLLM-Strict": value})
     assert response.status_code == 200 and _ignored(response) == ["user"]
 
 
-def test_strict_with_another_value_names_the_header(tiny_server, model):
-    with tiny_server.http() as http:
+def test_strict_with_another_value_names_the_header(server, model):
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1),
                              headers={"X-miLLM-Strict": "yes"})
     assert_error(response, 400, "invalid_parameter", "X-miLLM-Strict")
 
 
 REFUSED = [
-    # (endpoint, field, value) refused on the transformers engine whatever plugins are installed
+    # (endpoint, field, value) refused: nothing claims them for the echo engine
     ("chat.completions", "logit_bias", {"50": 10}),
     ("completions", "logit_bias", {"50": 10}),
     ("completions", "top_logprobs", 2),
@@ -132,20 +139,21 @@ def _body(endpoint: str, model: str, **fields):
 
 
 @pytest.mark.parametrize("endpoint,field,value", REFUSED)
-def test_output_changing_fields_are_refused_not_ignored(tiny_server, model, endpoint, field, value):
+def test_output_changing_fields_are_refused_not_ignored(server, model, endpoint, field, value):
     path = "/v1/chat/completions" if endpoint == "chat.completions" else "/v1/completions"
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post(path, json=_body(endpoint, model, **{field: value}))
     assert_error(response, 400, "field_not_honoured", field)
 
 
-def test_refusal_happens_before_any_model_load(tiny_server):
-    # The default model is on disk but not resident: a refused field must not load it.
-    with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body("SmolLM2-135M-Instruct", logit_bias={"1": 1}))
+def test_refusal_happens_before_any_model_load(app_factory):
+    # Another model is on disk but not resident: a refused field must not load it.
+    server = app_factory(models={"echo": {}, "echo-other": {}})
+    with server.http() as http:
+        response = http.post("/v1/chat/completions", json=chat_body("echo-other", logit_bias={"1": 1}))
         health = http.get("/api/health").json()
     assert_error(response, 400, "field_not_honoured", "logit_bias")
-    assert health["model"] == tiny_server.model_id
+    assert health["model"] == "echo"
 
 
 NO_CHANGE = {
@@ -156,17 +164,17 @@ NO_CHANGE = {
 
 
 @pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
-def test_no_change_values_are_accepted_everywhere(tiny_server, model, endpoint):
+def test_no_change_values_are_accepted_everywhere(server, model, endpoint):
     path = "/v1/chat/completions" if endpoint == "chat.completions" else "/v1/completions"
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post(path, json=_body(endpoint, model, **NO_CHANGE))
     assert response.status_code == 200, response.text
 
 
-def test_image_content_parts_are_refused(tiny_server, model):
+def test_image_content_parts_are_refused(server, model):
     body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
-    with tiny_server.http() as http:
+    with server.http() as http:
         response = http.post("/v1/chat/completions", json=body)
         text_parts = http.post("/v1/chat/completions", json={**body, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}]})

@@ -19,8 +19,7 @@ import httpx
 import pytest
 
 from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
-
-from .helpers import assert_error, chat_body
+from millm_host.testing import assert_error, chat_body
 
 HOSTILE = ['q"uote', "back\\slash", "100%", "détecteur", "日本語", "😀", "tab\tnew\nline\x00\x7f", "bidi\u202eover",
            "zero\u200bwidth", "x" * 1024, "é" * 1024]

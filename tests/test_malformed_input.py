@@ -3,6 +3,7 @@
 Hypothesis mutates valid requests (wrong types, NaN and huge numbers, unknown and
 nested fields), and sends raw bytes (invalid UTF-8, deep nesting, oversized
 bodies). Every answer is either a success or a 4xx in OpenAI's error shape.
+In-process on the echo engine: parsing and validation are the host's.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import os
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from millm_host.testing.openai_schema import validate_openai
 
@@ -35,14 +35,14 @@ NUMBER_LITERALS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" * 400,
 
 
 @pytest.fixture(scope="module")
-def http(tiny_server):
-    with httpx.Client(base_url=tiny_server.base_url, timeout=60) as client:
+def http(echo_app):
+    with echo_app.http(timeout=60) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
-def model(tiny_server):
-    return tiny_server.model_id
+def model(echo_app):
+    return echo_app.model_id
 
 
 def check(response: httpx.Response) -> None:
@@ -115,6 +115,6 @@ def test_invalid_utf8_inside_strings(http, model):
     check(post(http, "/v1/completions", content))
 
 
-def test_server_still_serves_afterwards(tiny_server, model):
-    reply = tiny_server.openai().chat.completions.create(model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2)
+def test_server_still_serves_afterwards(echo_app, model):
+    reply = echo_app.openai().chat.completions.create(model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2)
     assert reply.usage.completion_tokens >= 1

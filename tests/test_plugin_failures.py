@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from millm_host.headers import parse_list
-
-from .helpers import chat_body, stream_post
+from millm_host.testing import chat_body, stream_post
 
 
 @pytest.fixture(scope="module")

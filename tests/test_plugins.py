@@ -1,4 +1,8 @@
-"""Plugin loading: listing, disabling, a broken plugin, a third-party detector, no torch in the host."""
+"""Plugin loading: listing, disabling, a broken plugin, a third-party detector, no torch in the host.
+
+One ``millm plugins`` and the no-torch check run in subprocesses; the other CLI checks
+call ``millm_host.cli.main`` in-process, and the app runs in-process on the echo engine.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from millm_host.cli import main
+from millm_host.testing import chat, chat_body, stream_post
 from millm_host.testing.extra_plugins import with_test_plugins
-
-from .helpers import chat_body, stream_post
 
 
 def _millm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -28,19 +32,26 @@ def test_millm_plugins_lists_names_versions_and_status():
     assert rows["detector_example"][:2] == ["0.1.0", "loaded"]
 
 
-def test_disabled_plugin_is_not_loaded():
-    out = _millm("plugins", env={"MILLM_DISABLE_PLUGINS": "detector_example"}).stdout
+def cli(capsys, *args: str) -> str:
+    """``millm *args`` in this process; its standard output."""
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def test_disabled_plugin_is_not_loaded(capsys, monkeypatch):
+    monkeypatch.setenv("MILLM_DISABLE_PLUGINS", "detector_example")
+    out = cli(capsys, "plugins")
     assert "detector_example" in out and "disabled" in out.split("detector_example")[1].splitlines()[0]
 
 
-def test_millm_settings_lists_declared_settings():
-    out = _millm("settings").stdout
+def test_millm_settings_lists_declared_settings(capsys):
+    out = cli(capsys, "settings")
     assert "MILLM_QUEUE_MAX=" in out and "DETECTOR_EXAMPLE_ENABLED=" in out
 
 
 @pytest.fixture(scope="module")
 def broken_plugin_path(tmp_path_factory) -> Path:
-    """A distribution whose entry point raises on import (found through PYTHONPATH)."""
+    """A distribution whose entry point raises on import (found through sys.path)."""
     root = tmp_path_factory.mktemp("broken-plugin")
     dist = root / "millm_broken_example-0.1.dist-info"
     dist.mkdir()
@@ -50,49 +61,47 @@ def broken_plugin_path(tmp_path_factory) -> Path:
     return root
 
 
-def test_broken_plugin_is_reported_not_fatal(server_factory, tiny_model_dir, broken_plugin_path):
-    env = {"PYTHONPATH": os.pathsep.join([str(broken_plugin_path), os.environ.get("PYTHONPATH", "")])}
-    out = _millm("plugins", env=env).stdout
+def test_broken_plugin_is_reported_not_fatal(app_factory, broken_plugin_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(broken_plugin_path))  # where entry points are found
+    out = cli(capsys, "plugins")
     assert "broken_example" in out and "failed" in out and "broken on purpose" in out
-    server = server_factory(tiny_model_dir, env=env)
-    with server.http() as http:
+    app = app_factory(plugins="all")
+    with app.http() as http:
         health = http.get("/api/health").json()
-        model = health["model"]
-        reply = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
+        reply = chat(http, health["model"], max_tokens=2)
     assert [p["name"] for p in health["failed_plugins"]] == ["broken_example"]
     assert "broken on purpose" in health["failed_plugins"][0]["error"]
     assert reply.status_code == 200
 
 
 @pytest.fixture(scope="module")
-def detector_server(server_factory, tiny_model_dir):
-    return server_factory(tiny_model_dir, env={"DETECTOR_EXAMPLE_ENABLED": "true"})
+def detector_app(app_factory):
+    return app_factory(plugins=["detector_example"], env={"DETECTOR_EXAMPLE_ENABLED": "true"})
 
 
-def test_third_party_detector_adds_header_and_body_field(detector_server):
-    client = detector_server.openai()
-    model = detector_server.model_id
+def test_third_party_detector_adds_header_and_body_field(detector_app):
+    client = detector_app.openai()
     raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, n=2, seed=1
+        model=detector_app.model_id, messages=[{"role": "user", "content": "HELLO there"}], max_tokens=8, n=2, seed=1
     )
     reply = raw.parse()
     scores = reply.model_extra["detector_example"]["shouting"]
-    assert len(scores) == 2 and all(0 <= s <= 1 for s in scores)
+    assert scores == [0.7143, 0.7143]  # the echo engine answers "HELLO th": 5 capitals of 7 letters
     assert raw.headers["x-detector-shouting"] == ",".join(f"{s:.4f}" for s in scores)
 
 
-def test_third_party_detector_streams_a_terminal_chunk(detector_server):
-    with detector_server.http() as http:
-        model = http.get("/api/health").json()["model"]
-        _, events = stream_post(http, "/v1/chat/completions", chat_body(model, max_tokens=4, stream=True))
+def test_third_party_detector_streams_a_terminal_chunk(detector_app):
+    with detector_app.http() as http:
+        _, events = stream_post(http, "/v1/chat/completions", chat_body(detector_app.model_id, max_tokens=4, stream=True))
     extra = events[-2]
     assert extra["choices"] == [] and "shouting" in extra["detector_example"]
 
 
-def test_detector_is_silent_unless_enabled(tiny_server):
-    with tiny_server.http() as http:
-        model = http.get("/api/health").json()["model"]
-        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=2))
+def test_detector_is_silent_unless_enabled(app_factory):
+    app = app_factory(plugins=["detector_example"])
+    with app.http() as http:
+        response = chat(http, app.model_id, max_tokens=2)
+    assert response.status_code == 200
     assert "detector_example" not in response.json() and "x-detector-shouting" not in response.headers
 
 

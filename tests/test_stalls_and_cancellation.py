@@ -22,9 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from millm_host.testing.models import tiny_llama
-
-from .helpers import assert_error, chat_body, stream_post
+from millm_host.testing import assert_error, chat_body, stream_post
+from millm_host.testing.tiny_models import tiny_llama
 
 BLOCK_S = 120  # how long a FAULT request blocks the engine thread unless cancelled
 

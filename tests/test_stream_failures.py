@@ -1,16 +1,19 @@
-"""Failures after a stream started: an error event, then [DONE]; the server keeps serving."""
+"""Failures after a stream started: an error event, then [DONE]; the app keeps serving.
+
+In-process on the echo engine, failed by the fault-injection test plugin.
+"""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from .helpers import chat_body, stream_post
+from millm_host.testing import assert_error, chat, chat_body, stream_post
 
 
 @pytest.fixture(scope="module")
-def faulty(server_factory, tiny_model_dir):
-    return server_factory(tiny_model_dir, env={"FAULT_INJECTION": "token:3"})
+def faulty(app_factory):
+    return app_factory(plugins=["fault_injection"], env={"FAULT_INJECTION": "token:3"})
 
 
 def test_mid_stream_failure_is_an_error_event_before_done(faulty):
@@ -35,18 +38,18 @@ def test_the_openai_sdk_raises_on_the_error_event(faulty):
 
 def test_non_streamed_failure_is_an_error_response(faulty):
     with faulty.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(faulty.model_id, content="FAULT", max_tokens=20))
-        healthy = http.post("/v1/chat/completions", json=chat_body(faulty.model_id, content="fine", max_tokens=20))
-    assert response.status_code == 500 and response.json()["error"]["code"] == "injected_fault"
+        response = chat(http, faulty.model_id, "FAULT", max_tokens=20)
+        healthy = chat(http, faulty.model_id, "fine", max_tokens=20)
+    assert_error(response, 500, "injected_fault")
     assert healthy.status_code == 200
 
 
-def test_out_of_memory_mid_stream(server_factory, tiny_model_dir):
-    server = server_factory(tiny_model_dir, env={"FAULT_INJECTION": "oom:2"})
-    with server.http() as http:
+def test_out_of_memory_mid_stream(app_factory):
+    app = app_factory(plugins=["fault_injection"], env={"FAULT_INJECTION": "oom:2"})
+    with app.http() as http:
         _, events = stream_post(http, "/v1/chat/completions",
-                                chat_body(server.model_id, content="FAULT", max_tokens=10, stream=True))
-        plain = http.post("/v1/chat/completions", json=chat_body(server.model_id, content="FAULT", max_tokens=10))
+                                chat_body(app.model_id, content="FAULT", max_tokens=10, stream=True))
+        plain = chat(http, app.model_id, "FAULT", max_tokens=10)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "insufficient_memory"
-    assert plain.status_code == 503 and plain.json()["error"]["code"] == "insufficient_memory"
-    assert plain.json()["error"]["type"] == "invalid_request_error"
+    error = assert_error(plain, 503, "insufficient_memory")
+    assert error["type"] == "invalid_request_error"

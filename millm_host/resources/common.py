@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import falcon
@@ -87,7 +88,8 @@ async def handle_http_error(req, resp, ex: falcon.HTTPError, params) -> None:
     message = ex.description or ex.title or "request failed"
     render_error(resp, MillmError(message, code=code, status=status,
                                   type="invalid_request_error" if status < 500 else "server_error"))
-    for name, value in (ex.headers or {}).items():
+    headers = ex.headers or {}
+    for name, value in headers.items() if isinstance(headers, Mapping) else headers:
         resp.set_header(name, value)
 
 

@@ -36,6 +36,7 @@ class Health:
             "phase": {"ok": "loaded"}.get(status, status) if entry else None,
             "progress": progress,
             "error": error,
+            "engine_status": dict(registry.engine.status()) if registry.engine is not None else None,
             "engines": [spec.name for spec in self.host.engines],
             "plugins": [{"name": r.name, "version": r.version} for r in report.loaded],
             "failed_plugins": [{"name": r.name, "error": r.error} for r in report.failed],

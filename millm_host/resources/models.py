@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelNotFound
-from ..models import ModelEntry
+from ..registry import ModelEntry
 
 if TYPE_CHECKING:
     from ..app import Host

@@ -28,8 +28,7 @@ from ..protocol import validate
 from ..serving.base import ClientGone, Result, Serving
 from ..serving.generation import flatten
 from ..serving.prompts import chat_prompts, completion_prompts, refuse_out_of_vocabulary
-from ..serving.responses import response_id
-from ..serving.responses import usage as count_usage
+from ..serving.responses import response_id, usage as count_usage
 from .engine import InvalidScoringRequest, NonFiniteLogits, ScoringParams, ScoringPrecisionUnavailable, TokenLogprob
 from .protocol import (
     ChatLogprobs,

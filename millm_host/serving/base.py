@@ -70,8 +70,7 @@ class Serving:
         self.host = host
 
     # --- the lifecycle ------------------------------------------------------------------
-    async def handle(self, body: dict[str, Any], headers: dict[str, str], *,
-                     gone: ClientGone | None = None) -> Result:
+    async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
         """Serve one request: ``body`` is the parsed JSON, ``headers`` the request's, names lower-cased.
 
         ``gone`` (optional) returns once the client has gone away: the request is then

@@ -50,7 +50,9 @@ def _full_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:
     if not isinstance(rows, list) or not rows:
-        raise InvalidParameter("each extra_messages entry must be a non-empty list of messages", param=f"extra_messages[{index}]")
+        raise InvalidParameter(
+            "each extra_messages entry must be a non-empty list of messages", param=f"extra_messages[{index}]"
+        )
     try:
         return [ChatMessage.model_validate(m) for m in rows]
     except Exception:

@@ -23,8 +23,9 @@ def chat_prompts(ctx: RequestContext, *, fallback: bool) -> list[list[int]]:
     prompts = []
     for i, conv in enumerate(ctx.conversations):
         try:
-            prompts.append(engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs,
-                                           fallback=fallback))
+            prompts.append(
+                engine.chat_ids(conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs, fallback=fallback)
+            )
         except InvalidParameter as exc:
             if i == 0 or exc.param != "messages":
                 raise

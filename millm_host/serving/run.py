@@ -143,9 +143,13 @@ class Flight:
         self.future = host.scheduler.submit(self.job)
         self.future.add_done_callback(lambda _: self._emit(FINISHED))
         if gone is not None:
-            gone.add_done_callback(lambda task: task.cancelled() or self.stop("client_disconnected"))
+            gone.add_done_callback(self._on_gone)
         if ctx.cancel_event.is_set():  # the client left while the request was prepared
             self.stop(ctx.interrupted or "client_disconnected")
+
+    def _on_gone(self, task: asyncio.Future) -> None:
+        if not task.cancelled():  # cancelled: the answer ended first (``end``)
+            self.stop("client_disconnected")
 
     def _emit(self, event: Any) -> None:
         try:

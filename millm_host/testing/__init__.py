@@ -1,5 +1,11 @@
-"""Helpers for tests of millm and its plugins: a real server process and tiny models."""
+"""Helpers for tests of millm and its plugins: an in-process app on the echo engine, a real
+server process, tiny models, and one helper per job (requests, error checks, SSE)."""
 
+from .helpers import assert_error, chat, chat_body, sse_events, stream_post
+from .inprocess import AppServer
 from .server import ServerProcess, free_port, shared_cache_dir
 
-__all__ = ["ServerProcess", "free_port", "shared_cache_dir"]
+__all__ = [
+    "AppServer", "ServerProcess", "assert_error", "chat", "chat_body", "free_port", "shared_cache_dir",
+    "sse_events", "stream_post",
+]

@@ -14,11 +14,10 @@ not empty.
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
-
-import math
 
 from ..engine import LayerHook, SamplingParams
 from ..scoring.engine import ScoringParams
@@ -104,7 +103,7 @@ class EngineConformance:
         ids = engine.tokenize("The capital of France is")
         [full] = engine.score_next_token([ids], ScoringParams(top=3))
         assert full.chosen == full.top[0] and len(full.top) == 3
-        assert all(a.logprob >= b.logprob for a, b in zip(full.top, full.top[1:]))
+        assert all(a.logprob >= b.logprob for a, b in zip(full.top, full.top[1:], strict=False))
         assert full.chosen.token_id == take(engine, ids, SamplingParams(max_tokens=1, temperature=0), 1)[0]
         allowed = tuple(t.token_id for t in full.top[1:])
         [subset] = engine.score_next_token([ids], ScoringParams(top=5, allowed_token_ids=allowed))

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from .inprocess import AppServer
 from .server import ServerProcess
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """A random 2-layer Llama with SmolLM2's tokenizer and chat template (float32)."""
-    from .models import tiny_llama
+    from .tiny_models import tiny_llama
 
     return tiny_llama()
 
@@ -53,3 +55,28 @@ def tiny_server(server_factory, tiny_model_dir) -> ServerProcess:
 def default_server(server_factory) -> ServerProcess:
     """A shared server on the real default model (SmolLM2-135M-Instruct, transformers)."""
     return server_factory()
+
+
+@pytest.fixture(scope="session")
+def app_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., AppServer]]:
+    """Start in-process apps (``AppServer``) on the echo engine; all are stopped at the end of the session.
+
+    ``app_factory(env={...}, plugins=[...], models={...})`` returns a started app
+    with its own data directory; see ``AppServer`` for the arguments.
+    """
+    started: list[AppServer] = []
+
+    def start(**kwargs: Any) -> AppServer:
+        app = AppServer(tmp_path_factory.mktemp("millm-app"), **kwargs)
+        started.append(app)
+        return app.start()
+
+    yield start
+    for app in started:
+        app.stop()
+
+
+@pytest.fixture(scope="session")
+def echo_app(app_factory) -> AppServer:
+    """A shared in-process app on the echo engine, no installed plugin. Tests must not change its state."""
+    return app_factory()

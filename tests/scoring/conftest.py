@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 import transformers
 
-from millm_host.testing.models import tiny_llama
+from millm_host.testing.tiny_models import tiny_llama
 
 GATE_DIR = Path(__file__).parent / "gate"
 

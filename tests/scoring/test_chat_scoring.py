@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from millm_host.testing import assert_error, chat as post_chat
 from millm_host.testing.openai_schema import validate_openai
 
 MESSAGES = [{"role": "system", "content": "Answer true or false."},
@@ -13,8 +14,9 @@ OTHER = [{"role": "user", "content": "Say something."}]
 
 
 def chat(server, model=None, **body):
+    """A one-token chat request (scoring when ``body`` asks for it) to ``server``."""
     with server.http() as client:
-        return client.post("/v1/chat/completions", json={"model": model or server.model_id, "max_tokens": 1, **body})
+        return post_chat(client, model or server.model_id, **{"max_tokens": 1, **body})
 
 
 def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(tiny_server, reference):
@@ -102,9 +104,7 @@ def test_a_failing_conversation_fails_the_request_naming_it(tiny_server):
     ({"allowed_token_ids": [10**7]}, "invalid_scoring_request", "allowed_token_ids"),
 ])
 def test_chat_refusals(tiny_server, fields, code, param):
-    reply = chat(tiny_server, messages=MESSAGES, **fields)
-    assert reply.status_code == 400, reply.text
-    assert (reply.json()["error"]["code"], reply.json()["error"]["param"]) == (code, param)
+    assert_error(chat(tiny_server, messages=MESSAGES, **fields), 400, code, param)
 
 
 def test_one_bos_when_the_tokenizer_adds_one_and_the_template_writes_one(bf16_server, extra_models):
@@ -134,8 +134,6 @@ def test_one_bos_when_the_tokenizer_adds_one_and_the_template_writes_one(bf16_se
 
 
 def test_no_chat_template_is_refused(bf16_server):
-    reply = chat(bf16_server, model="no_template", messages=MESSAGES, logprobs=True)
-    assert reply.status_code == 400
-    assert reply.json()["error"]["code"] == "no_chat_template"
+    assert_error(chat(bf16_server, model="no_template", messages=MESSAGES, logprobs=True), 400, "no_chat_template")
     generated = chat(bf16_server, model="no_template", messages=MESSAGES, max_tokens=2)
     assert generated.status_code == 200  # generation keeps its generic fallback

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from millm_host.testing import assert_error
 from millm_host.testing.openai_schema import validate_openai
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
@@ -120,7 +121,7 @@ def test_sampling_fields_that_do_not_apply_are_reported(tiny_server):
     with tiny_server.http() as client:
         strict = client.post("/v1/completions", headers={"X-miLLM-Strict": "true"}, json={
             "model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 1, "logprobs": 1, "top_p": 0.5})
-    assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"
+    assert_error(strict, 400, "unused_fields_refused")
 
 
 def test_float32_on_a_float32_model_is_scored_as_is(tiny_server):
@@ -165,10 +166,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("fields", "status", "code", "param"), REFUSALS)
 def test_refusals(tiny_server, fields, status, code, param):
-    reply = score(tiny_server, **fields)
-    assert reply.status_code == status, reply.text
-    error = reply.json()["error"]
-    assert (error["code"], error["param"]) == (code, param), error
+    error = assert_error(score(tiny_server, **fields), status, code, param)
     assert param.split("[")[0] in error["message"] or code == "context_length_exceeded"
 
 
@@ -203,9 +201,7 @@ def test_non_finite_logits_where_they_reach_the_answer(bf16_server, extra_models
                 "model": "broken", "prompt": BROKEN_PROMPT, "max_tokens": 1, **fields})
 
     def assert_non_finite(reply, param):
-        assert reply.status_code == 500, reply.text
-        error = reply.json()["error"]
-        assert (error["code"], error["param"], error["type"]) == ("non_finite_logits", param, "server_error")
+        assert assert_error(reply, 500, "non_finite_logits", param)["type"] == "server_error"
 
     assert_non_finite(broken(logprobs=1), "prompt")  # NaN anywhere in an unrestricted vocabulary
     assert_non_finite(broken(logprobs=1, prompt=["Hello", BROKEN_PROMPT]), "prompt[0]")

@@ -1,4 +1,8 @@
-"""/v1/embeddings: vectors against a direct forward's pooled last hidden state, and every refusal."""
+"""/v1/embeddings: vectors against a direct forward's pooled last hidden state, and every refusal.
+
+Vectors come from real models in real servers; encoding, normalisation and refusals
+are the host's, tested in-process on the echo engine (``echo_app``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import struct
 import pytest
 import torch
 
+from millm_host.testing import assert_error
 from millm_host.testing.openai_schema import validate_openai
 
 from .conftest import NAN_TOKEN
@@ -43,39 +48,41 @@ def test_pooling(tiny_server, reference, pooling):
         assert item["embedding"] == pytest.approx(pooled(reference, text, pooling).tolist(), abs=1e-5)
 
 
-def test_base64_decodes_to_the_float_vector_and_normalize(tiny_server):
-    floats = embed(tiny_server, input=TEXTS[0], normalize=True).json()["data"][0]["embedding"]
-    packed = embed(tiny_server, input=[TEXTS[0]], normalize=True, encoding_format="base64").json()["data"][0]["embedding"]
+def test_base64_decodes_to_the_float_vector_and_normalize(echo_app):
+    floats = embed(echo_app, input=TEXTS[0], normalize=True).json()["data"][0]["embedding"]
+    packed = embed(echo_app, input=[TEXTS[0]], normalize=True, encoding_format="base64").json()["data"][0]["embedding"]
     raw = base64.b64decode(packed)
     decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
     assert decoded == pytest.approx(floats, abs=1e-6)
     assert math.sqrt(math.fsum(v * v for v in floats)) == pytest.approx(1.0, abs=1e-5)
-    plain = embed(tiny_server, input=TEXTS[0]).json()["data"][0]["embedding"]
+    plain = embed(echo_app, input=TEXTS[0]).json()["data"][0]["embedding"]
     norm = math.sqrt(math.fsum(v * v for v in plain))
     assert [v / norm for v in plain] == pytest.approx(floats, abs=1e-6)
 
 
-def test_defaults_are_mean_unnormalised(tiny_server):
-    default = embed(tiny_server, input=TEXTS[1]).json()["data"][0]["embedding"]
-    explicit = embed(tiny_server, input=TEXTS[1], pooling="mean", normalize=False,
+def test_defaults_are_mean_unnormalised(echo_app):
+    default = embed(echo_app, input=TEXTS[1]).json()["data"][0]["embedding"]
+    explicit = embed(echo_app, input=TEXTS[1], pooling="mean", normalize=False,
                      encoding_format="float").json()["data"][0]["embedding"]
     assert default == explicit
 
 
-def test_over_limit_inputs_are_named_never_truncated(tiny_server, reference):
-    long = "word " * 600  # the tiny model's window is 512
-    count = len(reference.ids(long))
-    reply = embed(tiny_server, input=["short", long, "short", long])
-    assert reply.status_code == 400
-    error = reply.json()["error"]
-    assert (error["code"], error["param"]) == ("context_length_exceeded", "input[1]")
-    assert f"input[1] ({count} tokens)" in error["message"] and f"input[3] ({count} tokens)" in error["message"]
+def test_over_limit_inputs_are_named_never_truncated(echo_app):
+    long = "word " * 600  # the echo model's window is 512 tokens, one a byte
+    reply = embed(echo_app, input=["short", long, "short", long])
+    error = assert_error(reply, 400, "context_length_exceeded", "input[1]")
+    assert "input[1] (3000 tokens)" in error["message"] and "input[3] (3000 tokens)" in error["message"]
     assert "512" in error["message"]
-    many = embed(tiny_server, input=[long] * 20)
+    many = embed(echo_app, input=[long] * 20)
     message = many.json()["error"]["message"]
     assert "input[15]" in message and "input[16]" not in message and "and 4 more" in message
-    single = embed(tiny_server, input=long)
-    assert single.json()["error"]["param"] == "input"
+    single = embed(echo_app, input=long)
+    assert_error(single, 400, "context_length_exceeded", "input")
+
+
+@pytest.fixture(scope="module")
+def two_echo_models(app_factory):
+    return app_factory(models={"echo": {}, "echo-other": {}})
 
 
 @pytest.mark.parametrize(("fields", "code", "param", "words"), [
@@ -89,35 +96,28 @@ def test_over_limit_inputs_are_named_never_truncated(tiny_server, reference):
     ({"input": "a", "dimensions": 8}, "field_not_honoured", "dimensions", "dimensions"),
     ({"input": "a", "scoring_precision": "float32"}, "field_not_honoured", "scoring_precision", "scoring_precision"),
 ])
-def test_refused_before_any_load(bf16_server, fields, code, param, words):
+def test_refused_before_any_load(two_echo_models, fields, code, param, words):
     """The named model is not resident; a refusal must not load it (nor evict the resident one)."""
-    assert embed(bf16_server, model="bf16", input="warm").status_code == 200
-    reply = embed(bf16_server, model="zero_norm", **fields)
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert (error["code"], error["param"]) == (code, param)
+    assert embed(two_echo_models, model="echo", input="warm").status_code == 200
+    error = assert_error(embed(two_echo_models, model="echo-other", **fields), 400, code, param)
     assert words in error["message"]
-    assert bf16_server.model_id == "bf16"
+    assert two_echo_models.model_id == "echo"
 
 
 def test_non_finite_vector_is_a_500_naming_the_input(bf16_server):
     reply = embed(bf16_server, model="broken", input=["fine", f"a{NAN_TOKEN}"])
-    assert reply.status_code == 500
-    error = reply.json()["error"]
-    assert (error["code"], error["param"]) == ("embedding_vector_invalid", "input[1]")
+    error = assert_error(reply, 500, "embedding_vector_invalid", "input[1]")
     assert "input[1]" in error["message"]
 
 
 def test_zero_norm_under_normalize_is_a_500(bf16_server):
     assert embed(bf16_server, model="zero_norm", input=["a", "b"]).status_code == 200
     reply = embed(bf16_server, model="zero_norm", input=["a", "b"], normalize=True)
-    assert reply.status_code == 500
-    assert reply.json()["error"]["code"] == "embedding_vector_invalid"
-    assert reply.json()["error"]["param"] == "input[0]"
+    assert_error(reply, 500, "embedding_vector_invalid", "input[0]")
 
 
 def test_embeddings_carry_no_steering_header_and_report_unused_fields(tiny_server):
-    reply = embed(tiny_server, input="a", user="me")
+    reply = embed(tiny_server, input="a", user="me")  # with every plugin installed (steering included)
     assert reply.status_code == 200
     assert reply.headers["x-millm-ignored-fields"] == '"user"'
     assert "x-millm-steering" not in reply.headers

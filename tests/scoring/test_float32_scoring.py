@@ -1,4 +1,8 @@
-"""scoring_precision: "float32" on a bfloat16-served model, and every reason it can be refused."""
+"""scoring_precision: "float32" on a bfloat16-served model, and every reason it can be refused.
+
+Refusals that only need a setting run in-process (the transformers engine in the test's
+own process); the rest on a real server.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from millm_host.testing import assert_error
 
 PROMPTS = ["The capital of France is", "Once upon a time there was"]
 
@@ -84,31 +90,31 @@ def test_a_second_float32_request_while_one_is_admitted_is_busy(bf16_server, bf1
     assert results["held"].status_code == 200
     assert results["a"].status_code == 200 and results["a"].json()["scoring_precision"] == "float32"
     busy = results["b"]
-    assert busy.status_code == 409, busy.text
-    assert busy.json()["error"]["code"] == "scoring_precision_unavailable"
-    assert busy.json()["error"]["param"] == "scoring_precision"
-    assert "busy" in busy.json()["error"]["message"]
+    error = assert_error(busy, 409, "scoring_precision_unavailable", "scoring_precision")
+    assert "busy" in error["message"]
     assert busy.headers["x-millm-scoring-precision-reason"] == "busy"
     assert score(bf16_server, scoring_precision="float32").status_code == 200, "the place is released"
 
 
 def refused(reply, reason: str) -> None:
-    assert reply.status_code == 409, reply.text
-    error = reply.json()["error"]
-    assert (error["code"], error["param"]) == ("scoring_precision_unavailable", "scoring_precision")
+    error = assert_error(reply, 409, "scoring_precision_unavailable", "scoring_precision")
     assert reason in error["message"]
     assert reply.headers["x-millm-scoring-precision-reason"] == reason
 
 
-def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(server_factory, bf16_model_dir):
-    server = server_factory(bf16_model_dir, env={"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_DEVICE": "cuda"})
+def in_process(app_factory, model_dir, env):
+    return app_factory(plugins=["engine_transformers"], models={}, model=str(model_dir), env=env)
+
+
+def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(app_factory, bf16_model_dir):
+    server = in_process(app_factory, bf16_model_dir, {"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_DEVICE": "cuda"})
     model = server.model_id
     refused(score(server, model=model, scoring_precision="float32"), "device")
     assert score(server, model=model).status_code == 200, "native scoring is unaffected"
 
 
-def test_a_copy_that_does_not_fit_is_refused_with_memory(server_factory, bf16_model_dir):
-    server = server_factory(bf16_model_dir, env={"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)})
+def test_a_copy_that_does_not_fit_is_refused_with_memory(app_factory, bf16_model_dir):
+    server = in_process(app_factory, bf16_model_dir, {"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)})
     refused(score(server, model=server.model_id, scoring_precision="float32"), "memory")
 
 

@@ -1,4 +1,8 @@
-"""The GGUF engine: a .gguf file resident in llama.cpp through llama-cpp-python.
+"""The GGUF engine in this process: a .gguf file resident in llama.cpp through llama-cpp-python.
+
+The server does not use this class directly: ``ProcessEngine`` runs it in a child
+process (``worker.py``), so a native crash cannot take the server down. Tests
+and the child call it in-process.
 
 llama.cpp exposes no module tree, so this engine offers no hook points: layer
 hooks and logits processors are refused, never dropped. Generation runs through
@@ -8,14 +12,13 @@ prefix reuse), so a greedy chat here is the chat llama-cpp-python gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import llama_cpp
 
 from millm_host.api import (
     ContextLengthExceeded,
-    Engine,
     FieldNotHonoured,
     InvalidParameter,
     LayerHook,
@@ -24,37 +27,26 @@ from millm_host.api import (
     SamplingParams,
 )
 
-from .chat import ChatTemplate
 from .embeddings import MeanPoolingContext
 from .loader import LoadOptions, load_llama
 from .spec import ENGINE_NAME
-from .vocab import Vocab
+from .text_engine import GGUFTextEngine
 
 #: llama_decode's code for "no room left in the KV cache".
 _DECODE_NO_KV_SLOT = "llama_decode returned 1"
 
 
-class GGUFEngine(Engine):
+class GGUFEngine(GGUFTextEngine):
     """A llama.cpp model with its vocabulary, chat template and embedding context."""
-
-    name = ENGINE_NAME
-    hook_points = ()
 
     def __init__(self, llm: llama_cpp.Llama, descriptor: ModelDescriptor, embedder: MeanPoolingContext | None,
                  embedding_window: int) -> None:
+        super().__init__(llm._model)
         self.llm = llm
-        self.vocab = Vocab(llm.model)
         self._embedder = embedder
         self._embedding_window = embedding_window
-        metadata = llm.metadata
-        bos = self.vocab.bos()
-        bos_text = self.vocab.piece(bos, special=True).decode("utf-8", "replace") if bos is not None else None
-        eos = llm.token_eos()
-        eos_text = self.vocab.piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
-        template = metadata.get("tokenizer.chat_template")
-        self.template = ChatTemplate(template, bos_text or "", eos_text) if template else None
-        architecture = metadata.get("general.architecture", "")
-        layers = metadata.get(f"{architecture}.block_count")
+        architecture = self.metadata.get("general.architecture", "")
+        layers = self.metadata.get(f"{architecture}.block_count")
         self.info = ModelInfo(
             id=descriptor.id,
             engine=ENGINE_NAME,
@@ -66,9 +58,9 @@ class GGUFEngine(Engine):
             vocab_size=self.vocab.size,
             d_model=llm.n_embd(),
             n_layers=int(layers) if layers and layers.isdigit() else None,
-            chat_template=template,
-            bos_token=bos_text,
-            bos_token_id=bos,
+            chat_template=self.metadata.get("tokenizer.chat_template"),
+            bos_token=self.bos_text,
+            bos_token_id=self.vocab.bos(),
             eos_token_ids=self.vocab.end_of_generation(),
             device="gpu" if llm.model_params.n_gpu_layers and llama_cpp.llama_supports_gpu_offload() else "cpu",
         )
@@ -76,7 +68,12 @@ class GGUFEngine(Engine):
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> GGUFEngine:
         """Load ``descriptor``'s file with the GGUF_* settings (engine thread)."""
-        options = LoadOptions.from_settings(settings)
+        return cls.load_with(descriptor, LoadOptions.from_settings(settings), progress)
+
+    @classmethod
+    def load_with(cls, descriptor: ModelDescriptor, options: LoadOptions,
+                  progress: Callable[[str], None]) -> GGUFEngine:
+        """Load ``descriptor``'s file with options already read from the settings."""
         llm = load_llama(descriptor.path, options, progress)
         embedder = None
         window = min(llm.n_ctx(), options.n_batch)
@@ -96,36 +93,6 @@ class GGUFEngine(Engine):
         """The longest input ``embed`` takes: the smaller of the context window and the batch."""
         return self._embedding_window
 
-    # --- text -------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidParameter(f"the text is not valid Unicode: {exc.reason} at character {exc.start}") from None
-        return self.llm.tokenize(data, add_bos=add_special_tokens, special=True)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.vocab.detokenize(ids).decode("utf-8", errors="replace")
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self.vocab.piece(token_id, special=True)
-
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-    ) -> str:
-        """The file's own template. ``template_kwargs`` are not passed: the host reports them."""
-        if tools:
-            raise FieldNotHonoured("tools cannot be honoured by the gguf engine", param="tools")
-        if self.template is None:
-            return super().render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                       template_kwargs=template_kwargs)
-        return self.template.render(messages, add_generation_prompt)
-
     # --- compute ----------------------------------------------------------------------
     def generate(
         self,
@@ -135,18 +102,10 @@ class GGUFEngine(Engine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
-        if hooks:
-            raise FieldNotHonoured("the gguf engine has no hookable layers", param=None)
-        if logits_processors:
-            raise FieldNotHonoured("the gguf engine cannot constrain generation", param=None)
+        prompt = self.check_generation(prompt_ids, hooks, logits_processors)
         window = self.info.context_window
-        if len(prompt_ids) >= window:
-            raise ContextLengthExceeded(
-                f"this model's maximum context length is {window} tokens; the prompt has {len(prompt_ids)} tokens",
-                param="messages",
-            )
-        self.vocab.check(prompt_ids, param="prompt")
-        return self._tokens(list(prompt_ids), params, window)
+        assert window is not None  # llama.cpp always has one
+        return self._tokens(prompt, params, window)
 
     def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Iterator[int]:
         greedy = params.temperature == 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
+from llama_cpp._internals import LlamaModel
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,13 @@ def load_llama(path: str, options: LoadOptions, progress: Callable[[str], None])
     # llama.cpp's default last 64.
     llm.last_n_tokens_size = llm.n_ctx()
     return llm
+
+
+def load_vocabulary(path: str) -> LlamaModel:
+    """The file's vocabulary and metadata only (no weights, no context): what tokenizing needs."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    return LlamaModel(path_model=path, params=params, verbose=False)
 
 
 def _llama(path: str, options: LoadOptions, n_ctx: int) -> llama_cpp.Llama:

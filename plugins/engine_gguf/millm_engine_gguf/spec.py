@@ -16,7 +16,7 @@ ENGINE_NAME = "gguf"
 
 SPEC = EngineSpec(
     name=ENGINE_NAME,
-    factory="millm_engine_gguf.engine:GGUFEngine",
+    factory="millm_engine_gguf.process:ProcessEngine",
     describe="millm_engine_gguf.spec:describe",
     formats=frozenset({"gguf"}),
     capabilities=frozenset({EMBEDDINGS}),  # GGUF_ENABLE_EMBEDDINGS=false turns them off

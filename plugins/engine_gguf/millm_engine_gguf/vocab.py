@@ -28,6 +28,16 @@ class Vocab:
             found = cache[token] = self._read_piece(token, special)
         return found
 
+    def tokenize(self, data: bytes, add_special: bool) -> list[int]:
+        """Ids of UTF-8 ``data``, special-token text parsed: one llama.cpp call whatever the length."""
+        capacity = len(data) + 8  # a token covers at least one byte, beside the few specials added
+        while True:
+            buffer = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
+            if n >= 0:
+                return buffer[:n]
+            capacity = -n  # too small: llama.cpp says how much it needs
+
     def check(self, ids: Sequence[int], param: str | None = None) -> None:
         """Refuse an id outside the vocabulary before llama.cpp reads past its tables."""
         for token in ids:

@@ -8,6 +8,7 @@ import struct
 import numpy as np
 import pytest
 
+from millm_host.testing import assert_error
 from millm_host.testing.openai_schema import validate_openai
 
 from .conftest import DEFAULT_ID, SOLO_ID
@@ -21,7 +22,7 @@ def test_mean_pooled_vectors_equal_llama_cpp(gguf_server, reference_embedder):
     assert response.status_code == 200, response.text
     body = response.json()
     validate_openai("CreateEmbeddingResponse", body)
-    for text, item in zip(TEXTS, body["data"]):
+    for text, item in zip(TEXTS, body["data"], strict=True):
         np.testing.assert_allclose(item["embedding"], reference_embedder.embed(text), rtol=1e-4, atol=1e-4)
     assert body["usage"]["prompt_tokens"] > 0
 
@@ -44,9 +45,7 @@ def test_pooling_other_than_mean_is_refused_before_any_load(gguf_server, pooling
     with gguf_server.http() as http:
         response = http.post("/v1/embeddings", json={"model": SOLO_ID, "input": "x", "pooling": pooling})
         health = http.get("/api/health").json()
-    assert response.status_code == 400
-    assert response.json()["error"]["code"] == "field_not_honoured"
-    assert response.json()["error"]["param"] == "pooling"
+    assert_error(response, 400, "field_not_honoured", "pooling")
     assert health["model"] == DEFAULT_ID
 
 
@@ -54,9 +53,7 @@ def test_an_input_past_the_embedding_window_is_refused_naming_it(gguf_server):
     long_text = "word " * 700  # past min(n_ctx, n_batch) = 512 tokens
     with gguf_server.http() as http:
         response = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": ["short", long_text]})
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == "context_length_exceeded" and error["param"] == "input[1]"
+    error = assert_error(response, 400, "context_length_exceeded", "input[1]")
     assert "512" in error["message"]
 
 
@@ -69,7 +66,7 @@ def test_scoring_is_refused_on_gguf_before_any_load(gguf_server, body):
     with gguf_server.http() as http:
         response = http.post("/v1/completions", json={"model": SOLO_ID, **body})
         health = http.get("/api/health").json()
-    assert response.status_code == 400 and response.json()["error"]["code"] == "field_not_honoured"
+    assert_error(response, 400, "field_not_honoured")
     assert health["model"] == DEFAULT_ID
 
 

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from millm_host.api import parse_list
+from millm_host.testing import assert_error
 
 from .conftest import DEFAULT_ID, N_CTX, SOLO_ID
 
@@ -61,9 +62,7 @@ def ignored(response) -> list[str]:
                          ids=lambda v: v if isinstance(v, str) else None)
 def test_unhonoured_fields_are_refused_before_any_load(gguf_server, endpoint, field, value):
     response = post(gguf_server, endpoint, body(endpoint, SOLO_ID, **{field: value}))
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert (error["code"], error["param"], error["type"]) == ("field_not_honoured", field, "invalid_request_error")
+    assert assert_error(response, 400, "field_not_honoured", field)["type"] == "invalid_request_error"
     assert model_state(gguf_server, SOLO_ID) == "READY"
     assert model_state(gguf_server, DEFAULT_ID) == "LOADED"
 

@@ -9,6 +9,7 @@ torch and transformers are not among them, so any import of them fails.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import subprocess
@@ -77,10 +78,10 @@ def light_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
          "--wheel-dir", str(wheels), str(REPO), str(REPO / "plugins" / "engine_gguf")],
         check=True, capture_output=True, timeout=300,
     )
-    subprocess.run(
+    subprocess.run(  # no PYTHONPATH: a checkout on it (its millm_host.egg-info) would read as installed there
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
          *map(str, sorted(wheels.glob("*.whl")))],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=300, env={**os.environ, **LIGHT_ENVIRON},
     )
     return {"root": root, "python": python, "data": root / "data"}
 
@@ -93,10 +94,13 @@ def test_the_light_environment_has_no_torch_and_only_the_gguf_plugin(light_env, 
          "print(sorted(e.name for e in m.entry_points(group='millm')))\n"
          "print(all('/venv/' in x.__file__ for x in (millm_host, millm_engine_gguf)))\n"
          "for name in ('torch', 'transformers'):\n"
-         "    try:\n        __import__(name)\n    except ImportError:\n        print(name, 'absent')\n"],
+         "    try:\n        __import__(name)\n    except ImportError:\n        print(name, 'absent')\n"
+         "import os, llama_cpp\nprint(os.path.realpath(llama_cpp.__file__))\n"],
         env={**os.environ, **LIGHT_ENVIRON}, capture_output=True, text=True, check=True,
     )
-    assert probe.stdout.splitlines() == ["['engine_gguf']", "True", "torch absent", "transformers absent"]
+    # llama-cpp-python is the one installed here, linked: never compiled again (natively) for the venv.
+    ours = os.path.realpath(importlib.import_module("llama_cpp").__file__)
+    assert probe.stdout.splitlines() == ["['engine_gguf']", "True", "torch absent", "transformers absent", ours]
     plugins = subprocess.run(
         [str(light_env["python"]), "-m", "millm_host.cli", "plugins"],
         env={**os.environ, **LIGHT_ENVIRON}, capture_output=True, text=True, check=True,
@@ -112,15 +116,17 @@ def test_serve_engine_gguf_answers_a_chat_without_torch(light_env, monkeypatch):
         health = server.http().get("/api/health").json()
         assert (health["model"], health["engine"], health["engines"]) == (DEFAULT_ID, "gguf", ["gguf"])
         assert health["failed_plugins"] == []
+        child = health["engine_status"]["pid"]  # llama.cpp runs in a child process, on the light venv's python
+        assert Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].decode() == str(light_env["python"])
         client = server.openai()
-        reply = client.chat.completions.create(
-            model=DEFAULT_ID, messages=[{"role": "user", "content": "Say hello."}], temperature=0, max_tokens=16
-        )
+        hello = {"model": DEFAULT_ID, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
+                 "max_tokens": 16}
+        # Both answers compared below come from the prompt cache this one fills: a whole-prompt pass and
+        # the cache's one-token pass can round the first logits apart, and greedy picks follow them.
+        client.chat.completions.create(**hello)
+        reply = client.chat.completions.create(**hello)
         assert reply.choices[0].message.content
         assert reply.usage.completion_tokens > 0
-        streamed = client.chat.completions.create(
-            model=DEFAULT_ID, messages=[{"role": "user", "content": "Say hello."}], temperature=0, max_tokens=16,
-            stream=True,
-        )
+        streamed = client.chat.completions.create(**hello, stream=True)
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         assert text == reply.choices[0].message.content

@@ -6,6 +6,7 @@ import openai
 import pytest
 
 from millm_engine_gguf.spec import describe
+from millm_host.testing import assert_error
 
 from .conftest import DEFAULT_ID, SECOND_QUANT_ID, SOLO_ID
 
@@ -63,9 +64,7 @@ def test_bare_repository_name_with_several_quantizations_is_ambiguous(gguf_serve
         "/v1/chat/completions" if endpoint == "chat" else "/v1/completions",
         json={"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"},
     )
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert (error["code"], error["param"]) == ("AMBIGUOUS_MODEL_NAME", "model")
+    error = assert_error(response, 400, "AMBIGUOUS_MODEL_NAME", "model")
     assert DEFAULT_ID in error["message"] and SECOND_QUANT_ID in error["message"]
     assert states(gguf_server)[SECOND_QUANT_ID] == "READY"
 

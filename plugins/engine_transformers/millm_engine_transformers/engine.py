@@ -35,6 +35,7 @@ from .sampling import Penalties, choose, generator_for
 from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME, SETTINGS
 
+
 class TransformersEngine(Engine):
     """A HuggingFace model and tokenizer, with per-call forward hooks.
 

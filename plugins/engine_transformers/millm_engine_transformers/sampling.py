@@ -8,7 +8,6 @@ import torch
 
 from millm_host.api import SamplingParams
 
-
 #: Temperatures this small are greedy: their limit is greedy, and dividing by them
 #: overflows the logits to infinity (and the softmax to NaN).
 GREEDY_BELOW = 1e-6

@@ -18,7 +18,7 @@ from millm_engine_transformers.engine import TransformersEngine
 from millm_engine_transformers.spec import describe
 from millm_host.api import ScoringParams, ScoringPrecisionUnavailable
 from millm_host.settings import HOST_SETTINGS, Settings
-from millm_host.testing.models import tiny_llama
+from millm_host.testing.tiny_models import tiny_llama
 
 FLOAT32 = ScoringParams(top=3, precision="float32")
 IDS = [1, 2, 3, 4, 5]

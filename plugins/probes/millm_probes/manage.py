@@ -16,11 +16,11 @@ from millm_host.api import InvalidParameter, ModelBusy, check_display_name, plai
 from . import digests, gates, store
 from .definition import Decision, ProbeDefinition, parse
 from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
-from .models import Probe
 from .parity import parity_summary, run_parity, tolerance
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
 from .scoring import CompiledProbe
+from .tables import Probe
 
 
 class ArmRequest(BaseModel):

@@ -20,7 +20,7 @@ from .windows import template_prefix_ids
 if TYPE_CHECKING:
     from millm_host.api import Host
 
-    from .models import Probe
+    from .tables import Probe
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from sqlalchemy.exc import IntegrityError
 
 from .definition import Decision, parse
 from .errors import NameConflict, ProbeNotFound, ResultNotFound
-from .models import Acknowledgement, ParityReport, Probe, ProbeEvent, Recalibration
 from .results import ProbeView
+from .tables import Acknowledgement, ParityReport, Probe, ProbeEvent, Recalibration
 
 EVENT_LIST_MAX = 500
 

@@ -242,7 +242,7 @@ class Lab:
 @pytest.fixture(scope="session")
 def probe_model_dir() -> Path:
     """A random 4-layer Llama (SmolLM2's tokenizer and template) with room for long generations."""
-    from millm_host.testing.models import tiny_llama
+    from millm_host.testing.tiny_models import tiny_llama
 
     return tiny_llama("probe-llama", num_hidden_layers=4, max_position_embeddings=4096, seed=7)
 
@@ -259,9 +259,13 @@ def sae_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def probes_server(server_factory, probe_model_dir, sae_dir):
-    """The probes plugin's own server (tests arm and import here; each cleans up after itself)."""
-    return server_factory(probe_model_dir, env={"PROBE_SAE_DIR": str(sae_dir), "MILLM_SAE_DIRS": str(sae_dir)})
+def probes_server(app_factory, probe_model_dir, sae_dir):
+    """The probes plugin's own app (tests arm and import here; each cleans up after itself).
+
+    In-process (``AppServer``), with every installed plugin and the transformers engine;
+    restarts and unloads are tested on a real server (``test_lifecycle``).
+    """
+    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"PROBE_SAE_DIR": str(sae_dir), "MILLM_SAE_DIRS": str(sae_dir)})
 
 
 @pytest.fixture(scope="session")

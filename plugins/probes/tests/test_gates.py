@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 
+from millm_host.testing import assert_error
 
-def refusal(api, probe_id: str, **body) -> dict:
-    response = api.post(f"/api/probes/{probe_id}/arm", json=body)
-    assert response.status_code == 409, response.text
-    return response.json()["error"]
+
+def refusal(api, probe_id: str, code: str, **body) -> dict:
+    """Arming refused (409) with ``code``; the error."""
+    return assert_error(api.post(f"/api/probes/{probe_id}/arm", json=body), 409, code)
 
 
 def armed_ids(api) -> set[str]:
@@ -36,8 +37,8 @@ def test_parity_fails_for_a_probe_recorded_on_the_wrong_layer(api, lab, identity
     report = api.post(f"/api/probes/{probe['id']}/parity").json()
     assert report["status"] == "failed"
     assert all(not v["passed"] and v["difference"] > 1e-3 for v in report["vectors"])
-    error = refusal(api, probe["id"])
-    assert error["gate"] == "parity" and error["code"] == "PROBE_PARITY_FAILED"
+    error = refusal(api, probe["id"], "PROBE_PARITY_FAILED")
+    assert error["gate"] == "parity"
     assert probe["id"] not in armed_ids(api)
 
 
@@ -55,8 +56,8 @@ def test_identity_gate_names_every_mismatch(api, lab, identity, helpers):
     other = dict(identity, hf_id="someone/else", n_layers=identity["n_layers"] + 2,
                  chat_template_sha256="0" * 64)
     probe = helpers.import_probe(api, lab.definition(other, name="other-model"))
-    error = refusal(api, probe["id"])
-    assert error["gate"] == "identity" and error["code"] == "PROBE_MODEL_MISMATCH"
+    error = refusal(api, probe["id"], "PROBE_MODEL_MISMATCH")
+    assert error["gate"] == "identity"
     fields = {m["field"]: m for m in error["mismatches"]}
     assert set(fields) == {"model.hf_id", "model.n_layers", "model.chat_template_sha256"}
     assert fields["model.hf_id"] == {"field": "model.hf_id", "probe": "someone/else", "model": identity["hf_id"]}
@@ -75,11 +76,11 @@ def test_evidence_gate_needs_an_acknowledgement_below_rung_2(api, lab, identity,
     doc = lab.definition(identity, name="weak", rung=1, digests=False)
     doc["evidence"]["acknowledgement"] = "exported for a demo"
     probe = helpers.import_probe(api, doc)
-    error = refusal(api, probe["id"])
-    assert error["gate"] == "evidence" and error["code"] == "PROBE_ACKNOWLEDGEMENT_REQUIRED"
-    assert refusal(api, probe["id"], acknowledgement="   ")["gate"] == "evidence"
+    error = refusal(api, probe["id"], "PROBE_ACKNOWLEDGEMENT_REQUIRED")
+    assert error["gate"] == "evidence"
+    assert refusal(api, probe["id"], "PROBE_ACKNOWLEDGEMENT_REQUIRED", acknowledgement="   ")["gate"] == "evidence"
     bad = api.post(f"/api/probes/{probe['id']}/arm", json={"acknowledgement": "ok", "force": True})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "force"
+    assert_error(bad, 400, "invalid_parameter", "force")
     armed = helpers.arm(api, probe["id"], acknowledgement="triage only; reviewed by the on-call")
     assert armed["armed"] is True
     detail = api.get(f"/api/probes/{probe['id']}").json()
@@ -93,22 +94,22 @@ def test_scope_gate_refuses_what_parity_cannot_verify(api, lab, identity, helper
     probe = helpers.import_probe(api, lab.definition(identity, name="prompt-scoped", scope="prompt"))
     report = api.post(f"/api/probes/{probe['id']}/parity").json()
     assert report["status"] == "cannot_check"
-    error = refusal(api, probe["id"])
-    assert error["gate"] == "scope" and error["code"] == "PROBE_SCOPE_UNVERIFIABLE"
+    error = refusal(api, probe["id"], "PROBE_SCOPE_UNVERIFIABLE")
+    assert error["gate"] == "scope"
 
 
 def test_a_probe_with_no_test_vectors_fails_parity(api, lab, identity, helpers):
     probe = helpers.import_probe(api, lab.definition(identity, name="unvectored", vectors=0))
-    assert refusal(api, probe["id"])["gate"] == "parity"
+    assert refusal(api, probe["id"], "PROBE_PARITY_FAILED")["gate"] == "parity"
 
 
 def test_gates_run_in_order(api, lab, identity, helpers):
     other = dict(identity, d_model=identity["d_model"])
     other["hf_id"] = "someone/else"
     weak_wrong = helpers.import_probe(api, lab.definition(other, name="weak-wrong", rung=0, vector_layer=2))
-    assert refusal(api, weak_wrong["id"])["gate"] == "identity"  # identity before evidence and parity
+    assert refusal(api, weak_wrong["id"], "PROBE_MODEL_MISMATCH")["gate"] == "identity"  # identity before evidence and parity
     weak_unequal = helpers.import_probe(api, lab.definition(identity, name="weak-unequal", rung=0, vector_layer=2))
-    assert refusal(api, weak_unequal["id"])["gate"] == "evidence"  # evidence before parity
+    assert refusal(api, weak_unequal["id"], "PROBE_ACKNOWLEDGEMENT_REQUIRED")["gate"] == "evidence"  # evidence before parity
 
 
 def test_limit_gate(api, lab, identity, helpers):
@@ -118,8 +119,8 @@ def test_limit_gate(api, lab, identity, helpers):
         helpers.arm(api, helpers.import_probe(api, lab.definition(identity, name=f"limit-{i}", seed=i))["id"])
     wrong = dict(identity, hf_id="someone/else")
     extra = helpers.import_probe(api, lab.definition(wrong, name="limit-extra"))
-    error = refusal(api, extra["id"])  # the limit is checked first, before identity
-    assert error["gate"] == "limit" and error["code"] == "PROBE_MAX_ARMED"
+    error = refusal(api, extra["id"], "PROBE_MAX_ARMED")  # the limit is checked first, before identity
+    assert error["gate"] == "limit"
     assert len(armed_ids(api)) == maximum
 
 
@@ -151,21 +152,15 @@ def test_recalibrate_moves_the_bar_only(api, lab, identity, helpers):
     [record] = api.get(f"/api/probes/{probe['id']}").json()["recalibrations"]
     assert record["previous"] == doc["decision"] and record["decision"] == cut["decision"]
 
-    def refused(body, status, code=None, param=None):
-        response = api.post(f"/api/probes/{probe['id']}/recalibrate", json=body)
-        assert response.status_code == status, response.text
-        error = response.json()["error"]
-        if code:
-            assert error["code"] == code
-        if param:
-            assert error["param"] == param
+    def refused(body, status, code, param=...):
+        assert_error(api.post(f"/api/probes/{probe['id']}/recalibrate", json=body), status, code, param)
 
     detector = copy.deepcopy(cut)
     detector["head"] = doc["head"]
-    refused(detector, 400, param="head")  # a cut cannot carry a detector
+    refused(detector, 400, "invalid_parameter", "head")  # a cut cannot carry a detector
     inner = copy.deepcopy(cut)
     inner["decision"]["read"] = {"layer": 2}
-    refused(inner, 400, param="decision.read")
+    refused(inner, 400, "invalid_parameter", "decision.read")
     refused({**cut, "provenance": {"probe_id": "prb_someone_else"}}, 409, "PROBE_PROVENANCE_MISMATCH")
     refused({"provenance": {"probe_id": "prb_recut"}, "decision": {"threshold": 2.0}}, 400,
             "PROBE_THRESHOLD_UNSOURCED", "decision.threshold")

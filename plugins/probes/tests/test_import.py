@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from millm_host.testing import assert_error
+
 
 def probe_count(api) -> int:
     return len(api.get("/api/probes").json()["data"])
@@ -33,11 +35,9 @@ def test_import_stores_the_document_verbatim(api, lab, identity, helpers):
 def test_name_conflict_fails_or_renames(api, lab, identity, helpers):
     doc = lab.definition(identity, name="conflicted")
     first = helpers.import_probe(api, doc)
-    refused = api.post("/api/probes/import", json=doc)
-    assert refused.status_code == 409
-    assert refused.json()["error"]["code"] == "PROBE_NAME_CONFLICT"
+    assert_error(api.post("/api/probes/import", json=doc), 409, "PROBE_NAME_CONFLICT")
     bad = api.post("/api/probes/import", json=doc, params={"on_conflict": "replace"})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "on_conflict"
+    assert_error(bad, 400, "invalid_parameter", "on_conflict")
     renamed = helpers.import_probe(api, doc, on_conflict="rename")
     assert renamed["name"] == "conflicted (2)" and renamed["id"] != first["id"]
 
@@ -47,11 +47,8 @@ def test_digest_mismatch_is_refused_naming_field_and_values(api, lab, identity):
     stated = doc["identity"]["detector_digest"]
     doc["head"]["bias"] += 1.0  # the detector changed after its digest was taken
     before = probe_count(api)
-    response = api.post("/api/probes/import", json=doc)
-    assert response.status_code == 409
-    error = response.json()["error"]
-    assert error["code"] == "PROBE_IDENTITY_MISMATCH"
-    assert error["param"] == "identity.detector_digest"
+    error = assert_error(api.post("/api/probes/import", json=doc), 409, "PROBE_IDENTITY_MISMATCH",
+                         "identity.detector_digest")
     assert stated in error["message"]
     [mismatch] = error["mismatches"]
     assert mismatch["stated"] == stated and mismatch["computed"].startswith("sha256:")
@@ -62,18 +59,14 @@ def test_digest_mismatch_is_refused_naming_field_and_values(api, lab, identity):
 def test_decision_digest_is_checked_too(api, lab, identity):
     doc = lab.definition(identity, name="moved-bar")
     doc["decision"]["threshold"] = 5.0
-    response = api.post("/api/probes/import", json=doc)
-    assert response.status_code == 409
-    assert response.json()["error"]["param"] == "identity.decision_digest"
+    assert_error(api.post("/api/probes/import", json=doc), 409, "PROBE_IDENTITY_MISMATCH", "identity.decision_digest")
 
 
 def test_unknown_identity_algorithm(api, lab, identity):
     doc = lab.definition(identity, name="future")
     doc["identity"]["algorithm"] = "mi.probe.identity/v9"
     before = probe_count(api)
-    response = api.post("/api/probes/import", json=doc)
-    assert response.status_code == 409
-    assert response.json()["error"]["code"] == "PROBE_IDENTITY_ALGORITHM_UNKNOWN"
+    assert_error(api.post("/api/probes/import", json=doc), 409, "PROBE_IDENTITY_ALGORITHM_UNKNOWN")
     assert probe_count(api) == before
 
 
@@ -103,11 +96,7 @@ def test_invalid_definitions_name_the_field(api, lab, identity):
     for field, change in cases.items():
         doc = copy.deepcopy(base)
         change(doc)
-        response = api.post("/api/probes/import", json=doc)
-        assert response.status_code == 400, (field, response.text)
-        error = response.json()["error"]
-        assert error["code"] == "invalid_probe_definition"
-        assert error["param"] == field, (field, error)
+        assert_error(api.post("/api/probes/import", json=doc), 400, "invalid_probe_definition", field)
     assert api.post("/api/probes/import", content=b"[1, 2]", headers={"content-type": "application/json"}).status_code == 400
     assert api.post("/api/probes/import", content=b"{", headers={"content-type": "application/json"}).status_code == 400
     assert probe_count(api) == before
@@ -128,8 +117,7 @@ def test_list_get_and_delete(api, lab, identity, helpers):
 def test_delete_is_refused_while_armed(api, lab, identity, helpers):
     probe = helpers.import_probe(api, lab.definition(identity, name="armed-delete"))
     helpers.arm(api, probe["id"])
-    refused = api.delete(f"/api/probes/{probe['id']}")
-    assert refused.status_code == 409 and refused.json()["error"]["code"] == "PROBE_ARMED"
+    assert_error(api.delete(f"/api/probes/{probe['id']}"), 409, "PROBE_ARMED")
     api.post(f"/api/probes/{probe['id']}/disarm")
     assert api.delete(f"/api/probes/{probe['id']}").status_code == 200
 

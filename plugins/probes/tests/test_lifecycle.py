@@ -13,6 +13,7 @@ import time
 import pytest
 
 from millm_host.api import parse_list
+from millm_host.testing import assert_error
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 CHAT = [{"role": "user", "content": "Say something."}]
@@ -50,9 +51,7 @@ def test_the_model_reports_its_identity(http):
 def test_two_known_revisions_that_differ_refuse(http, lab, helpers):
     identity = identity_of(http)
     stale = helpers.import_probe(http, lab.definition(dict(identity, revision="f" * 40), name="stale"))
-    response = http.post(f"/api/probes/{stale['id']}/arm", json={})
-    assert response.status_code == 409
-    error = response.json()["error"]
+    error = assert_error(http.post(f"/api/probes/{stale['id']}/arm", json={}), 409, "PROBE_MODEL_MISMATCH")
     assert error["gate"] == "identity"
     assert error["mismatches"] == [{"field": "model.revision", "probe": "f" * 40, "model": REVISION}]
     current = helpers.import_probe(http, lab.definition(identity, name="current"))

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from millm_host.api import parse_list
+from millm_host.testing import chat as post_chat
 
 WINDOWS = ["all", "prompt", "response"]
 CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
@@ -31,8 +32,8 @@ def armed_pair(probes_server, lab, identity, helpers):
 
 
 def chat(http, model_id, headers=None, **extra):
-    body = {"model": model_id, "messages": CHAT, "max_tokens": 5, "temperature": 0, **extra}
-    response = http.post("/v1/chat/completions", json=body, headers=headers)
+    """A short greedy chat that succeeds."""
+    response = post_chat(http, model_id, headers=headers, **{"messages": CHAT, "max_tokens": 5, "temperature": 0, **extra})
     assert response.status_code == 200, response.text
     return response
 

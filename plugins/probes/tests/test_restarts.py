@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import httpx
+
 from millm_saelens.testing import write_sae
 
 CHAT = [{"role": "user", "content": "FAULT: tell me a long story about a lighthouse keeper."}]

@@ -65,7 +65,7 @@ def templateless_engine():
     from millm_engine_transformers.engine import TransformersEngine
     from millm_engine_transformers.spec import describe
     from millm_host.api import Settings
-    from millm_host.testing.models import tiny_llama
+    from millm_host.testing.tiny_models import tiny_llama
 
     path = tiny_llama("probe-llama-plain", num_hidden_layers=2, chat_template=False)
     engine = TransformersEngine.load(describe(str(path)), Settings(environ={}), lambda message: None)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+
 from millm_saelens import SAEConfig
 from millm_saelens.weights import SAE, load_tensors
 
@@ -33,8 +34,8 @@ class LoadedSAE(SAE):
         top = torch.topk(acts, min(k, acts.shape[-1]), dim=-1)
         indices = candidates[top.indices] if candidates is not None else top.indices
         return [
-            [(i, v) for i, v in zip(row_indices, row_values) if v != 0.0]
-            for row_indices, row_values in zip(indices.tolist(), top.values.tolist())
+            [(i, v) for i, v in zip(row_indices, row_values, strict=False) if v != 0.0]
+            for row_indices, row_values in zip(indices.tolist(), top.values.tolist(), strict=False)
         ]
 
     def candidates(self, features: list[int] | tuple[int, ...] | None) -> torch.Tensor | None:

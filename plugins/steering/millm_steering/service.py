@@ -14,21 +14,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from millm_host.api import FieldNotHonoured, HookPoint, InvalidParameter, ModelBusy, check_display_name, confined_path
+from millm_saelens import SAEUnreadable, describe as describe_sae_dir, read_config
 
 from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
 from .header import steering_value
 from .intensity import Dial, resolve
 from .resolve import global_entries, select_attachment
-from millm_saelens import SAEUnreadable, read_config
-from millm_saelens import describe as describe_sae_dir
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
 
 if TYPE_CHECKING:
     from millm_host.api import Host
 
-    from .models import ProfileRecord, SAERecord
+    from .tables import ProfileRecord, SAERecord
 
 log = logging.getLogger("millm.steering")
 

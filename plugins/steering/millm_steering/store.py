@@ -9,12 +9,12 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from millm_host.api import Database
+from millm_saelens import SAEConfig
 
 from .errors import Conflict, ProfileNotFound, SAENotFound
 from .features import Features
-from .models import LockRecord, ProfileRecord, SAERecord
-from millm_saelens import SAEConfig
 from .state import Profile
+from .tables import LockRecord, ProfileRecord, SAERecord
 
 LOCK_ROW = 1
 

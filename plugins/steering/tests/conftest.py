@@ -1,4 +1,4 @@
-"""Fixtures of the steering tests: SAE directories and a tiny-model server whose state each test resets."""
+"""Fixtures of the steering tests: SAE directories and a tiny-model app whose state each test resets."""
 
 from __future__ import annotations
 
@@ -39,10 +39,15 @@ def sae_dir(sae_root) -> Callable[..., Path]:
 
 
 @pytest.fixture(scope="session")
-def steering_server(server_factory, tiny_model_dir, sae_root):
-    """A tiny-model server of the steering tests' own (they change its state)."""
-    return server_factory(tiny_model_dir, env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES),
-                                               "MILLM_SAE_DIRS": str(sae_root)})
+def steering_server(app_factory, tiny_model_dir, sae_root):
+    """The app on the tiny model, of the steering tests' own (they change its state).
+
+    In-process (``AppServer``), with every installed plugin and the transformers
+    engine; a restart is tested on a real server (``test_management``).
+    """
+    return app_factory(plugins="all", models={}, model=str(tiny_model_dir),
+                       env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES),
+                            "MILLM_SAE_DIRS": str(sae_root)})
 
 
 def reset(client: httpx.Client) -> None:

@@ -7,6 +7,8 @@ import json
 import pytest
 import transformers
 
+from millm_host.testing import assert_error
+
 
 @pytest.fixture
 def ask(client, model_id, attach):
@@ -61,7 +63,7 @@ def test_token_ids_are_prompt_then_generated(ask, client, model_id, tiny_model_d
 def test_candidates_and_top_k(ask):
     everything = read(ask({"positions": "prompt", "top_k": 64}))
     restricted = read(ask({"positions": "prompt", "features": [5, 6, 7, 50], "top_k": 2}))
-    for full, narrow in zip(everything["positions"], restricted["positions"]):
+    for full, narrow in zip(everything["positions"], restricted["positions"], strict=False):
         values = [f["value"] for f in narrow["features"]]
         assert len(values) <= 2 and values == sorted(values, reverse=True) and all(v > 0 for v in values)
         assert {f["index"] for f in narrow["features"]} <= {5, 6, 7, 50}
@@ -111,17 +113,13 @@ def test_a_stream_sends_activations_before_the_steering_chunk(client, model_id, 
      "return_sae_activations"),
 ])
 def test_refusals(ask, activations, fields, code, param):
-    response = ask(activations, **fields)
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert (error["code"], error["param"]) == (code, param)
+    assert_error(ask(activations, **fields), 400, code, param)
 
 
 def test_refusals_that_name_candidates_or_need_one_axis(client, model_id, attach):
     body = {"model": model_id, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
             "return_sae_activations": {}}
-    response = client.post("/v1/chat/completions", json=body)
-    assert response.json()["error"]["code"] == "SAE_NOT_ATTACHED"
+    assert_error(client.post("/v1/chat/completions", json=body), 400, "SAE_NOT_ATTACHED")
     attach("reader", d_sae=96)
     attach("reader", layer=1)
     error = client.post("/v1/chat/completions", json=body).json()["error"]

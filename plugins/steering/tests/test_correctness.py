@@ -39,7 +39,7 @@ def residuals(response_json):
     positions = response_json["millm"]["sae_activations"]["positions"]
     assert [p["position"] for p in positions] == list(range(len(positions)))
     rows = np.zeros((len(positions), D))
-    for row, position in zip(rows, positions):
+    for row, position in zip(rows, positions, strict=True):
         for feature in position["features"]:
             index, value = feature["index"], feature["value"]
             row[index % D] += value if index < D else -value
@@ -77,7 +77,7 @@ def test_sae_activations_match_an_independent_encoding(client, attach, sae_dir, 
     activations = response.json()["millm"]["sae_activations"]
     ids = [p["token_id"] for p in activations["positions"]]
     acts = np.maximum(hidden_after_layer0(reference_model, ids) @ weights["W_enc"] + weights["b_enc"], 0)
-    for position, row in zip(activations["positions"], acts):
+    for position, row in zip(activations["positions"], acts, strict=True):
         candidates = sorted(((row[i], i) for i in range(0, 96, 2) if row[i] > 0), reverse=True)[:5]
         assert [f["index"] for f in position["features"]] == [i for _, i in candidates]
         np.testing.assert_allclose([f["value"] for f in position["features"]], [v for v, _ in candidates], atol=1e-5)

@@ -6,8 +6,7 @@ import hashlib
 import struct
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from millm_steering.hashing import applied_set, canonical_form, steering_hash
 

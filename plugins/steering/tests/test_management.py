@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from millm_host.testing import assert_error
 from millm_saelens.testing import write_sae
-
-
-def error(response, status, code=None, param=None):
-    assert response.status_code == status, response.text
-    body = response.json()["error"]
-    assert set(body) >= {"message", "type", "param", "code"}
-    if code is not None:
-        assert body["code"] == code, body
-    if param is not None:
-        assert body["param"] == param, body
-    return body
 
 
 def epoch(client) -> int:
@@ -32,10 +22,10 @@ def test_register_list_show_delete(client, sae_dir):
     }
     assert client.get("/api/saes/res-jb--layer_1").json() == registered
     assert [s["sae_id"] for s in client.get("/api/saes").json()["data"]] == ["res-jb--layer_1"]
-    error(client.post("/api/saes", json={"path": str(path)}), 409, "sae_exists")
+    assert_error(client.post("/api/saes", json={"path": str(path)}), 409, "sae_exists")
     assert client.delete("/api/saes/res-jb--layer_1").json() == {"sae_id": "res-jb--layer_1", "deleted": True}
-    error(client.get("/api/saes/res-jb--layer_1"), 404, "sae_not_found")
-    error(client.delete("/api/saes/res-jb--layer_1"), 404, "sae_not_found")
+    assert_error(client.get("/api/saes/res-jb--layer_1"), 404, "sae_not_found")
+    assert_error(client.delete("/api/saes/res-jb--layer_1"), 404, "sae_not_found")
 
 
 @pytest.mark.parametrize(("body", "status", "code", "param"), [
@@ -51,13 +41,13 @@ def test_register_list_show_delete(client, sae_dir):
     ({"path": "/tmp/a\u0000b"}, 400, "invalid_parameter", "path"),
 ])
 def test_bad_registrations(client, body, status, code, param):
-    error(client.post("/api/saes", json=body), status, code, param)
+    assert_error(client.post("/api/saes", json=body), status, code, param)
     assert client.get("/api/saes").json()["data"] == []
 
 
 def test_a_broken_directory_names_the_problem(client, sae_root):
     directory = write_sae(sae_root / "bad", d_in=64, d_sae=10, layer=0, architecture="topk")
-    body = error(client.post("/api/saes", json={"path": str(directory)}), 400, "sae_unreadable")
+    body = assert_error(client.post("/api/saes", json={"path": str(directory)}), 400, "sae_unreadable")
     assert "k must be" in body["message"]
 
 
@@ -70,10 +60,10 @@ def test_attach_and_detach(client, attach, model_id):
     assert second["hook_point"] == "blocks.1.hook_resid_post" and second["epoch"] == first["epoch"] + 1
     assert client.get("/api/saes/sae-a").json()["attached"] == [
         {"layer": 0, "hook_point": "blocks.0.hook_resid_post"}, {"layer": 1, "hook_point": "blocks.1.hook_resid_post"}]
-    error(client.delete("/api/saes/sae-a"), 409, "sae_attached")
+    assert_error(client.delete("/api/saes/sae-a"), 409, "sae_attached")
     detached = client.post("/api/saes/sae-a/detach", json={"layer": 1}).json()
     assert detached["detached"] == [{"layer": 1, "hook_point": "blocks.1.hook_resid_post"}]
-    error(client.post("/api/saes/sae-a/detach", json={"layer": 1}), 400, "SAE_NOT_ATTACHED")
+    assert_error(client.post("/api/saes/sae-a/detach", json={"layer": 1}), 400, "SAE_NOT_ATTACHED")
     client.post("/api/saes/sae-a/detach").raise_for_status()
     assert client.get("/api/saes/sae-a").json()["attached"] == []
 
@@ -81,12 +71,12 @@ def test_attach_and_detach(client, attach, model_id):
 def test_attach_refusals(client, sae_dir):
     wide = sae_dir("wide", d_in=128)
     client.post("/api/saes", json={"path": str(wide)}).raise_for_status()
-    body = error(client.post("/api/saes/wide/attach"), 400, "sae_incompatible")
+    body = assert_error(client.post("/api/saes/wide/attach"), 400, "sae_incompatible")
     assert "128" in body["message"] and "64" in body["message"]
     client.post("/api/saes", json={"path": str(sae_dir("narrow")), "sae_id": "narrow"}).raise_for_status()
-    error(client.post("/api/saes/narrow/attach", json={"layer": 2}), 400, "invalid_parameter", "layer")
-    error(client.post("/api/saes/narrow/attach", json={"layer": -1}), 400, "invalid_parameter", "layer")
-    error(client.post("/api/saes/absent/attach"), 404, "sae_not_found")
+    assert_error(client.post("/api/saes/narrow/attach", json={"layer": 2}), 400, "invalid_parameter", "layer")
+    assert_error(client.post("/api/saes/narrow/attach", json={"layer": -1}), 400, "invalid_parameter", "layer")
+    assert_error(client.post("/api/saes/absent/attach"), 404, "sae_not_found")
     assert client.get("/api/steering").json()["attached"] == []
 
 
@@ -95,11 +85,11 @@ def test_weights_changed_since_registration_are_refused_at_attach(client, sae_ro
     client.post("/api/saes", json={"path": str(directory)}).raise_for_status()
     weights = directory / "sae_weights.safetensors"
     weights.write_bytes((write_sae(tmp_path / "wider", d_in=64, d_sae=12, layer=0) / weights.name).read_bytes())
-    assert "changed shape" in error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
+    assert "changed shape" in assert_error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
     weights.write_bytes(b"not safetensors")
-    assert "cannot be read" in error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
+    assert "cannot be read" in assert_error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
     weights.unlink()
-    assert "cannot be read" in error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
+    assert "cannot be read" in assert_error(client.post("/api/saes/moving/attach"), 400, "sae_unreadable")["message"]
     assert client.get("/api/steering").json()["attached"] == []
 
 
@@ -111,16 +101,16 @@ def test_live_values(client, attach):
                           "live": True, "reason": None, "epoch": start + 1}
     state = client.get("/api/steering").json()
     assert state["manual"][0]["live"] and state["applied"].startswith('manual;sae="sae-a";layer=0;features=1;')
-    error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 256, "strength": 1}]}),
+    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 256, "strength": 1}]}),
           400, "INVALID_FEATURE_INDEX", "features[0].index")
-    error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 201}]}),
+    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 201}]}),
           400, "invalid_parameter", "features[0].strength")
-    error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": True}]}),
+    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": True}]}),
           400, "invalid_parameter", "features[0].strength")
-    error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1},
+    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1},
                                                                             {"index": 1, "strength": 2}]}),
           400, "invalid_parameter", "features[1].index")
-    error(client.put("/api/steering", json={"sae_id": "other", "features": []}), 400, "SAE_NOT_ATTACHED", "sae_id")
+    assert_error(client.put("/api/steering", json={"sae_id": "other", "features": []}), 400, "SAE_NOT_ATTACHED", "sae_id")
     assert epoch(client) == start + 1  # refusals change nothing
 
     client.post("/api/profiles", json={"name": "p", "sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]})
@@ -140,18 +130,18 @@ def test_profiles(client, attach, sae_dir):
                        "active": False, "live": False}
     assert client.get("/api/profiles/humör").json() == created
     assert [p["name"] for p in client.get("/api/profiles").json()["data"]] == ["humör"]
-    error(client.post("/api/profiles", json={"name": "humör", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}),
+    assert_error(client.post("/api/profiles", json={"name": "humör", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}),
           409, "profile_exists")
-    error(client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": [{"index": 256, "strength": 1}]}),
+    assert_error(client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": [{"index": 256, "strength": 1}]}),
           400, "INVALID_FEATURE_INDEX", "features[0].index")
-    error(client.post("/api/profiles", json={"name": "x", "sae_id": "nope", "features": [{"index": 1, "strength": 1}]}),
+    assert_error(client.post("/api/profiles", json={"name": "x", "sae_id": "nope", "features": [{"index": 1, "strength": 1}]}),
           404, "sae_not_found")
-    error(client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": []}), 400, param="features")
-    error(client.post("/api/profiles", json={"name": "a/b", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}),
-          400, param="name")
-    error(client.post("/api/profiles", json={"name": "deactivate", "sae_id": "sae-b",
-                                             "features": [{"index": 1, "strength": 1}]}), 400, param="name")
-    error(client.delete("/api/saes/sae-b"), 409, "sae_in_use")
+    assert_error(client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": []}), 400, "invalid_parameter", "features")
+    assert_error(client.post("/api/profiles", json={"name": "a/b", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}),
+          400, "invalid_parameter", "name")
+    assert_error(client.post("/api/profiles", json={"name": "deactivate", "sae_id": "sae-b",
+                                             "features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter", "name")
+    assert_error(client.delete("/api/saes/sae-b"), 409, "sae_in_use")
 
     activated = client.post("/api/profiles/humör/activate").json()
     assert activated["active"] and not activated["live"]  # its SAE is not attached yet
@@ -164,8 +154,8 @@ def test_profiles(client, attach, sae_dir):
     client.post("/api/profiles/humör/activate").raise_for_status()
     client.delete("/api/profiles/humör").raise_for_status()  # deleting the active profile deactivates it
     assert client.get("/api/steering").json()["active_profile"] is None
-    error(client.get("/api/profiles/humör"), 404, "profile_not_found")
-    error(client.post("/api/profiles/humör/activate"), 404, "profile_not_found")
+    assert_error(client.get("/api/profiles/humör"), 404, "profile_not_found")
+    assert_error(client.post("/api/profiles/humör/activate"), 404, "profile_not_found")
 
 
 def test_every_management_change_moves_the_epoch(client, attach, sae_dir):
@@ -196,8 +186,8 @@ def test_the_lock_narrows_v1_models(client, model_id):
     assert client.post("/api/steering/lock").json() == {"locked": True, "model": model_id}
     assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [model_id]
     other = next(iter(everything - {model_id}))
-    error(client.get(f"/v1/models/{other}"), 404, "model_not_found")
-    error(client.post("/api/steering/lock", json={"model": "no-such-model"}), 404, "model_not_found")
+    assert_error(client.get(f"/v1/models/{other}"), 404, "model_not_found")
+    assert_error(client.post("/api/steering/lock", json={"model": "no-such-model"}), 404, "model_not_found")
     client.delete("/api/steering/lock").raise_for_status()
     assert {m["id"] for m in client.get("/v1/models").json()["data"]} == everything
 
@@ -227,7 +217,7 @@ def test_unloading_the_model_detaches_its_saes(client, attach, model_id):
         state = client.get("/api/steering").json()
         assert state["attached"] == [] and state["manual"] == [] and state["applied"] == "none"
         assert client.get("/api/saes/sae-a").json()["attached"] == []
-        error(client.post("/api/saes/sae-a/attach"), 503, "model_not_loaded")
+        assert_error(client.post("/api/saes/sae-a/attach"), 503, "model_not_loaded")
     finally:
         client.post(f"/api/models/{model_id}/load").raise_for_status()
     attach("sae-a")

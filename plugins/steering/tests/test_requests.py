@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from millm_host.api import parse_list
+from millm_host.testing import assert_error, chat as post_chat
 
 LFM = "LiquidAI--LFM2.5-1.2B-Instruct-sae--layer_11"
 GEMMA = "jbloom--gemma-2-2b-res-jb--layer_20--width_16k--average_l0_71"
@@ -32,23 +33,12 @@ def chat(client, model_id):
     """``chat(**fields)``: a short greedy chat completion; returns the httpx response."""
 
     def send(endpoint="/v1/chat/completions", **fields):
-        body = {"model": model_id, "max_tokens": 4, "temperature": 0, **fields}
+        fields = {"model": model_id, "max_tokens": 4, "temperature": 0, **fields}
         if endpoint.endswith("chat/completions"):
-            body.setdefault("messages", [{"role": "user", "content": "Hello there"}])
-        else:
-            body.setdefault("prompt", "Once upon a time")
-        return client.post(endpoint, json=body)
+            return post_chat(client, **fields)
+        return client.post(endpoint, json={"prompt": "Once upon a time", **fields})
 
     return send
-
-
-def refused(response, status, code, param=None):
-    assert response.status_code == status, response.text
-    body = response.json()["error"]
-    assert body["code"] == code, body
-    if param is not None:
-        assert body["param"] == param, body
-    return body["message"]
 
 
 @pytest.mark.parametrize(("sae_id", "features", "digest", "clamped"), [
@@ -124,21 +114,21 @@ def test_off_disables_steering_without_validating_the_base(client, attach, chat,
     assert response.headers["x-millm-steering-intensity"] == '"0.0"'
     client.post("/api/saes", json={"path": str(sae_dir("sae-b")), "sae_id": "sae-b"})
     client.post("/api/profiles", json={"name": "elsewhere", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]})
-    refused(chat(profile="elsewhere", steering_intensity=0.01), 400, "SAE_NOT_ATTACHED", "profile")
+    assert_error(chat(profile="elsewhere", steering_intensity=0.01), 400, "SAE_NOT_ATTACHED", "profile")
     response = chat(profile="elsewhere", steering_intensity=0)
     assert response.status_code == 200 and response.headers["x-millm-steering"] == "none"
 
 
 def test_profile_refusals_and_no_sae(client, chat, attach, sae_dir):
-    refused(chat(profile="nope"), 404, "profile_not_found", "profile")
-    refused(chat(profile=""), 400, "invalid_parameter", "profile")
+    assert_error(chat(profile="nope"), 404, "profile_not_found", "profile")
+    assert_error(chat(profile=""), 400, "invalid_parameter", "profile")
     client.post("/api/saes", json={"path": str(sae_dir("sae-b")), "sae_id": "sae-b"})
     client.post("/api/profiles", json={"name": "b", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]})
     response = chat(profile="b", steering_intensity=0.5)  # no SAE attached: unsteered, no echo
     assert response.status_code == 200 and response.headers["x-millm-steering"] == "none"
     assert "x-millm-steering-intensity" not in response.headers
     attach("sae-a")
-    message = refused(chat(profile="b"), 400, "SAE_NOT_ATTACHED", "profile")
+    message = assert_error(chat(profile="b"), 400, "SAE_NOT_ATTACHED", "profile")["message"]
     assert "sae-b" in message and "(sae-a, layer 0)" in message
 
 
@@ -163,26 +153,26 @@ def test_profile_refusals_and_no_sae(client, chat, attach, sae_dir):
 ])
 def test_inline_refusals(attach, chat, fields, code, param):
     attach("sae-a")
-    refused(chat(**fields), 400, code, param)
+    assert_error(chat(**fields), 400, code, param)
 
 
 def test_inline_needs_an_attached_sae_and_a_resident_model(client, chat, attach):
-    refused(chat(steering={"features": [{"index": 1, "strength": 1}]}), 400, "SAE_NOT_ATTACHED")
+    assert_error(chat(steering={"features": [{"index": 1, "strength": 1}]}), 400, "SAE_NOT_ATTACHED")
     assert chat(steering={"features": []}).headers["x-millm-steering"] == "none"
     attach("sae-a")
     resident = client.get("/api/health").json()["model"]
     other = next(m["id"] for m in client.get("/v1/models").json()["data"] if m["id"] != resident)
-    refused(chat(model=other, steering={"features": [{"index": 1, "strength": 1}]}), 400, "SAE_NOT_ATTACHED")
+    assert_error(chat(model=other, steering={"features": [{"index": 1, "strength": 1}]}), 400, "SAE_NOT_ATTACHED")
     assert client.get("/api/health").json()["model"] == resident  # refused before any load
 
 
 def test_inline_selection_names_each_candidate(attach, chat):
     attach("sae-a")
     attach("sae-a", layer=1)
-    message = refused(chat(steering={"features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter",
-                      "steering.sae_id")
+    message = assert_error(chat(steering={"features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter",
+                           "steering.sae_id")["message"]
     assert "(sae-a, layer 0)" in message and "(sae-a, layer 1)" in message
-    refused(chat(steering={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter")
+    assert_error(chat(steering={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter")
     response = chat(steering={"sae_id": "sae-a", "layer": 1, "features": [{"index": 1, "strength": 1}]})
     assert members(response.headers["x-millm-steering"])[0][1]["layer"] == 1
 

@@ -46,7 +46,7 @@ def test_encode_matches_the_reference(tmp_path, cfg):
     got = loaded.encode(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, reference_encode(x.astype(np.float64), weights, {**cfg}), atol=1e-5)
     top = loaded.top_features(torch.from_numpy(x), loaded.candidates([1, 2, 3, 30]), 2)
-    for row, found in zip(reference_encode(x.astype(np.float64), weights, cfg), top):
+    for row, found in zip(reference_encode(x.astype(np.float64), weights, cfg), top, strict=True):
         values = sorted((row[i] for i in (1, 2, 3, 30) if row[i] != 0), reverse=True)[:2]
         np.testing.assert_allclose([v for _, v in found], values, atol=1e-5)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from millm_host.api import FieldNotHonoured, ModelDescriptor, RequestContext, Settings
+from millm_host.testing import assert_error
 from millm_steering import plugin, request
 
 
@@ -77,6 +78,4 @@ SCORING_BODIES = {
 def test_scoring_requests_carrying_steering_fields_are_400_through_the_server(client, model_id, endpoint, field,
                                                                                value):
     body = {"model": model_id, **SCORING_BODIES[endpoint], field: value}
-    response = client.post("/v1/" + endpoint.replace(".", "/"), json=body)
-    error = response.json()["error"]
-    assert response.status_code == 400 and error["param"] == field and error["code"] == FieldNotHonoured.code
+    assert_error(client.post("/v1/" + endpoint.replace(".", "/"), json=body), 400, FieldNotHonoured.code, field)

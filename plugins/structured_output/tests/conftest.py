@@ -18,7 +18,7 @@ from .family import FAMILY_MODELS
 @pytest.fixture(scope="session")
 def family_models(tmp_path_factory) -> Path:
     """A models directory: one tiny random Llama per template, named by family."""
-    from millm_host.testing.models import tiny_llama
+    from millm_host.testing.tiny_models import tiny_llama
 
     folder = tmp_path_factory.mktemp("family-models")
     for name, template in FAMILY_MODELS.items():
@@ -27,7 +27,10 @@ def family_models(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def family_server(server_factory, family_models):
-    """One server for every family model (each loads on demand), scripted output enabled."""
-    return server_factory("tiny-qwen25",
-                          env={"MILLM_MODELS_DIR": str(family_models), "SCRIPTED_OUTPUT_ENABLED": "true"})
+def family_server(app_factory, family_models):
+    """One app for every family model (each loads on demand), scripted output enabled.
+
+    In-process (``AppServer``), with every installed plugin and the transformers engine.
+    """
+    return app_factory(plugins="all", models={}, model="tiny-qwen25",
+                       env={"MILLM_MODELS_DIR": str(family_models), "SCRIPTED_OUTPUT_ENABLED": "true"})

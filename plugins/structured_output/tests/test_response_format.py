@@ -8,6 +8,8 @@ import http_sfv
 import jsonschema
 import pytest
 
+from millm_host.testing import assert_error, chat_body
+
 from .family import WEATHER_TOOL, scripted
 
 MODEL = "tiny-qwen25"
@@ -20,8 +22,8 @@ JUDGE = {
 JUDGE_FORMAT = {"type": "json_schema", "json_schema": {"name": "judge_v1", "strict": True, "schema": JUDGE}}
 
 
-def chat(**extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": "Is this funny?"}], "max_tokens": 40, **extra}
+def judge_body(**extra):
+    return chat_body(MODEL, "Is this funny?", **{"max_tokens": 40, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def constrained_header(response) -> http_sfv.Item:
 
 
 def test_json_schema_output_validates_with_header(http):
-    response = http.post("/v1/chat/completions", json=chat(response_format=JUDGE_FORMAT, temperature=1.0, seed=3))
+    response = http.post("/v1/chat/completions", json=judge_body(response_format=JUDGE_FORMAT, temperature=1.0, seed=3))
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     assert choice["finish_reason"] == "stop"
@@ -49,14 +51,14 @@ def test_json_schema_output_validates_with_header(http):
 def test_strict_false_is_still_enforced(http):
     loose = {"type": "json_schema", "json_schema": {"name": "judge_v1", "strict": False, "schema": JUDGE}}
     for seed in range(3):
-        response = http.post("/v1/chat/completions", json=chat(response_format=loose, temperature=1.0, seed=seed))
+        response = http.post("/v1/chat/completions", json=judge_body(response_format=loose, temperature=1.0, seed=seed))
         choice = response.json()["choices"][0]
         assert choice["finish_reason"] == "stop"
         jsonschema.validate(json.loads(choice["message"]["content"]), JUDGE)
 
 
 def test_json_object(http):
-    response = http.post("/v1/chat/completions", json=chat(response_format={"type": "json_object"}, max_tokens=60, seed=1))
+    response = http.post("/v1/chat/completions", json=judge_body(response_format={"type": "json_object"}, max_tokens=60, seed=1))
     assert response.status_code == 200, response.text
     assert constrained_header(response).value == http_sfv.Token("json_object")
     choice = response.json()["choices"][0]
@@ -67,7 +69,7 @@ def test_json_object(http):
 
 
 def test_max_tokens_cut_is_length_not_validated(http):
-    response = http.post("/v1/chat/completions", json=chat(response_format=JUDGE_FORMAT, max_tokens=3))
+    response = http.post("/v1/chat/completions", json=judge_body(response_format=JUDGE_FORMAT, max_tokens=3))
     assert response.status_code == 200
     choice = response.json()["choices"][0]
     assert choice["finish_reason"] == "length"
@@ -75,7 +77,7 @@ def test_max_tokens_cut_is_length_not_validated(http):
 
 
 def test_every_choice_and_row_is_constrained(http):
-    body = chat(response_format=JUDGE_FORMAT, n=3, temperature=1.0, seed=11,
+    body = judge_body(response_format=JUDGE_FORMAT, n=3, temperature=1.0, seed=11,
                 extra_messages=[[{"role": "user", "content": "And this one?"}]])
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
@@ -90,12 +92,11 @@ def test_complete_document_failing_validation_is_500(http):
     # The scripted reply overrides the constraint (its processor runs last) and ends the
     # document with a label the schema does not allow: the server must not answer 200.
     bad = '{"label": "other", "sure": true}'
-    response = http.post("/v1/chat/completions", json=chat(response_format=JUDGE_FORMAT), headers=scripted(bad))
-    assert response.status_code == 500
-    error = response.json()["error"]
-    assert error["code"] == "constrained_output_invalid" and error["type"] == "server_error"
+    response = http.post("/v1/chat/completions", json=judge_body(response_format=JUDGE_FORMAT), headers=scripted(bad))
+    error = assert_error(response, 500, "constrained_output_invalid")
+    assert error["type"] == "server_error"
     assert "label" in error["message"]
-    assert http.post("/v1/chat/completions", json=chat(response_format=JUDGE_FORMAT)).status_code == 200
+    assert http.post("/v1/chat/completions", json=judge_body(response_format=JUDGE_FORMAT)).status_code == 200
 
 
 def resident(http) -> str:
@@ -116,17 +117,14 @@ def resident(http) -> str:
 def test_refused_before_loading(http, extra, code, param):
     before = resident(http)
     other = "tiny-llama31" if before != "tiny-llama31" else "tiny-lfm2"
-    body = {**chat(response_format=JUDGE_FORMAT), **extra, "model": other}
-    response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert (error["code"], error["param"]) == (code, param)
+    body = {**judge_body(response_format=JUDGE_FORMAT), **extra, "model": other}
+    assert_error(http.post("/v1/chat/completions", json=body), 400, code, param)
     assert resident(http) == before  # nothing was loaded for it
 
 
 def test_unsupported_keywords_are_named_with_pointers(http):
     schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"format": "email"}}}
-    body = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    body = judge_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     error = http.post("/v1/chat/completions", json=body).json()["error"]
     assert "multipleOf at /properties/n/multipleOf" in error["message"]
     assert "format at /properties/s/format" in error["message"]
@@ -134,16 +132,13 @@ def test_unsupported_keywords_are_named_with_pointers(http):
 
 def test_completions_refuse_response_format(http):
     body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}}
-    response = http.post("/v1/completions", json=body)
-    assert response.status_code == 400
-    assert response.json()["error"]["code"] == "field_not_honoured"
-    assert response.json()["error"]["param"] == "response_format"
+    assert_error(http.post("/v1/completions", json=body), 400, "field_not_honoured", "response_format")
     body["response_format"] = {"type": "text"}  # "no change" is accepted everywhere
     assert http.post("/v1/completions", json=body).status_code == 200
 
 
 def test_text_format_is_plain(http):
-    response = http.post("/v1/chat/completions", json=chat(response_format={"type": "text"}, max_tokens=4))
+    response = http.post("/v1/chat/completions", json=judge_body(response_format={"type": "text"}, max_tokens=4))
     assert response.status_code == 200
     assert "x-millm-constrained" not in response.headers
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import transformers
 
+from millm_host.testing import assert_error
 from millm_host.testing.sse import sse_events
 
 from .family import TIME_TOOL, WEATHER_TOOL, scripted
@@ -270,22 +271,16 @@ def test_lfm2_required_and_stream_helper(family_server):
 ])
 def test_templates_that_cannot_call_are_refused_before_the_stream(http, model, why):
     body = {"model": model, "messages": QUESTION, "tools": [WEATHER_TOOL], "max_tokens": 4}
-    response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert (error["code"], error["param"]) == ("field_not_honoured", "tools") and why in error["message"]
+    error = assert_error(http.post("/v1/chat/completions", json=body), 400, "field_not_honoured", "tools")
+    assert why in error["message"]
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
-        assert streamed.status_code == 400
         streamed.read()
-        assert streamed.json()["error"]["param"] == "tools"
+        assert_error(streamed, 400, "field_not_honoured", "tools")
 
 
 def test_tool_history_without_a_template_is_refused(http):
     body = {"model": "tiny-no-template", "messages": HISTORY, "max_tokens": 4}
-    response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == "no_chat_template" and error["param"] == "messages[1].tool_calls"
+    assert_error(http.post("/v1/chat/completions", json=body), 400, "no_chat_template", "messages[1].tool_calls")
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -305,8 +300,7 @@ def test_invalid_tool_requests(http, extra, param):
 
 def test_completions_refuse_tools(http):
     body = {"model": "tiny-qwen25", "prompt": "x", "max_tokens": 2, "tools": [WEATHER_TOOL]}
-    error = http.post("/v1/completions", json=body).json()["error"]
-    assert (error["code"], error["param"]) == ("field_not_honoured", "tools")
+    assert_error(http.post("/v1/completions", json=body), 400, "field_not_honoured", "tools")
 
 
 def test_a_template_refusing_the_history_is_a_400(http):

@@ -239,7 +239,7 @@ def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise ValueError("dict unpacking")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=False)}
     return ast.literal_eval(node)
 
 

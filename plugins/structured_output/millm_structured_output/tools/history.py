@@ -29,8 +29,8 @@ def add_tool_history(messages: list[list[dict[str, Any]]], conversations: list[l
     """Copy tool calls and tool-call ids from the full ``messages`` (``ctx.messages``) into
     ``conversations``; return where calls were found."""
     found: list[str] = []
-    for conversation, (where, messages) in zip(conversations, sources(messages)):
-        for j, (message, rendered) in enumerate(zip(messages, conversation)):
+    for conversation, (where, rows) in zip(conversations, sources(messages), strict=False):
+        for j, (message, rendered) in enumerate(zip(rows, conversation, strict=False)):
             if not isinstance(message, dict):
                 continue
             here = f"{where}[{j}]"
@@ -81,7 +81,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 def write_calls_into_content(conversations: list[list[dict[str, Any]]], fmt: CallFormat,
                              messages: list[list[dict[str, Any]]]) -> None:
     """For a template that renders only content: calls become text in the family's syntax."""
-    for conversation, (where, _) in zip(conversations, sources(messages)):
+    for conversation, (where, _) in zip(conversations, sources(messages), strict=False):
         for j, message in enumerate(conversation):
             calls = message.pop("tool_calls", None)
             if not calls:

