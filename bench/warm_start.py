@@ -48,7 +48,8 @@ marks = [("start", time.perf_counter())]
 def mark(name):
     marks.append((name, time.perf_counter()))
 from millm_host.app import Host
-from millm_host.plugins import build_plugin_manager, call_each
+from millm_host import hookcalls
+from millm_host.plugins import build_plugin_manager
 from millm_host.settings import Settings
 mark("import millm_host")
 settings = Settings(environ={"MILLM_DATA_DIR": sys.argv[2], "MILLM_CACHE_DIR": sys.argv[1]})
@@ -59,7 +60,7 @@ mark("host: fields, engines, database engine")
 host.db.upgrade(host.migrations())
 mark("migrations (a database at head)")
 host.registry.discover()
-call_each(pm, "startup", host=host)
+hookcalls.startup(pm, "startup", host=host)
 mark("discovery and plugin startup")
 import falcon.asgi
 from millm_host import routes

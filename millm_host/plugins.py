@@ -131,13 +131,16 @@ def collect_engines(pm: pluggy.PluginManager, settings: Settings) -> list[Engine
     ``build_plugin_manager`` calls it; call it again after registering a plugin by hand.
     """
     engines: dict[str, EngineSpec] = {}
+    # Which engine declared each setting: collected again, an engine does not declare its own twice.
+    owners: dict[str, str] = pm.__dict__.setdefault("millm_engine_settings", {})
 
     def register(spec: EngineSpec) -> None:
         if spec.name in engines:
             raise ValueError(f"engine {spec.name!r} is registered twice")
         for setting in spec.settings:
-            if setting not in settings.declared:  # collected again after a late registration
+            if owners.get(setting.name) != spec.name:
                 settings.declare(setting)
+                owners[setting.name] = spec.name
         engines[spec.name] = spec
 
     hookcalls.startup(pm, "register_engines", register=register)

@@ -52,7 +52,7 @@ def test_streams_arrive_whole_and_the_app_stops_cleanly(tmp_path):
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
         assert text == "h\u00e9llo" and events[-1] == "[DONE]"
         assert app.health()["queue"]["admitted"] == 0
-    assert app.host.scheduler._executor._shutdown  # the lifespan shutdown ran
+    assert app.host.scheduler._engine.join(5)  # the lifespan shutdown ran: the engine thread ended
 
 
 def test_log_lines_are_collected(echo_app):

@@ -60,7 +60,8 @@ class ConductorTransport(httpx.BaseTransport):
         body = request.read()
         headers = [(name, value) for name, value in request.headers.multi_items() if name.lower() != "host"]
         result = self.server.call(self.server.conductor.simulate_request(
-            request.method, request.url.path, query_string=request.url.query.decode() or None,
+            # The path as sent (percent-encoded): falcon decodes it, as a server would.
+            request.method, request.url.raw_path.split(b"?")[0].decode("ascii"), query_string=request.url.query.decode() or None,
             headers=headers, body=body, host=request.url.host, _stream_result=True,
         ))
         response_headers = [(k, v) for k, v in result.headers.items() if k.lower() != "content-length"]
@@ -161,7 +162,7 @@ class AppServer:
         for plugin in self.extra_plugins:
             pm.register(plugin)
         pm.check_pending()
-        pm.millm_engines = collect_engines(pm, settings)  # the echo engine and any engine registered here
+        pm.millm_engines = collect_engines(pm, settings)  # type: ignore[attr-defined]  # the echo engine and any engine registered here
         logging.getLogger("millm").addHandler(self._log)
         self.app, self.host = build(settings, pm)
         self._loop = asyncio.new_event_loop()

@@ -98,7 +98,8 @@ def test_shutdown_and_a_hung_generation_are_recorded(server_factory, probe_model
 def test_kill_9_mid_request_loses_nothing_written(server_factory, probe_model_dir, lab, helpers, tmp_path):
     data_dir = tmp_path / "data"
     sae_path = write_sae(tmp_path / "saes" / "kill-sae", d_in=lab.d_model, d_sae=128, layer=1)
-    server = server_factory(probe_model_dir, data_dir=data_dir, env={"FAULT_INJECTION": "slow:3:120"})
+    sae_dirs = {"MILLM_SAE_DIRS": str(tmp_path / "saes")}
+    server = server_factory(probe_model_dir, data_dir=data_dir, env={"FAULT_INJECTION": "slow:3:120", **sae_dirs})
     with server.http() as http:
         model = server.model_id
         identity = http.get(f"/api/models/{model}").json()
@@ -128,7 +129,7 @@ def test_kill_9_mid_request_loses_nothing_written(server_factory, probe_model_di
 
     with sqlite3.connect(data_dir / "millm.sqlite3") as db:
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    restarted = server_factory(probe_model_dir, data_dir=data_dir)
+    restarted = server_factory(probe_model_dir, data_dir=data_dir, env=sae_dirs)
     with restarted.http() as http:
         assert http.get("/api/saes").json()["data"] == before["saes"]
         assert http.get("/api/profiles").json()["data"] == before["profiles"]
