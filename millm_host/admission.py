@@ -3,7 +3,7 @@
 Reserve a place in the queue (``503 queue_full`` past ``MILLM_QUEUE_MAX``), take
 a lease on the model (loading it first if needed and allowed; ``503 model_busy``
 during another model's load or any unload), run on the engine thread, release
-both. Generation, scoring and embeddings go through it (``Pipeline.prepare``),
+both. Generation, scoring and embeddings go through it (``Serving.prepare``),
 and so do plugins (``host.engine_slot(model)``): nothing copies the sequence.
 """
 

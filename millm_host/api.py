@@ -67,13 +67,6 @@ from .engine import (
     SamplingParams,
     fallback_chat_render,
 )
-from .engine_scoring import (
-    NextTokenScores,
-    NonFiniteLogits,
-    ScoringParams,
-    ScoringPrecisionUnavailable,
-    TokenLogprob,
-)
 from .errors import (
     INVALID_REQUEST,
     SERVER_ERROR,
@@ -103,6 +96,13 @@ from .paths import confined_path, plain_name
 from .protocol import ChatMessage, loc_to_param, message_text, validate
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
+from .scoring.engine import (
+    NextTokenScores,
+    NonFiniteLogits,
+    ScoringParams,
+    ScoringPrecisionUnavailable,
+    TokenLogprob,
+)
 from .settings import Setting, Settings
 
 __all__ = [

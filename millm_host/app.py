@@ -23,8 +23,10 @@ from .fields import FieldRegistry
 from .plugins import build_plugin_manager
 from .registry import ModelRegistry
 from .scheduler import Scheduler
-from .serving.pipeline import Pipeline
-from .serving.scoring import Scoring
+from .serving.base import Serving
+from .serving.chat import ServingChat
+from .serving.completion import ServingCompletion
+from .serving.embeddings import ServingEmbeddings
 from .settings import Settings
 
 log = logging.getLogger("millm")
@@ -49,9 +51,11 @@ class Host:
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
-        self.pipeline = Pipeline(self)
-        #: Serves scoring-mode requests: ``async (host, ctx) -> (body, headers)``.
-        self.scoring = Scoring()
+        #: One request lifecycle per endpoint: ``await host.serving[endpoint].handle(body, headers)``
+        #: (chat and completions hand scoring-mode bodies to their ``.scoring``).
+        self.serving: dict[str, Serving] = {
+            serving.endpoint: serving for serving in (ServingChat(self), ServingCompletion(self), ServingEmbeddings(self))
+        }
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}

@@ -77,6 +77,9 @@ class RequestContext:
     messages: list[list[dict[str, Any]]] = field(default_factory=list)
     #: The registry entry of ``model``, resolved once by the host (host use).
     entry: Any = None
+    #: What the endpoint's serving made of the request beyond ``params`` (host use: scoring's
+    #: parameters, the embeddings inputs).
+    plan: Any = None
     #: Tools passed to the chat template (set by a plugin that honours ``tools``).
     chat_tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -1,4 +1,8 @@
-"""Built-in plugin: the fields the host itself honours and the headers it renders."""
+"""Built-in plugin: the fields the host itself honours (and its limit on embeddings inputs), and the
+headers it renders.
+
+The engines claim the scoring fields and ``pooling``, which they serve themselves.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from .context import RequestContext
 from .fields import ignored_fields_header
 from .headers import serialize_item
 from .hookspecs import hookimpl
+from .settings import Setting
 
 _SAMPLING = (
     "model", "stream", "stream_options", "stream_options.include_usage",
@@ -22,13 +27,22 @@ CHAT_FIELDS = (
     *(f"extra_messages[][].{f}" for f in _MESSAGE),
 )
 COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens")
+EMBEDDINGS_FIELDS = ("model", "input", "encoding_format", "normalize")
+
+
+@hookimpl(trylast=True)
+def register_settings(register) -> None:
+    register(Setting(
+        "EMBEDDINGS_MAX_INPUTS", int, 256,
+        "Most strings one /v1/embeddings request may carry (400 invalid_parameter above)",
+    ))
 
 
 @hookimpl(trylast=True)
 def register_request_fields(register) -> None:
     register("chat.completions", CHAT_FIELDS)
     register("completions", COMPLETION_FIELDS)
-    register("embeddings", ("model",))
+    register("embeddings", EMBEDDINGS_FIELDS)
 
 
 @hookimpl(trylast=True)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .engine_scoring import NextTokenScores, ScoringParams
 from .errors import FieldNotHonoured, InvalidParameter, MillmError
+from .scoring.engine import NextTokenScores, ScoringParams
 from .settings import Setting
 
 HookPointName = Literal["resid_pre", "resid_post"]

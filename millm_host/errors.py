@@ -124,3 +124,10 @@ class InternalError(MillmError):
 
 class RequestCancelled(Exception):
     """Raised inside the engine thread when a request's client went away."""
+
+
+def raise_for(exc: BaseException) -> MillmError:
+    """A MillmError for any exception (internal errors are not leaked verbatim)."""
+    if isinstance(exc, MillmError):
+        return exc
+    return InternalError(f"internal error: {type(exc).__name__}")

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from .protocol import ChatCompletionRequest, CompletionRequest
-from .protocol_scoring import EmbeddingRequest, ScoringChatRequest, ScoringCompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from .scoring.protocol import ScoringChatRequest, ScoringCompletionRequest
 
 ERROR_SCHEMA = {
     "type": "object",

@@ -22,7 +22,6 @@ ENTRY_POINT_GROUP = "millm"
 # ones, their hookimpls marked trylast where a plugin should be able to override).
 BUILTIN_PLUGINS = (
     "millm_host.default_fields",
-    "millm_host.default_scoring",
 )
 
 

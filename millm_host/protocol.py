@@ -1,4 +1,6 @@
-"""Request models for the OpenAI-compatible endpoints (protocol only, no serving).
+"""Request and response models of the OpenAI-compatible endpoints (protocol only, no serving).
+
+Scoring mode's models live beside its serving (``millm_host.scoring.protocol``).
 
 Validation is strict: a string where a number belongs, ``true`` for a seed or an
 out-of-range value is a ``400 invalid_parameter`` naming the parameter. Fields
@@ -128,6 +130,47 @@ class CompletionRequest(SamplingFields):
         if p and all(isinstance(x, int) for x in p):
             return [cast("list[int]", list(p))]  # one prompt of token ids
         return cast("list[str | list[int]]", list(p))
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings``: one vector per input, pooled from the last hidden layer."""
+
+    model: str
+    input: str | Annotated[list[str], FAIL_FAST] = Field(description="A string or a list of strings; none may be empty")
+    encoding_format: Literal["float", "base64"] | None = Field(
+        default=None, description='"float" (default) or "base64" (little-endian float32)'
+    )
+    pooling: Literal["mean", "last", "cls"] | None = Field(
+        default=None, description="How the last hidden layer becomes one vector (default mean)"
+    )
+    normalize: bool | None = Field(default=None, description="L2-normalise each vector")
+
+
+# --- responses: built from these models, so what is sent is what is published ------------
+
+
+class ResponseModel(BaseModel):
+    """Base of a response model: every field declared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbeddingData(ResponseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 of little-endian float32")
+
+
+class EmbeddingUsage(ResponseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(ResponseModel):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
 
 
 def message_text(message: ChatMessage, index: int) -> str | None:

@@ -11,10 +11,9 @@ from . import hookcalls
 from .errors import MillmError
 from .openapi import openapi_document
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
-from .resources.embeddings import EmbeddingsResource
-from .resources.generation import GenerationResource
 from .resources.health import Health
 from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels
+from .resources.serving import ServingResource
 
 if TYPE_CHECKING:
     from .app import Host
@@ -33,9 +32,9 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     app.add_error_handler(falcon.HTTPError, handle_http_error)
     app.add_error_handler(MillmError, handle_millm_error)
 
-    app.add_route("/v1/chat/completions", GenerationResource(host, "chat.completions"))
-    app.add_route("/v1/completions", GenerationResource(host, "completions"))
-    app.add_route("/v1/embeddings", EmbeddingsResource(host))
+    app.add_route("/v1/chat/completions", ServingResource(host, "chat.completions"))
+    app.add_route("/v1/completions", ServingResource(host, "completions"))
+    app.add_route("/v1/embeddings", ServingResource(host, "embeddings"))
     app.add_route("/v1/models", OpenAIModels(host))
     app.add_route("/v1/models/{model_id}", OpenAIModel(host))
     app.add_route("/api/health", Health(host))

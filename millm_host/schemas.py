@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from .protocol_scoring import (
+from .scoring.protocol import (
     ErrorResponse,
     ScoringChatRequest,
     ScoringChatResponse,

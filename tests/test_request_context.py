@@ -1,4 +1,4 @@
-"""What build_context hands the hooks: the model entry resolved once, full messages, the host."""
+"""What a serving's build_context hands the hooks: the model entry resolved once, full messages, the host."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_the_context_keeps_full_messages_the_entry_and_the_host(host):
         {"role": "tool", "tool_call_id": "c1", "content": "done"},
     ]
     extra = [[{"role": "user", "content": [{"type": "text", "text": "again"}]}]]
-    ctx = host.pipeline.build_context("chat.completions", {"model": model, "messages": messages,
-                                                           "extra_messages": extra}, {})
+    ctx = host.serving["chat.completions"].build_context({"model": model, "messages": messages,
+                                                          "extra_messages": extra}, {})
     assert ctx.messages == [messages, extra[0]]
     assert ctx.conversations[0] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
                                     {"role": "tool", "content": "done"}]

@@ -1,4 +1,4 @@
-"""Embeddings: one vector per input, pooled from the last hidden layer, never steered.
+"""``POST /v1/embeddings``: ``ServingEmbeddings``, one vector per input, pooled from the last hidden layer, never steered.
 
 No HTTP here and no tensor math: inputs are checked before any model load, every
 input is tokenized and measured before anything runs (inputs are never
@@ -8,23 +8,63 @@ installed), and the host normalises, checks and encodes the vectors.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import math
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..context import RequestContext
-from ..engine_scoring import EmbeddingVectorInvalid
-from ..errors import ContextLengthExceeded, InvalidParameter
-from ..protocol_scoring import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
-from .run import add_extras, collect_headers
-
-if TYPE_CHECKING:
-    from ..app import Host
+from ..errors import SERVER_ERROR, ContextLengthExceeded, InvalidParameter, MillmError
+from ..protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from .base import Serving
 
 #: Over-limit inputs named one by one in a context_length_exceeded message.
 NAMED_OVER_LIMIT = 16
+
+
+class EmbeddingVectorInvalid(MillmError):
+    """An embedding vector is non-finite, or has a zero norm under ``normalize``."""
+
+    status, code, type = 500, "embedding_vector_invalid", SERVER_ERROR
+
+
+class ServingEmbeddings(Serving):
+    """Embeddings; per request, ``ctx.plan`` is the list of inputs."""
+
+    endpoint = "embeddings"
+    protocol = EmbeddingRequest
+
+    def read(self, ctx: RequestContext) -> None:
+        ctx.plan = inputs_of(ctx.params, self.host.settings["EMBEDDINGS_MAX_INPUTS"])
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        """Every input tokenized and measured before anything runs: none is ever truncated."""
+        engine = ctx.engine
+        assert engine is not None
+        ctx.prompts = [engine.tokenize(text) for text in ctx.plan]
+        for i, ids in enumerate(ctx.prompts):
+            if not ids:
+                raise InvalidParameter(f"input[{i}] tokenises to nothing", param="input")
+        check_lengths(ctx, [len(ids) for ids in ctx.prompts], engine.embedding_window)
+
+    def run(self, ctx: RequestContext) -> list[list[float]]:
+        """Each input's vector, pooled by the engine, checked and normalised here (engine thread)."""
+        engine = ctx.engine
+        assert engine is not None
+        pooling = ctx.params.pooling or "mean"
+        normalize = bool(ctx.params.normalize)
+        return [finish_vector(engine.embed(ids, pooling), i, normalize) for i, ids in enumerate(ctx.prompts)]
+
+    def render(self, ctx: RequestContext, output: list[list[float]]) -> dict[str, Any]:
+        tokens = sum(len(ids) for ids in ctx.prompts)
+        response = EmbeddingResponse(
+            object="list",
+            data=[EmbeddingData(object="embedding", index=i, embedding=encode(v, ctx.params.encoding_format or "float"))
+                  for i, v in enumerate(output)],
+            model=ctx.model.id,
+            usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+        )
+        return response.model_dump(mode="json")
 
 
 def inputs_of(params: EmbeddingRequest, max_inputs: int) -> list[str]:
@@ -85,43 +125,3 @@ def encode(vector: list[float], encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
     return vector
-
-
-async def serve_embeddings(host: Host, body: dict[str, Any], headers: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``POST /v1/embeddings``: the response body and headers."""
-    ctx = await asyncio.to_thread(host.pipeline.build_context, "embeddings", body, headers, EmbeddingRequest)
-    params: EmbeddingRequest = ctx.params
-    inputs = inputs_of(params, host.settings["EMBEDDINGS_MAX_INPUTS"])
-    pooling = params.pooling or "mean"
-
-    def tokenize(ctx: RequestContext) -> None:
-        engine = ctx.engine
-        assert engine is not None
-        ctx.prompts = [engine.tokenize(text) for text in inputs]
-        for i, ids in enumerate(ctx.prompts):
-            if not ids:
-                raise InvalidParameter(f"input[{i}] tokenises to nothing", param="input")
-        check_lengths(ctx, [len(ids) for ids in ctx.prompts], engine.embedding_window)
-
-    def embed(ctx: RequestContext) -> list[list[float]]:
-        engine = ctx.engine
-        assert engine is not None
-        return [finish_vector(engine.embed(ids, pooling), i, bool(params.normalize)) for i, ids in enumerate(ctx.prompts)]
-
-    admission = await host.pipeline.prepare(ctx, tokenize=tokenize)
-    try:
-        vectors = await host.scheduler.run(embed, ctx, cancel=ctx.cancel_event)
-    finally:
-        admission.release()
-    ctx.finished = True
-    tokens = sum(len(ids) for ids in ctx.prompts)
-    response = EmbeddingResponse(
-        object="list",
-        data=[EmbeddingData(object="embedding", index=i, embedding=encode(v, params.encoding_format or "float"))
-              for i, v in enumerate(vectors)],
-        model=ctx.model.id,
-        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
-    )
-    payload = response.model_dump(mode="json")
-    add_extras(host, ctx, payload)
-    return payload, collect_headers(host, ctx)

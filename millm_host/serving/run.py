@@ -1,4 +1,9 @@
-"""Running a prepared generation request: the whole answer, or a stream of chunks.
+"""Chat and text completions: ``ServingGeneration``, and running a prepared generation.
+
+``ServingGeneration`` is what ``ServingChat`` and ``ServingCompletion`` share: a
+body in scoring mode goes to its ``ServingScoring``; otherwise the context is
+checked against the model's window, and the answer is generated whole
+(``complete``) or streamed (``stream``).
 
 A ``Flight`` is one generation as the event loop sees it. It holds the request's
 admission (queue place and model lease) until the answer is over, and ends the
@@ -19,25 +24,30 @@ generation has stopped is safe: an unload's ``close`` queues behind it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
+from ..admission import Admission
 from ..context import RequestContext
-from ..errors import ClientDisconnected, GenerationStalled, MillmError, RequestCancelled
-from ..headers import serialize_string_list
-from ..output import ResponseExtra
+from ..engine import SamplingParams
+from ..errors import (
+    ClientDisconnected,
+    ContextLengthExceeded,
+    GenerationStalled,
+    InvalidParameter,
+    MillmError,
+    RequestCancelled,
+    raise_for,
+)
 from ..scheduler import TICK
-from .generation import GenerationJob, flatten
-from .pipeline import Admission, raise_for
+from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring_only_fields
+from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
+from .generation import GenerationJob
 from .responses import chunk, completion_body, delta_choice, usage
 
 if TYPE_CHECKING:
-    import falcon.asgi
-
     from ..app import Host
 
 log = logging.getLogger("millm.serving")
@@ -47,52 +57,75 @@ FINISHED = "finished"  # the engine thread is done with the request
 STOPPED = "stopped"  # the host ended the request early
 
 
-def collect_headers(host: Host, ctx: RequestContext) -> dict[str, str]:
-    """Every plugin's response headers, and ``X-miLLM-Plugin-Errors`` when a plugin's rendering failed."""
-    headers: dict[str, str] = {}
-    for result in hookcalls.rendering(host.pm, "render_headers", ctx):
-        if result:
-            headers.update(result)
-    if ctx.plugin_errors:
-        headers[hookcalls.PLUGIN_ERRORS_HEADER] = serialize_string_list(ctx.plugin_errors)
-    return headers
+class ServingGeneration(Serving):
+    """What chat and text completions share (see the module docstring)."""
 
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        #: Serves this endpoint's bodies in scoring mode.
+        self.scoring = ServingScoring(host, self)
 
-def collect_extras(host: Host, ctx: RequestContext) -> list[ResponseExtra]:
-    extras = [e for e in flatten(hookcalls.rendering(host.pm, "response_extras", ctx)) if isinstance(e, ResponseExtra)]
-    return sorted(extras, key=lambda e: e.order)
+    async def handle(self, body: dict[str, Any], headers: dict[str, str], *,
+                     gone: ClientGone | None = None) -> Result:
+        if is_scoring_request(self.endpoint, body):
+            return await self.scoring.handle(body, headers, gone=gone)
+        return await super().handle(body, headers, gone=gone)
 
+    def read(self, ctx: RequestContext) -> None:
+        ctx.n = ctx.params.n or 1
+        if ctx.n > self.host.settings["MILLM_MAX_N"]:
+            raise InvalidParameter(f"n is at most {self.host.settings['MILLM_MAX_N']}", param="n")
 
-def add_extras(host: Host, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
-    """Merge every plugin's body extras into a non-streamed ``body``, in order."""
-    for extra in collect_extras(host, ctx):
-        body.update(extra.fields)
-    return body
+    def validate(self, ctx: RequestContext) -> None:
+        refuse_scoring_only_fields(ctx)  # before any plugin's refusal
+        super().validate(ctx)
 
+    def check(self, ctx: RequestContext) -> None:
+        """Refuse prompt + max_tokens over the window; settle the sampling parameters."""
+        engine = ctx.engine
+        assert engine is not None
+        params = ctx.params
+        window = engine.info.context_window
+        requested = params.requested_max_tokens
+        longest = max((len(p) for p in ctx.prompts), default=0)
+        if longest == 0:
+            raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
+        empty = next((i for i, p in enumerate(ctx.prompts) if not p), None)
+        if empty is not None:  # an engine given no ids fails deep inside; refuse it here
+            where = (f"prompt[{empty}]" if ctx.endpoint == "completions"
+                     else f"extra_messages[{empty - 1}]" if empty else "messages")
+            raise InvalidParameter(f"{where} is empty (it tokenizes to nothing); every prompt needs text", param=where)
+        if window is not None:
+            asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
+            total = longest + (requested or 0)
+            if longest >= window:
+                raise ContextLengthExceeded(
+                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
+                    param="messages" if ctx.is_chat else "prompt",
+                )
+            if requested is not None and total > window:
+                raise ContextLengthExceeded(
+                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
+                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
+                )
+        max_tokens = requested or self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
+        if window is not None and requested is None:
+            max_tokens = min(max_tokens, window - longest)
+        ctx.sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if params.temperature is None else params.temperature,
+            top_p=1.0 if params.top_p is None else params.top_p,
+            frequency_penalty=params.frequency_penalty or 0.0,
+            presence_penalty=params.presence_penalty or 0.0,
+            seed=params.seed,
+        )
 
-def watch_client(req: falcon.asgi.Request, ctx: RequestContext) -> asyncio.Task | None:
-    """A task that ends when the client disconnects; meanwhile the request's ``cancel_event`` is set.
-
-    It waits on the ASGI receive channel for ``http.disconnect`` (call it once the
-    body has been read). Falcon offers no public accessor for that channel, hence
-    ``req._receive``; without one (another server adapter) nothing is watched.
-    """
-    receive = getattr(req, "_receive", None)
-    if receive is None:
-        return None
-
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            await asyncio.sleep(TICK)  # not expected once the body is read; never spin
-
-    def cancel(task: asyncio.Task) -> None:
-        if not task.cancelled():
-            ctx.interrupted = ctx.interrupted or "client_disconnected"
-            ctx.cancel_event.set()
-
-    task = asyncio.ensure_future(gone())
-    task.add_done_callback(cancel)
-    return task
+    async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
+        """A stream (its headers now, before any token), or the whole answer; a ``Flight`` either way."""
+        if ctx.streaming:
+            return Result(headers=collect_headers(self.host, ctx), stream=stream(self.host, ctx, admission, watcher))
+        body, headers = await complete(self.host, ctx, admission, watcher)
+        return Result(headers=headers, body=body)
 
 
 class Flight:
@@ -208,9 +241,8 @@ async def complete(host: Host, ctx: RequestContext, admission: Admission,
     return add_extras(host, ctx, completion_body(ctx)), collect_headers(host, ctx)
 
 
-async def stream(
-    host: Host, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None
-) -> AsyncGenerator[dict[str, Any] | str | None, None]:
+async def stream(host: Host, ctx: RequestContext, admission: Admission,
+                 gone: asyncio.Future | None = None) -> Chunks:
     """Chunks of a streamed answer (dicts), ``None`` for a keep-alive, ``"[DONE]"`` last.
 
     The generation runs on the engine thread and hands events over a queue. If
@@ -258,8 +290,3 @@ async def stream(
         flight.stop("client_disconnected")  # a no-op unless the consumer left before the end
         flight.end()
 
-
-def sse_data(item: dict[str, Any] | str) -> bytes:
-    if isinstance(item, str):
-        return item.encode()
-    return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()

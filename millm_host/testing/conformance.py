@@ -20,7 +20,7 @@ import re
 import pytest
 
 from ..engine import LayerHook, SamplingParams
-from ..engine_scoring import ScoringParams
+from ..scoring.engine import ScoringParams
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

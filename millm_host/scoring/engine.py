@@ -1,7 +1,8 @@
 """What an engine scores: next-token parameters and results, and the errors of scoring.
 
-Shared by the host (which orchestrates scoring and embeddings with no torch) and
-the engines (which do the math). Engines raise these errors; the host renders them.
+Shared by the host (which serves scoring with no torch, ``.serving``) and the
+engines (which do the math, ``Engine.score_next_token``); plugins reach these
+through ``millm_host.api``. Engines raise these errors; the host renders them.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import SERVER_ERROR, MillmError
-from .headers import Token, serialize_item
+from ..errors import SERVER_ERROR, MillmError
+from ..headers import Token, serialize_item
 
 Precision = Literal["native", "float32"]
 
@@ -65,12 +66,6 @@ class NonFiniteLogits(MillmError):
     def __init__(self, message: str, *, index: int = 0) -> None:
         super().__init__(message)
         self.index = index
-
-
-class EmbeddingVectorInvalid(MillmError):
-    """An embedding vector is non-finite, or has a zero norm under ``normalize``."""
-
-    status, code, type = 500, "embedding_vector_invalid", SERVER_ERROR
 
 
 class ScoringPrecisionUnavailable(MillmError):

@@ -1,6 +1,6 @@
-"""Request and response models of scoring mode and embeddings (protocol only, no serving).
+"""Request and response models of scoring mode (protocol only; the serving is ``.serving``).
 
-The scoring services build their responses from these models, and
+The scoring serving builds its responses from these models, and
 ``docs/schemas/millm-scoring-api-v1.json`` is generated from them
 (``python -m millm_host.schemas``), so the published schema is the server's own.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from .protocol import FAIL_FAST, ChatCompletionRequest, CompletionRequest, _Strict
+from ..protocol import FAIL_FAST, ChatCompletionRequest, CompletionRequest, ResponseModel
 
 TopCount = Annotated[int, Field(ge=0, le=20)]
 TokenIds = Annotated[list[int], Field(min_length=1, description="Token ids of the loaded model's vocabulary"), FAIL_FAST]
@@ -54,34 +54,16 @@ class ScoringChatRequest(ChatCompletionRequest):
     )
 
 
-class EmbeddingRequest(_Strict):
-    """``POST /v1/embeddings``: one vector per input, pooled from the last hidden layer."""
-
-    model: str
-    input: str | Annotated[list[str], FAIL_FAST] = Field(description="A string or a list of strings; none may be empty")
-    encoding_format: Literal["float", "base64"] | None = Field(
-        default=None, description='"float" (default) or "base64" (little-endian float32)'
-    )
-    pooling: Literal["mean", "last", "cls"] | None = Field(
-        default=None, description="How the last hidden layer becomes one vector (default mean)"
-    )
-    normalize: bool | None = Field(default=None, description="L2-normalise each vector")
-
-
 # --- responses -----------------------------------------------------------------------
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Usage(_Out):
+class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 
-class CompletionLogprobs(_Out):
+class CompletionLogprobs(ResponseModel):
     """OpenAI's legacy completions ``logprobs``: one entry per returned token."""
 
     tokens: list[str]
@@ -90,14 +72,14 @@ class CompletionLogprobs(_Out):
     text_offset: list[int] = Field(description="Character offset of each token within prompt plus completion")
 
 
-class ScoringCompletionChoice(_Out):
+class ScoringCompletionChoice(ResponseModel):
     text: str = Field(description="The most probable allowed token")
     index: int
     logprobs: CompletionLogprobs | None = Field(description="null with allowed_token_ids but no logprobs")
     finish_reason: Literal["length"]
 
 
-class ScoringCompletionResponse(_Out):
+class ScoringCompletionResponse(ResponseModel):
     id: str
     object: Literal["text_completion"]
     created: int
@@ -110,7 +92,7 @@ class ScoringCompletionResponse(_Out):
     )
 
 
-class ChatTopLogprob(_Out):
+class ChatTopLogprob(ResponseModel):
     token: str
     logprob: float
     bytes: list[int] = Field(description="UTF-8 of the decoded token")
@@ -120,25 +102,25 @@ class ChatTokenLogprob(ChatTopLogprob):
     top_logprobs: list[ChatTopLogprob]
 
 
-class ChatLogprobs(_Out):
+class ChatLogprobs(ResponseModel):
     content: list[ChatTokenLogprob] = Field(description="One entry: the scored token")
     refusal: None = None
 
 
-class ScoringChatMessage(_Out):
+class ScoringChatMessage(ResponseModel):
     role: Literal["assistant"]
     content: str
     refusal: None = None
 
 
-class ScoringChatChoice(_Out):
+class ScoringChatChoice(ResponseModel):
     index: int
     message: ScoringChatMessage
     logprobs: ChatLogprobs | None = Field(description="null unless logprobs: true")
     finish_reason: Literal["length"]
 
 
-class ScoringChatResponse(_Out):
+class ScoringChatResponse(ResponseModel):
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -148,32 +130,14 @@ class ScoringChatResponse(_Out):
     usage: Usage
 
 
-class EmbeddingData(_Out):
-    object: Literal["embedding"]
-    index: int
-    embedding: list[float] | str = Field(description="Floats, or base64 of little-endian float32")
-
-
-class EmbeddingUsage(_Out):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class EmbeddingResponse(_Out):
-    object: Literal["list"]
-    data: list[EmbeddingData]
-    model: str
-    usage: EmbeddingUsage
-
-
-class ErrorObject(_Out):
+class ErrorObject(ResponseModel):
     message: str
     type: str
     param: str | None
     code: str | None
 
 
-class ErrorResponse(_Out):
+class ErrorResponse(ResponseModel):
     """Every refusal (e.g. ``409 scoring_precision_unavailable``, reason in the message and in
     ``X-miLLM-Scoring-Precision-Reason``)."""
 

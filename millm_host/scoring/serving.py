@@ -1,34 +1,36 @@
-"""Scoring mode: next-token log-probabilities on ``/v1/completions`` and ``/v1/chat/completions``.
+"""``ServingScoring``: next-token log-probabilities on ``/v1/completions`` and ``/v1/chat/completions``.
 
 No HTTP here and no tensor math: the request is validated and refused here
 (before any model load), prompts are tokenized the way generation tokenizes them,
 and the engine's ``score_next_token`` does the math on the engine thread. Scoring
 is never steered and never monitored: ``before_forward`` and ``after_generate``
 are not called, and ``ctx.scoring`` tells the header and extras hooks so.
+
+A body is in scoring mode when ``is_scoring_request`` says so; the generation
+serving of its endpoint hands it here, and refuses the scoring-only fields on a
+body that is not (``refuse_scoring_only_fields``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook
-from ..engine_scoring import (
-    InvalidScoringRequest,
-    NonFiniteLogits,
-    ScoringParams,
-    ScoringPrecisionUnavailable,
-    TokenLogprob,
-)
 from ..errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
 from ..headers import Token, serialize_item
 from ..protocol import validate
-from ..protocol_scoring import (
+from ..serving.base import ClientGone, Result, Serving
+from ..serving.generation import flatten
+from ..serving.prompts import chat_prompts, completion_prompts, refuse_out_of_vocabulary
+from ..serving.responses import response_id, usage as count_usage
+from .engine import InvalidScoringRequest, NonFiniteLogits, ScoringParams, ScoringPrecisionUnavailable, TokenLogprob
+from .protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     ChatTopLogprob,
@@ -42,9 +44,6 @@ from ..protocol_scoring import (
     ScoringCompletionResponse,
     Usage,
 )
-from .generation import flatten
-from .responses import response_id, usage as count_usage
-from .run import add_extras, collect_headers
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -58,6 +57,33 @@ UNSCORABLE_FIELDS = (
 NOT_APPLIED_FIELDS = ("top_p", "stop", "frequency_penalty", "presence_penalty")
 #: Below this (and above 0) dividing the logits by the temperature could overflow them.
 MIN_TEMPERATURE = 0.001
+#: Fields that mean something only in scoring mode: refused on a request that is not scoring.
+SCORING_ONLY_FIELDS = ("return_tokens_as_token_ids", "scoring_precision")
+
+
+def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
+    """Scoring mode: next-token log-probabilities instead of generation.
+
+    ``logprobs`` (other than false), ``allowed_token_ids`` or, on chat,
+    ``top_logprobs``. A malformed value (``logprobs: 5`` on chat) is a scoring
+    request too, so scoring validation refuses it rather than generation ignoring it.
+    """
+    if body.get("allowed_token_ids") is not None:
+        return True
+    logprobs = body.get("logprobs")
+    if logprobs is not None and logprobs is not False:
+        return True
+    return endpoint == "chat.completions" and body.get("top_logprobs") is not None
+
+
+def refuse_scoring_only_fields(ctx: RequestContext) -> None:
+    """On a request that is not scoring: refuse a scoring-only field rather than ignore it."""
+    for name in SCORING_ONLY_FIELDS:
+        if name in ctx.body and not is_no_change(name, ctx.body[name]):
+            raise FieldNotHonoured(
+                f"{name} applies only to scoring requests (logprobs or allowed_token_ids, with max_tokens: 1)",
+                param=name,
+            )
 
 
 @dataclass
@@ -72,7 +98,10 @@ class ScoringRequest:
 
 
 def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
-    """Validate a scoring request and refuse what scoring can't honour; no model is touched."""
+    """Validate a scoring request and refuse what scoring can't honour; no model is touched.
+
+    ``ctx`` is the context generation built (its protocol and fields already checked).
+    """
     body = ctx.body
     for name in UNSCORABLE_FIELDS:
         if name in body and not is_no_change(name, body[name]):
@@ -156,45 +185,53 @@ def prompt_location(ctx: RequestContext, index: int) -> str:
     return "prompt" if len(ctx.prompts) <= 1 else f"prompt[{index}]"
 
 
-class Scoring:
-    """``host.scoring``: serves a scoring request, ``await scoring(host, ctx) -> (body, headers)``.
+class ServingScoring(Serving):
+    """Scoring requests on one generation endpoint (``generation``, which builds their context).
 
-    One float32 request is admitted at a time: its copy of the model takes 4 bytes
-    per parameter and building it holds the engine thread, so a second one is
-    refused with ``409 busy`` (retry when the first finishes) rather than queued.
-    The place is taken on the engine thread, in queue order, only when a copy is
-    needed (a model loaded in float32 is scored as it is).
+    Per request, ``ctx.plan`` is the ``ScoringRequest``. One float32 request is
+    admitted at a time (only ``/v1/completions`` offers ``scoring_precision``): its
+    copy of the model takes 4 bytes per parameter and building it holds the engine
+    thread, so a second one is refused with ``409 busy`` (retry when the first
+    finishes) rather than queued. The place is taken on the text or engine thread,
+    in queue order, only when a copy is needed (a model loaded in float32 is scored
+    as it is).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: Host, generation: Serving) -> None:
+        super().__init__(host)
+        self.generation = generation
+        self.endpoint = generation.endpoint
+        self.protocol = ScoringChatRequest if self.endpoint == "chat.completions" else ScoringCompletionRequest
         self._float32 = threading.Lock()
 
-    async def __call__(self, host: Host, ctx: RequestContext) -> tuple[dict[str, Any], dict[str, str]]:
-        request = await asyncio.to_thread(parse_scoring_request, ctx)  # validation: off the event loop
+    def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
+        """The context generation builds (same protocol, fields and conversations), then scoring's own checks."""
+        ctx = self.generation.build_context(body, headers)
+        ctx.scoring = True
+        ctx.plan = parse_scoring_request(ctx)
+        return ctx
+
+    async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
         try:
-            admission = await host.pipeline.prepare(ctx, tokenize=lambda c: self._tokenize(host, c, request))
-            try:
-                scores = await host.scheduler.run(self._score, host, ctx, request, cancel=ctx.cancel_event)
-            finally:
-                admission.release()
+            return await super().serve(ctx, gone)
         finally:
+            request: ScoringRequest = ctx.plan
             if request.holds_float32:
                 request.holds_float32 = False
                 self._float32.release()
-        ctx.finished = True
-        body = render_body(ctx, request, scores)
-        add_extras(host, ctx, body)
-        headers = collect_headers(host, ctx)
-        if request.precision_sent is not None:
-            headers["X-miLLM-Scoring-Precision"] = serialize_item(Token(request.precision_sent))
-        return body, headers
 
-    # --- engine thread ---------------------------------------------------------------
-    def _tokenize(self, host: Host, ctx: RequestContext, request: ScoringRequest) -> None:
+    # --- text or engine thread ---------------------------------------------------------
+    def tokenize(self, ctx: RequestContext) -> None:
+        """Prompts tokenized as generation tokenizes them (no generic chat render), then checked for scoring."""
         engine = ctx.engine
         assert engine is not None
+        request: ScoringRequest = ctx.plan
         vocab = engine.info.vocab_size
-        host.pipeline.tokenize(ctx)  # the one way prompts and chats become ids
+        if ctx.is_chat:
+            ctx.prompts = chat_prompts(ctx, fallback=False)
+        else:
+            ctx.prompts = completion_prompts(ctx)
+            refuse_out_of_vocabulary(ctx, InvalidScoringRequest)
         window = engine.info.context_window
         for index, ids in enumerate(ctx.prompts):
             where = prompt_location(ctx, index)
@@ -219,13 +256,16 @@ class Scoring:
                 )
             request.holds_float32 = True
 
-    def _score(self, host: Host, ctx: RequestContext, request: ScoringRequest) -> list[dict[str, Any]]:
+    # --- engine thread -------------------------------------------------------------------
+    def run(self, ctx: RequestContext) -> list[dict[str, Any]]:
         """Score every prompt and render each answer's tokens (tokenizers live on this thread)."""
         engine = ctx.engine
         assert engine is not None
+        request: ScoringRequest = ctx.plan
         hooks = []
         if request.params.precision != "float32":
-            hooks = [read_only(h) for h in flatten(hookcalls.request(host.pm, "before_scoring", ctx=ctx)) if isinstance(h, LayerHook)]
+            hooks = [read_only(h) for h in flatten(hookcalls.request(self.host.pm, "before_scoring", ctx=ctx))
+                     if isinstance(h, LayerHook)]
         try:
             results = engine.score_next_token(ctx.prompts, request.params, hooks=hooks)
         except NonFiniteLogits as exc:
@@ -246,6 +286,17 @@ class Scoring:
                 "prompt_chars": _prompt_chars(ctx, engine, index),
             })
         return rendered
+
+    # --- event loop ----------------------------------------------------------------------
+    def render(self, ctx: RequestContext, output: list[dict[str, Any]]) -> dict[str, Any]:
+        return render_body(ctx, ctx.plan, output)
+
+    def headers(self, ctx: RequestContext) -> dict[str, str]:
+        headers = super().headers(ctx)
+        request: ScoringRequest = ctx.plan
+        if request.precision_sent is not None:
+            headers["X-miLLM-Scoring-Precision"] = serialize_item(Token(request.precision_sent))
+        return headers
 
 
 def read_only(hook: LayerHook) -> LayerHook:
@@ -278,42 +329,51 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
     def key(token: dict[str, Any]) -> str:
         return f"token_id:{token['id']}" if request.token_ids_as_keys else token["text"]
 
-    usage = Usage(**count_usage(ctx))  # each scored output holds its one token
-    common: dict[str, Any] = dict(id=response_id(ctx), created=ctx.created, model=ctx.model.id,
-                                  system_fingerprint=ctx.engine.info.system_fingerprint, usage=usage)
     response: ScoringChatResponse | ScoringCompletionResponse
+    usage = Usage(**count_usage(ctx))  # each scored output holds its one token
     if ctx.is_chat:
-        chat_choices = []
-        for index, score in enumerate(scores):
-            chat_logprobs = None
-            if request.logprobs:
-                top = [ChatTopLogprob(token=key(t), logprob=t["logprob"], bytes=t["bytes"]) for t in score["top"]]
-                chosen = score["chosen"]
-                chat_logprobs = ChatLogprobs(content=[ChatTokenLogprob(
-                    token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)],
-                    refusal=None)
-            chat_choices.append(ScoringChatChoice(
-                index=index, message=ScoringChatMessage(role="assistant", content=score["text"], refusal=None),
-                logprobs=chat_logprobs, finish_reason="length"))
-        response = ScoringChatResponse(object="chat.completion", choices=chat_choices, **common)
+        response = ScoringChatResponse(
+            id=response_id(ctx), object="chat.completion", created=ctx.created, model=ctx.model.id,
+            system_fingerprint=ctx.engine.info.system_fingerprint,
+            choices=[_chat_choice(index, score, request, key) for index, score in enumerate(scores)], usage=usage)
     else:
-        completion_choices = []
-        for index, score in enumerate(scores):
-            completion_logprobs = None
-            if request.logprobs:
-                best: dict[str, float] = {}
-                for t in score["top"]:
-                    best.setdefault(key(t), t["logprob"])  # ids that decode alike share the best entry
-                chosen = score["chosen"]
-                completion_logprobs = CompletionLogprobs(tokens=[key(chosen)], token_logprobs=[chosen["logprob"]],
-                                                         top_logprobs=[best], text_offset=[score["prompt_chars"]])
-            completion_choices.append(ScoringCompletionChoice(text=score["text"], index=index,
-                                                              logprobs=completion_logprobs, finish_reason="length"))
         fields: dict[str, Any] = {}
         if request.precision_sent is not None:
             fields["scoring_precision"] = request.precision_sent
-        response = ScoringCompletionResponse(object="text_completion", choices=completion_choices, **common, **fields)
+        response = ScoringCompletionResponse(
+            id=response_id(ctx), object="text_completion", created=ctx.created, model=ctx.model.id,
+            system_fingerprint=ctx.engine.info.system_fingerprint,
+            choices=[_completion_choice(index, score, request, key) for index, score in enumerate(scores)],
+            usage=usage, **fields)
     return response.model_dump(mode="json", exclude_unset=True)
 
 
-__all__ = ["Scoring", "ScoringRequest", "parse_scoring_request", "render_body"]
+def _chat_choice(index: int, score: dict[str, Any], request: ScoringRequest,
+                 key: Callable[[dict[str, Any]], str]) -> ScoringChatChoice:
+    logprobs = None
+    if request.logprobs:
+        top = [ChatTopLogprob(token=key(t), logprob=t["logprob"], bytes=t["bytes"]) for t in score["top"]]
+        chosen = score["chosen"]
+        logprobs = ChatLogprobs(content=[ChatTokenLogprob(
+            token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)],
+            refusal=None)
+    return ScoringChatChoice(
+        index=index, message=ScoringChatMessage(role="assistant", content=score["text"], refusal=None),
+        logprobs=logprobs, finish_reason="length")
+
+
+def _completion_choice(index: int, score: dict[str, Any], request: ScoringRequest,
+                       key: Callable[[dict[str, Any]], str]) -> ScoringCompletionChoice:
+    logprobs = None
+    if request.logprobs:
+        top: dict[str, float] = {}
+        for t in score["top"]:
+            top.setdefault(key(t), t["logprob"])  # ids that decode alike share the best entry
+        chosen = score["chosen"]
+        logprobs = CompletionLogprobs(tokens=[key(chosen)], token_logprobs=[chosen["logprob"]],
+                                      top_logprobs=[top], text_offset=[score["prompt_chars"]])
+    return ScoringCompletionChoice(text=score["text"], index=index, logprobs=logprobs, finish_reason="length")
+
+
+__all__ = ["ScoringRequest", "ServingScoring", "is_scoring_request", "parse_scoring_request",
+           "refuse_scoring_only_fields", "render_body"]

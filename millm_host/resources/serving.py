@@ -1,0 +1,73 @@
+"""``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``: one resource, one call.
+
+The body is read and checked here (HTTP); the request is served by
+``host.serving[endpoint].handle`` (no HTTP), and its ``Result`` written back: a
+JSON body, or server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import falcon
+from falcon.asgi import SSEvent
+
+from ..scheduler import TICK
+from ..serving.base import Chunks, ClientGone
+from .common import lower_headers, read_json
+
+if TYPE_CHECKING:
+    from ..app import Host
+
+
+class ServingResource:
+    """One OpenAI endpoint, served by ``host.serving[endpoint]``."""
+
+    def __init__(self, host: Host, endpoint: str) -> None:
+        self.host = host
+        self.endpoint = endpoint
+
+    async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
+        body = await read_json(req, self.host.settings)
+        # a client that leaves cancels its request, streamed or not
+        result = await self.host.serving[self.endpoint].handle(body, lower_headers(req), gone=client_gone(req))
+        resp.set_headers(result.headers)
+        if result.stream is not None:
+            resp.sse = _events(result.stream)
+        else:
+            resp.media = result.body
+
+
+def client_gone(req: falcon.asgi.Request) -> ClientGone | None:
+    """Waits for the client to disconnect (call it once the body has been read).
+
+    It waits on the ASGI receive channel for ``http.disconnect``. Falcon offers
+    no public accessor for that channel, hence ``req._receive``; without one
+    (another server adapter) nothing is watched.
+    """
+    receive = getattr(req, "_receive", None)
+    if receive is None:
+        return None
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            await asyncio.sleep(TICK)  # not expected once the body is read; never spin
+
+    return gone
+
+
+async def _events(items: Chunks) -> AsyncIterator[SSEvent | None]:
+    try:
+        async for item in items:
+            yield None if item is None else SSEvent(data=sse_data(item))
+    finally:
+        await items.aclose()
+
+
+def sse_data(item: dict[str, Any] | str) -> bytes:
+    if isinstance(item, str):
+        return item.encode()
+    return json.dumps(item, separators=(",", ":"), ensure_ascii=False).encode()

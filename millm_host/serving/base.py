@@ -1,0 +1,229 @@
+"""``Serving``: one request's lifecycle, the same for every endpoint (vLLM's ``OpenAIServing``).
+
+build context → validate → admission → tokenize and check → engine work →
+render → headers and extras. Each endpoint is a subclass that overrides only
+what differs (``ServingChat``, ``ServingCompletion``, ``ServingScoring``,
+``ServingEmbeddings``); ``host.serving[endpoint]`` holds one per endpoint. No
+HTTP here: ``handle`` takes a parsed body and the request headers and returns a
+``Result``; a resource writes it, and anything else that serves a body (the
+Batch API) can call ``handle`` the same way.
+
+Threads: the context is built and ``validate_request`` runs on a worker thread
+(work in proportion to the body never blocks the event loop); tokenizing runs on
+the text thread (or the engine thread for an engine without ``concurrent_text``);
+the engine work runs on the engine thread; everything else on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import hookcalls
+from ..admission import Admission, admit
+from ..context import Endpoint, RequestContext
+from ..errors import ClientDisconnected, RequestCancelled
+from ..fields import check_fields, strict_mode
+from ..headers import serialize_string_list
+from ..output import ResponseExtra
+from ..protocol import validate
+from .generation import flatten
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from ..app import Host
+
+#: Waits until the client has gone away (``Serving.handle``'s ``gone``); a resource makes one.
+ClientGone = Callable[[], Awaitable[None]]
+#: A streamed answer: chunks (dicts), ``None`` for a keep-alive, ``"[DONE]"`` last.
+Chunks = AsyncGenerator[dict[str, Any] | str | None, None]
+
+
+@dataclass
+class Result:
+    """What ``Serving.handle`` answers: a JSON body, or a stream of chunks; the headers either way.
+
+    A stream holds the request's admission until it ends: iterate it to the end,
+    or ``aclose()`` it.
+    """
+
+    headers: dict[str, str]
+    body: dict[str, Any] | None = None
+    stream: Chunks | None = None
+
+
+class Serving:
+    """One endpoint's requests, from a parsed body to a ``Result`` (see the module docstring).
+
+    Subclasses set ``endpoint`` and ``protocol`` and override the steps that differ:
+    ``read`` (their own fields, at build time), ``validate``, ``tokenize``, ``check``,
+    ``run`` (the engine work) and ``render``, or ``respond`` as a whole (generation).
+    """
+
+    endpoint: Endpoint
+    protocol: type[BaseModel]
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    # --- the lifecycle ------------------------------------------------------------------
+    async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
+        """Serve one request: ``body`` is the parsed JSON, ``headers`` the request's, names lower-cased.
+
+        ``gone`` (optional) returns once the client has gone away: the request is then
+        cancelled (its queue place freed at once, its generation stopped at the next
+        token). Raises a ``MillmError`` for a refusal.
+        """
+        # validation takes time in proportion to the body: off the event loop
+        ctx = await asyncio.to_thread(self.build_context, body, headers)
+        return await self.serve(ctx, gone)
+
+    async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
+        """Everything after the context is built: watch the client, prepare, respond."""
+        watcher = watch_client(ctx, gone)
+        try:
+            admission = await self.prepare(ctx)
+        except BaseException as exc:
+            if watcher is not None:
+                watcher.cancel()
+            if isinstance(exc, RequestCancelled):
+                raise ClientDisconnected("the client went away before the request was prepared") from None
+            raise
+        return await self.respond(ctx, admission, watcher)
+
+    def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
+        """Validate the protocol and the fields, resolve the model entry (once); no plugin or model work yet."""
+        host = self.host
+        params = validate(self.protocol, body)
+        strict = strict_mode(headers)
+        entry = host.registry.resolve(params.model)
+        ctx = RequestContext(
+            entry=entry,
+            endpoint=self.endpoint,
+            body=body,
+            params=params,
+            headers=headers,
+            model=entry.descriptor,
+            engine_name=entry.spec.name,
+            settings=host.settings,
+            host=host,
+            engine_capabilities=entry.spec.capabilities,
+            streaming=bool(getattr(params, "stream", False)),
+        )
+        ctx.unused_fields = check_fields(host.fields, self.endpoint, entry.spec.name, body, strict)
+        self.read(ctx)
+        return ctx
+
+    def read(self, ctx: RequestContext) -> None:
+        """The endpoint's own reading of the validated request, still before any plugin (worker thread)."""
+
+    def validate(self, ctx: RequestContext) -> None:
+        """Refuse what cannot be honoured, before any model load: plugins' ``validate_request`` (worker thread)."""
+        hookcalls.request(self.host.pm, "validate_request", ctx=ctx)
+
+    async def prepare(self, ctx: RequestContext) -> Admission:
+        """Plugins validate, the model is made resident, prompts tokenized and checked.
+
+        Returns the request's admission (queue place and model lease); ``respond``
+        releases it when the request ends.
+        """
+        host = self.host
+        await asyncio.to_thread(self.validate, ctx)
+        admission = await admit(host, ctx.entry)
+        try:
+            ctx.engine = admission.engine
+            # On the text thread when the engine allows it: a refusal that needs only the tokenizer
+            # (context_length_exceeded) never waits behind a running generation.
+            run = host.scheduler.run_text if ctx.engine.concurrent_text else admission.run
+            await run(self._render_and_tokenize, ctx, cancel=ctx.cancel_event)
+            self.check(ctx)
+            await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
+        except BaseException:
+            admission.release()
+            raise
+        return admission
+
+    def _render_and_tokenize(self, ctx: RequestContext) -> None:
+        """On the text (or engine) thread: plugins adjust the render for the resident model, then tokenize."""
+        hookcalls.request(self.host.pm, "before_tokenize", ctx=ctx)
+        self.tokenize(ctx)
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        """Set ``ctx.prompts``, the token ids of every prompt, and refuse what the tokenizer shows is wrong.
+
+        Runs on the text thread, or the engine thread when the engine's text methods must run there.
+        """
+        raise NotImplementedError
+
+    def check(self, ctx: RequestContext) -> None:
+        """Checks on the tokenized prompts that need no thread of their own (event loop)."""
+
+    async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
+        """The engine work (``run`` on the engine thread), then the rendered body and the headers.
+
+        Owns ``admission`` and ``watcher`` from here: both end when the engine work does.
+        """
+        try:
+            output = await admission.run(self.run, ctx, cancel=ctx.cancel_event)
+        except RequestCancelled:
+            raise ClientDisconnected("the client went away before the answer was ready") from None
+        finally:
+            admission.release()
+            if watcher is not None:
+                watcher.cancel()
+        ctx.finished = True
+        body = add_extras(self.host, ctx, self.render(ctx, output))
+        return Result(headers=self.headers(ctx), body=body)
+
+    def run(self, ctx: RequestContext) -> Any:
+        """The engine work (engine thread); its result goes to ``render``."""
+        raise NotImplementedError
+
+    def render(self, ctx: RequestContext, output: Any) -> dict[str, Any]:
+        """The response body, before plugins' extras (event loop)."""
+        raise NotImplementedError
+
+    def headers(self, ctx: RequestContext) -> dict[str, str]:
+        """The response headers: every plugin's (``render_headers``)."""
+        return collect_headers(self.host, ctx)
+
+
+def watch_client(ctx: RequestContext, gone: ClientGone | None) -> asyncio.Task | None:
+    """A task that ends when ``gone`` does (the client left); then the request's ``cancel_event`` is set."""
+    if gone is None:
+        return None
+
+    def cancel(task: asyncio.Task) -> None:
+        if not task.cancelled():
+            ctx.interrupted = ctx.interrupted or "client_disconnected"
+            ctx.cancel_event.set()
+
+    task = asyncio.ensure_future(gone())
+    task.add_done_callback(cancel)
+    return task
+
+
+def collect_headers(host: Host, ctx: RequestContext) -> dict[str, str]:
+    """Every plugin's response headers, and ``X-miLLM-Plugin-Errors`` when a plugin's rendering failed."""
+    headers: dict[str, str] = {}
+    for result in hookcalls.rendering(host.pm, "render_headers", ctx):
+        if result:
+            headers.update(result)
+    if ctx.plugin_errors:
+        headers[hookcalls.PLUGIN_ERRORS_HEADER] = serialize_string_list(ctx.plugin_errors)
+    return headers
+
+
+def collect_extras(host: Host, ctx: RequestContext) -> list[ResponseExtra]:
+    extras = [e for e in flatten(hookcalls.rendering(host.pm, "response_extras", ctx)) if isinstance(e, ResponseExtra)]
+    return sorted(extras, key=lambda e: e.order)
+
+
+def add_extras(host: Host, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+    """Merge every plugin's body extras into a non-streamed ``body``, in order."""
+    for extra in collect_extras(host, ctx):
+        body.update(extra.fields)
+    return body

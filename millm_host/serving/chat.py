@@ -1,0 +1,59 @@
+"""``POST /v1/chat/completions``: ``ServingChat`` (scoring-mode bodies go to its ``ServingScoring``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..context import RequestContext
+from ..errors import InvalidParameter
+from ..protocol import ChatCompletionRequest, ChatMessage, message_text
+from .prompts import chat_prompts
+from .run import ServingGeneration
+
+
+class ServingChat(ServingGeneration):
+    """Chat completions: conversations (``messages``, ``extra_messages``) through the chat template."""
+
+    endpoint = "chat.completions"
+    protocol = ChatCompletionRequest
+
+    def read(self, ctx: RequestContext) -> None:
+        """The conversations, as the template sees them (``ctx.conversations``) and in full (``ctx.messages``)."""
+        params = ctx.params
+        ctx.conversations = [_conversation(params.messages)]
+        ctx.messages = [_full_messages(params.messages)]
+        extra = ctx.body.get("extra_messages")
+        if extra is not None and not isinstance(extra, list):
+            raise InvalidParameter("extra_messages must be a list of conversations", param="extra_messages")
+        for i, rows in enumerate(extra or ()):
+            messages = _extra_messages(rows, i)
+            ctx.conversations.append(_conversation(messages))
+            ctx.messages.append(_full_messages(messages))
+        ctx.chat_template_kwargs = ctx.body.get("chat_template_kwargs")
+        if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
+            raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        super().read(ctx)
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        ctx.prompts = chat_prompts(ctx, fallback=True)  # a model with no template gets a generic render
+
+
+def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template sees them: role and text content."""
+    return [{"role": message.role, "content": message_text(message, i)} for i, message in enumerate(messages)]
+
+
+def _full_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as sent, every field kept (``tool_calls``, ``tool_call_id``, ``name``)."""
+    return [message.model_dump(exclude_unset=True) for message in messages]
+
+
+def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:
+    if not isinstance(rows, list) or not rows:
+        raise InvalidParameter(
+            "each extra_messages entry must be a non-empty list of messages", param=f"extra_messages[{index}]"
+        )
+    try:
+        return [ChatMessage.model_validate(m) for m in rows]
+    except Exception:
+        raise InvalidParameter("extra_messages holds an invalid message", param=f"extra_messages[{index}]") from None

@@ -1,0 +1,26 @@
+"""``POST /v1/completions``: ``ServingCompletion`` (scoring-mode bodies go to its ``ServingScoring``)."""
+
+from __future__ import annotations
+
+from ..context import RequestContext
+from ..errors import InvalidParameter
+from ..protocol import CompletionRequest
+from .prompts import completion_prompts, refuse_out_of_vocabulary
+from .run import ServingGeneration
+
+
+class ServingCompletion(ServingGeneration):
+    """Text completions: one or more prompts, as text or token ids."""
+
+    endpoint = "completions"
+    protocol = CompletionRequest
+
+    def read(self, ctx: RequestContext) -> None:
+        super().read(ctx)
+        most = self.host.settings["MILLM_MAX_PROMPTS"]
+        if len(ctx.params.prompts) > most:
+            raise InvalidParameter(f"at most {most} prompts per request", param="prompt")
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        ctx.prompts = completion_prompts(ctx)
+        refuse_out_of_vocabulary(ctx, InvalidParameter)
