@@ -6,6 +6,7 @@ pytest_plugins = ["millm_host.testing.fixtures"]
 
 make_importable()  # the test-only plugins (tests/plugins) are not installed; tests import their helpers
 
+
 def _cpu_lines():
     """Whether the CPU reports AMX, and what the llama.cpp build uses (a native build's AMX path dies with SIGILL)."""
     try:

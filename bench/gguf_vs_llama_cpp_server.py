@@ -39,9 +39,27 @@ MESSAGES = [{"role": "user", "content": "Write a long story about a dragon who l
 
 def start_llama_cpp_server(model: Path, n_ctx: int, threads: int, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", str(n_ctx), "--n_batch", "512", "--n_threads", str(threads),
-           "--n_threads_batch", str(threads), "--verbose", "False"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--n_batch",
+        "512",
+        "--n_threads",
+        str(threads),
+        "--n_threads_batch",
+        str(threads),
+        "--verbose",
+        "False",
+    ]
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -80,9 +98,16 @@ def main() -> int:
         parser.error("--runs must be at least 5")
     work = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
     millm = ServerProcess(
-        work / "millm", model=str(args.model), args=["--engine", "gguf", "--log-level", "warning"],
-        env={"GGUF_N_CTX": str(args.n_ctx), "GGUF_N_BATCH": "512", "GGUF_N_THREADS": str(args.threads),
-             "GGUF_N_THREADS_BATCH": str(args.threads), "GGUF_ENABLE_EMBEDDINGS": "false"},
+        work / "millm",
+        model=str(args.model),
+        args=["--engine", "gguf", "--log-level", "warning"],
+        env={
+            "GGUF_N_CTX": str(args.n_ctx),
+            "GGUF_N_BATCH": "512",
+            "GGUF_N_THREADS": str(args.threads),
+            "GGUF_N_THREADS_BATCH": str(args.threads),
+            "GGUF_ENABLE_EMBEDDINGS": "false",
+        },
     ).start()
     llama_proc, llama_base = start_llama_cpp_server(args.model, args.n_ctx, args.threads, work / "llama.log")
     try:
@@ -90,8 +115,10 @@ def main() -> int:
         common = {"messages": MESSAGES, "temperature": 0, "max_tokens": args.max_tokens}
         sides = {
             "millm": (f"{millm.v1}/chat/completions", {**common, "model": model_id}),
-            "llama_cpp.server": (f"{llama_base}/v1/chat/completions",
-                                 {**common, "model": str(args.model), "repeat_penalty": 1.0}),
+            "llama_cpp.server": (
+                f"{llama_base}/v1/chat/completions",
+                {**common, "model": str(args.model), "repeat_penalty": 1.0},
+            ),
         }
         rates: dict[str, list[float]] = {name: [] for name in sides}
         texts: dict[str, str] = {}
@@ -109,18 +136,24 @@ def main() -> int:
         millm.stop()
         llama_proc.terminate()
         llama_proc.wait(15)
-    print(f"model {args.model.name}, n_ctx {args.n_ctx}, threads {args.threads}, max_tokens {args.max_tokens}, "
-          f"{args.runs} runs each (cpu count {os.cpu_count()})")
+    print(
+        f"model {args.model.name}, n_ctx {args.n_ctx}, threads {args.threads}, max_tokens {args.max_tokens}, "
+        f"{args.runs} runs each (cpu count {os.cpu_count()})"
+    )
     if texts["millm"] != texts["llama_cpp.server"]:
         print("warning: the two greedy answers differ")
     for name, values in rates.items():
-        print(f"{name:18} {counts[name]:4d} tokens  median {statistics.median(values):7.2f} tok/s  "
-              f"runs " + " ".join(f"{v:.1f}" for v in values))
+        print(
+            f"{name:18} {counts[name]:4d} tokens  median {statistics.median(values):7.2f} tok/s  "
+            f"runs " + " ".join(f"{v:.1f}" for v in values)
+        )
     ratio = statistics.median(rates["millm"]) / statistics.median(rates["llama_cpp.server"])
     # Each run's two measurements are adjacent in time, so their ratio cancels slow load drift.
     paired = statistics.median(m / c for m, c in zip(rates["millm"], rates["llama_cpp.server"], strict=True))
-    print(f"ratio millm / llama_cpp.server: {ratio:.3f} of the medians, {paired:.3f} median of paired runs "
-          f"(target >= 1.0)")
+    print(
+        f"ratio millm / llama_cpp.server: {ratio:.3f} of the medians, {paired:.3f} median of paired runs "
+        f"(target >= 1.0)"
+    )
     return 0
 
 

@@ -32,8 +32,9 @@ def measure(model: str, threads: int, prompt_tokens: int, max_tokens: int) -> di
     """One run in this interpreter: prompt and generation tokens/s."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=model, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=model, n_ctx=2048, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
     prompt = (llm.tokenize(b"The quick brown fox jumps over the lazy dog. " * 200, add_bos=True))[:prompt_tokens]
     started = time.perf_counter()
     llm.eval(prompt)
@@ -70,21 +71,38 @@ def main() -> int:
         return 0
     sides = {"this": sys.executable, "other": args.other}
     results: dict[str, list[dict]] = {name: [] for name in sides}
-    command = ["-c", "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-               __file__, "--other", args.other, "--model", args.model, "--threads", str(args.threads),
-               "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens), "--one-run"]
+    command = [
+        "-c",
+        "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+        __file__,
+        "--other",
+        args.other,
+        "--model",
+        args.model,
+        "--threads",
+        str(args.threads),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--one-run",
+    ]
     for run in range(args.runs):
         for name in sides if run % 2 == 0 else reversed(list(sides)):
             out = subprocess.run([sides[name], *command], capture_output=True, text=True, check=True).stdout
             results[name].append(json.loads(out.strip().splitlines()[-1]))
-    print(f"model {args.model}, threads {args.threads}, prompt {args.prompt_tokens} tokens, "
-          f"generation {args.max_tokens} tokens, {args.runs} runs each")
+    print(
+        f"model {args.model}, threads {args.threads}, prompt {args.prompt_tokens} tokens, "
+        f"generation {args.max_tokens} tokens, {args.runs} runs each"
+    )
     for name, rows in results.items():
         print(f"{name} ({sides[name]}): {rows[0]['info']}")
         for kind in ("prompt", "generation"):
             values = [r[kind] for r in rows]
-            print(f"  {kind:10} median {statistics.median(values):8.1f} tok/s  runs "
-                  + " ".join(f"{v:.1f}" for v in values))
+            print(
+                f"  {kind:10} median {statistics.median(values):8.1f} tok/s  runs "
+                + " ".join(f"{v:.1f}" for v in values)
+            )
     for kind in ("prompt", "generation"):
         paired = statistics.median(o[kind] / t[kind] for o, t in zip(results["other"], results["this"], strict=False))
         print(f"ratio other / this, {kind}: {paired:.3f} (median of paired runs)")

@@ -41,9 +41,12 @@ def definition(identity: dict, name: str, layer: int, rule: str, seed: int, vect
         "scope": "all",
         "basis": "residual",
         "sae": None,
-        "head": {"weights": rng.normal(size=d).tolist(), "bias": 0.0,
-                 "norm_mean": rng.normal(scale=0.1, size=d).tolist(),
-                 "norm_std": rng.uniform(0.5, 2, size=d).tolist()},
+        "head": {
+            "weights": rng.normal(size=d).tolist(),
+            "bias": 0.0,
+            "norm_mean": rng.normal(scale=0.1, size=d).tolist(),
+            "norm_std": rng.uniform(0.5, 2, size=d).tolist(),
+        },
         "aggregation": {"rule": rule, "params": {}, "skip_template_prefix": True},
         "decision": {"threshold": 0.0, "target_fpr": 0.01, "threshold_source": "bench", "windows": ["all"]},
         "evidence": {"rung": 2},
@@ -54,8 +57,10 @@ def definition(identity: dict, name: str, layer: int, rule: str, seed: int, vect
 def import_probe(http, identity: dict, name: str, layer: int, rule: str, seed: int, vector_ids: list[int]) -> str:
     """Import a probe whose test vector was recorded by stateless scoring on this model, so parity passes."""
     draft = http.post("/api/probes/import", json=definition(identity, f"{name}-draft", layer, rule, seed, [])).json()
-    scored = http.post("/api/probes/score", json={"probe_ids": [draft["id"]], "windows": ["all"],
-                                                  "inputs": [{"token_ids": vector_ids}]}).json()
+    scored = http.post(
+        "/api/probes/score",
+        json={"probe_ids": [draft["id"]], "windows": ["all"], "inputs": [{"token_ids": vector_ids}]},
+    ).json()
     http.delete(f"/api/probes/{draft['id']}")
     score = scored["results"][0]["results"][0]["score"]
     doc = definition(identity, name, layer, rule, seed, [{"token_ids": vector_ids, "score": score}])
@@ -93,8 +98,10 @@ def run(args: argparse.Namespace) -> None:
             identity = http.get(f"/api/models/{model_id}").json()
             rng = np.random.default_rng(0)
             long_prompt = [1] + rng.integers(100, 40000, args.prompt_tokens - 1).tolist()
-            probes = [import_probe(http, identity, name, layer, rule, seed, long_prompt[:48])
-                      for name, layer, rule, seed in PROBES]
+            probes = [
+                import_probe(http, identity, name, layer, rule, seed, long_prompt[:48])
+                for name, layer, rule, seed in PROBES
+            ]
 
             def arm(on: bool) -> None:
                 for probe_id in probes:
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace) -> None:
             token = {False: [], True: []}
             server_request, server_per_pass, counts = [], [], set()
             for round_ in range(args.runs):
-                for on in ((False, True) if round_ % 2 == 0 else (True, False)):
+                for on in (False, True) if round_ % 2 == 0 else (True, False):
                     arm(on)
                     request[on].append(timed(http, request_body))
                     if on:
@@ -131,19 +138,29 @@ def run(args: argparse.Namespace) -> None:
     paired = median(a - b for a, b in zip(request[True], request[False], strict=True)) * 1000
     off_tok, on_tok = median(token[False]) * 1000, median(token[True]) * 1000
     paired_ratio = median(a / b for a, b in zip(token[True], token[False], strict=True))
-    print(f"model {model_id} ({identity.get('dtype')}, {identity.get('device')}); two dense probes armed "
-          f"(layers {PROBES[0][1]} and {PROBES[1][1]}, resid_post, rules mean and max) against none; "
-          f"{args.runs} interleaved runs each")
-    print(f"per request (prompt {args.prompt_tokens} tokens, max_tokens 1): unarmed {off_req:.1f} ms, "
-          f"armed {on_req:.1f} ms (medians); median paired difference {paired:+.2f} ms, "
-          f"ratio {on_req / off_req:.4f}  [target < 5 ms]")
-    print(f"  server-measured probe overhead per request (status.last_request.overhead_ms): "
-          f"median {median(server_request):.2f} ms, max {max(server_request):.2f} ms")
-    print(f"per generated token (median interval between streamed tokens, {sorted(counts)} tokens): "
-          f"unarmed {off_tok:.2f} ms, armed {on_tok:.2f} ms, ratio {on_tok / off_tok:.4f}; "
-          f"median paired ratio {paired_ratio:.4f} ({(paired_ratio - 1) * 100:+.2f} %)  [target < 2 %]")
-    print(f"  server-measured read-hook time per forward pass: median {median(server_per_pass) * 1000:.1f} us "
-          f"({median(server_per_pass) / off_tok * 100:.3f} % of a token)")
+    print(
+        f"model {model_id} ({identity.get('dtype')}, {identity.get('device')}); two dense probes armed "
+        f"(layers {PROBES[0][1]} and {PROBES[1][1]}, resid_post, rules mean and max) against none; "
+        f"{args.runs} interleaved runs each"
+    )
+    print(
+        f"per request (prompt {args.prompt_tokens} tokens, max_tokens 1): unarmed {off_req:.1f} ms, "
+        f"armed {on_req:.1f} ms (medians); median paired difference {paired:+.2f} ms, "
+        f"ratio {on_req / off_req:.4f}  [target < 5 ms]"
+    )
+    print(
+        f"  server-measured probe overhead per request (status.last_request.overhead_ms): "
+        f"median {median(server_request):.2f} ms, max {max(server_request):.2f} ms"
+    )
+    print(
+        f"per generated token (median interval between streamed tokens, {sorted(counts)} tokens): "
+        f"unarmed {off_tok:.2f} ms, armed {on_tok:.2f} ms, ratio {on_tok / off_tok:.4f}; "
+        f"median paired ratio {paired_ratio:.4f} ({(paired_ratio - 1) * 100:+.2f} %)  [target < 2 %]"
+    )
+    print(
+        f"  server-measured read-hook time per forward pass: median {median(server_per_pass) * 1000:.1f} us "
+        f"({median(server_per_pass) / off_tok * 100:.3f} % of a token)"
+    )
 
 
 def main() -> None:

@@ -30,8 +30,10 @@ from millm_host.default_model import default_model_path
 from millm_host.testing import ServerProcess, shared_cache_dir
 
 MODEL = "SmolLM2-135M-Instruct"
-PROMPT = ("[kind] review\n[text] The soup was cold and the waiter ignored us for an hour.\n"
-          "[question] Is this review positive?\n[options]\nfalse\ntrue\n[decision]:")
+PROMPT = (
+    "[kind] review\n[text] The soup was cold and the waiter ignored us for an hour.\n"
+    "[question] Is this review positive?\n[options]\nfalse\ntrue\n[decision]:"
+)
 
 
 def converted_checkpoint() -> Path:
@@ -54,8 +56,9 @@ def main() -> None:
 
     folder = converted_checkpoint()
     server = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-"))).start()
-    bf16 = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-")), model=str(folder),
-                         env={"MILLM_DTYPE": "bfloat16"}).start()
+    bf16 = ServerProcess(
+        Path(tempfile.mkdtemp(prefix="millm-bench-")), model=str(folder), env={"MILLM_DTYPE": "bfloat16"}
+    ).start()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = torch.tensor([tokenizer(PROMPT)["input_ids"]])
@@ -77,6 +80,7 @@ def main() -> None:
         def send() -> None:
             reply = client.post(path, json=body)
             assert reply.status_code == 200, reply.text
+
         return send
 
     cases = {
@@ -85,7 +89,9 @@ def main() -> None:
         "direct embed": direct_embed,
         "server embed": post(server, "/v1/embeddings", {"model": MODEL, "input": PROMPT}),
         "bf16 native": post(bf16, "/v1/completions", {**scoring, "model": folder.name}),
-        "bf16 float32": post(bf16, "/v1/completions", {**scoring, "model": folder.name, "scoring_precision": "float32"}),
+        "bf16 float32": post(
+            bf16, "/v1/completions", {**scoring, "model": folder.name, "scoring_precision": "float32"}
+        ),
     }
     try:
         for case in cases.values():

@@ -46,8 +46,11 @@ def main() -> None:
     folder = converted_checkpoint()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = tokenizer(tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False),
-                    add_special_tokens=False, return_tensors="pt")["input_ids"]
+    ids = tokenizer(
+        tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+        return_tensors="pt",
+    )["input_ids"]
 
     def direct() -> float:
         start = time.perf_counter()
@@ -63,9 +66,14 @@ def main() -> None:
     def streamed() -> float:
         start = time.perf_counter()
         tokens = 0
-        for chunk in client.chat.completions.create(model=MODEL, messages=PROMPT, temperature=0,
-                                                    max_tokens=args.max_tokens, stream=True,
-                                                    stream_options={"include_usage": True}):
+        for chunk in client.chat.completions.create(
+            model=MODEL,
+            messages=PROMPT,
+            temperature=0,
+            max_tokens=args.max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
             if chunk.usage:
                 tokens = chunk.usage.completion_tokens
         return tokens / (time.perf_counter() - start)

@@ -41,8 +41,9 @@ def cpu_seconds(pid: int) -> float:
 def run(client, pid: int, model: str, tokens: int) -> tuple[int, float, float, str]:
     """(tokens, tokens per wall second, tokens per server CPU second, X-miLLM-Steering) of one completion."""
     cpu, started = cpu_seconds(pid), time.perf_counter()
-    response = client.post("/v1/completions", json={
-        "model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0})
+    response = client.post(
+        "/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0}
+    )
     wall, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
     response.raise_for_status()
     generated = response.json()["usage"]["completion_tokens"]
@@ -52,9 +53,13 @@ def run(client, pid: int, model: str, tokens: int) -> tuple[int, float, float, s
 def report(label: str, baseline: list[float], steered: list[float]) -> None:
     medians = statistics.median(steered) / statistics.median(baseline)
     paired = statistics.median(s / b for s, b in zip(steered, baseline, strict=True))
-    print(f"{label}: baseline median {statistics.median(baseline):.2f}, steered median {statistics.median(steered):.2f}")
-    print(f"  steered/baseline: {medians:.4f} (ratio of medians), {paired:.4f} (median of paired rounds); "
-          f"overhead {100 * (1 - paired):+.2f}%")
+    print(
+        f"{label}: baseline median {statistics.median(baseline):.2f}, steered median {statistics.median(steered):.2f}"
+    )
+    print(
+        f"  steered/baseline: {medians:.4f} (ratio of medians), {paired:.4f} (median of paired rounds); "
+        f"overhead {100 * (1 - paired):+.2f}%"
+    )
 
 
 def main() -> None:
@@ -78,8 +83,9 @@ def main() -> None:
                 model = client.get("/api/health").json()["model"]
                 client.post("/api/saes", json={"path": str(sae), "sae_id": "bench-sae"}).raise_for_status()
                 features = [{"index": 97 * i + 3, "strength": 2.0 if i % 2 else -1.5} for i in range(10)]
-                client.post("/api/profiles", json={"name": "bench", "sae_id": "bench-sae",
-                                                   "features": features}).raise_for_status()
+                client.post(
+                    "/api/profiles", json={"name": "bench", "sae_id": "bench-sae", "features": features}
+                ).raise_for_status()
 
                 def steered() -> None:
                     client.post("/api/saes/bench-sae/attach").raise_for_status()
@@ -102,8 +108,10 @@ def main() -> None:
         finally:
             server.stop()
 
-    print(f"model {model}, SAE d_sae={args.d_sae} at layer {args.layer}, 10-feature profile, "
-          f"{args.tokens} tokens per run, {args.rounds} interleaved runs each")
+    print(
+        f"model {model}, SAE d_sae={args.d_sae} at layer {args.layer}, 10-feature profile, "
+        f"{args.tokens} tokens per run, {args.rounds} interleaved runs each"
+    )
     print(f"baseline X-miLLM-Steering: {headers['baseline']}")
     print(f"steered  X-miLLM-Steering: {headers['steered']}")
     print(f"completion tokens per run: baseline {sorted(lengths['baseline'])}, steered {sorted(lengths['steered'])}")

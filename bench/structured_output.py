@@ -27,7 +27,10 @@ REVIEW = {
         "sentiment": {"enum": ["positive", "negative", "neutral"]},
         "reviewer": {
             "type": "object",
-            "properties": {"name": {"type": "string", "maxLength": 24}, "stars": {"type": "integer", "minimum": 1, "maximum": 5}},
+            "properties": {
+                "name": {"type": "string", "maxLength": 24},
+                "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+            },
             "required": ["name", "stars"],
         },
         "summary": {"type": "string", "minLength": 40, "maxLength": 200},
@@ -38,8 +41,11 @@ REVIEW = {
 }
 MESSAGES = [
     {"role": "system", "content": "You turn reviews into JSON."},
-    {"role": "user", "content": "Review by Ana: 'Great little cafe, friendly staff, the cake was dry "
-                                "and the coffee was excellent, I will come back.' 4 stars."},
+    {
+        "role": "user",
+        "content": "Review by Ana: 'Great little cafe, friendly staff, the cake was dry "
+        "and the coffee was excellent, I will come back.' 4 stars.",
+    },
 ]
 
 
@@ -118,8 +124,10 @@ def main() -> None:
         constrained_rates.append(constrained)
         per_token_ms.append(1000 * timed.seconds / timed.calls)
         lengths.append(length)
-        print(f"run {run}: unconstrained {plain:6.1f} tok/s   constrained {constrained:6.1f} tok/s "
-              f"({length} tokens, constraint {per_token_ms[-1]:.3f} ms/token)")
+        print(
+            f"run {run}: unconstrained {plain:6.1f} tok/s   constrained {constrained:6.1f} tok/s "
+            f"({length} tokens, constraint {per_token_ms[-1]:.3f} ms/token)"
+        )
 
     plain, constrained = statistics.median(plain_rates), statistics.median(constrained_rates)
     print(f"median unconstrained: {plain:.1f} tok/s")

@@ -110,8 +110,9 @@ def served(data_dir: Path) -> tuple[float, float, float]:
     server = ServerProcess(data_dir, wait_for=None)
     server._log = open(server.log_path, "wb")
     start = time.perf_counter()
-    server.proc = subprocess.Popen(server.cmd, env=server.env, stdout=server._log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+    server.proc = subprocess.Popen(
+        server.cmd, env=server.env, stdout=server._log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     listening = None
     try:
         with httpx.Client(timeout=2) as http:
@@ -151,15 +152,22 @@ def main() -> None:
         ready_cpu.append(cpu)
     median = statistics.median
 
-    phases = subprocess.run([sys.executable, "-c", PHASES, str(shared_cache_dir() / "model-cache"), str(data_dir)],
-                            check=True, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    phases = subprocess.run(
+        [sys.executable, "-c", PHASES, str(shared_cache_dir() / "model-cache"), str(data_dir)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     print(f"warm start of the default model (transformers engine, cached conversion), median of {args.runs} runs")
     print(f"  {'':56} {'wall':>7} {'CPU':>7}")
     print(f"  {'baseline: python, import torch + transformers, load':56} {median(bare):6.2f}s {median(bare_cpu):6.2f}s")
     print(f"  {'millm serve: first /api/health answer':56} {median(listening):6.2f}s")
     print(f"  {'millm serve: ready (status ok)':56} {median(ready):6.2f}s {median(ready_cpu):6.2f}s")
-    print(f"  ratio millm / baseline: wall {median(ready) / median(bare):.2f}, "
-          f"CPU {median(ready_cpu) / median(bare_cpu):.2f}")
+    print(
+        f"  ratio millm / baseline: wall {median(ready) / median(bare):.2f}, "
+        f"CPU {median(ready_cpu) / median(bare_cpu):.2f}"
+    )
     print("where the time goes (one in-process run, phases in serving order):")
     for name, seconds in json.loads(phases.stdout.strip().splitlines()[-1]):
         print(f"  {name:60} {seconds:6.3f} s")

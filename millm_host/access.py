@@ -79,7 +79,7 @@ def _split_host(value: str) -> tuple[str, str | None]:
         end = value.find("]")
         if end < 0:
             return value, None
-        rest = value[end + 1:]
+        rest = value[end + 1 :]
         return value[: end + 1], rest[1:] if rest.startswith(":") else None
     if value.count(":") > 1:  # a bare IPv6 address, no port
         return f"[{value}]", None
@@ -132,7 +132,8 @@ class Access:
         host = req.get_header("Host")
         if not self.host_allowed(host):
             raise HostNotAllowed(
-                f"Host {host!r} is not one this server answers to; add it to MILLM_ALLOWED_HOSTS", param="Host")
+                f"Host {host!r} is not one this server answers to; add it to MILLM_ALLOWED_HOSTS", param="Host"
+            )
         method = req.method
         if method == "OPTIONS":
             return  # a CORS preflight carries no credentials; it changes nothing
@@ -144,7 +145,9 @@ class Access:
             if origin is not None and not self.origin_allowed(origin, host):
                 raise CrossOriginRefused(
                     f"a state-changing request from origin {origin!r} is refused; "
-                    "add the origin to MILLM_CORS_ORIGINS to allow it", param="Origin")
+                    "add the origin to MILLM_CORS_ORIGINS to allow it",
+                    param="Origin",
+                )
             check_media_type(req)
 
 
@@ -152,8 +155,9 @@ def check_key(authorization: str | None, keys: Iterable[bytes]) -> None:
     """401 unless ``Authorization: Bearer <key>`` carries one of ``keys`` (compared in constant time)."""
     scheme, _, token = (authorization or "").strip().partition(" ")
     if not authorization or scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("this server needs an API key: send Authorization: Bearer <key>",
-                           headers={"WWW-Authenticate": "Bearer"})
+        raise Unauthorized(
+            "this server needs an API key: send Authorization: Bearer <key>", headers={"WWW-Authenticate": "Bearer"}
+        )
     given = token.strip().encode("utf-8", "surrogateescape")
     if not any(hmac.compare_digest(given, key) for key in keys):
         raise Unauthorized("the API key is not valid here", headers={"WWW-Authenticate": "Bearer"})
@@ -166,12 +170,14 @@ def check_media_type(req) -> None:
         has_body = req.get_header("Transfer-Encoding") is not None or (req.content_length or 0) > 0
         if not has_body:
             return
-        raise UnsupportedMediaType("a request body must be sent as Content-Type: application/json",
-                                   param="Content-Type")
+        raise UnsupportedMediaType(
+            "a request body must be sent as Content-Type: application/json", param="Content-Type"
+        )
     media = content_type.split(";")[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(f"the request body must be application/json, not {media or 'empty'}",
-                                   param="Content-Type")
+        raise UnsupportedMediaType(
+            f"the request body must be application/json, not {media or 'empty'}", param="Content-Type"
+        )
 
 
 def _is_wildcard(host: str) -> bool:
@@ -185,12 +191,16 @@ def exposure_warnings(settings: Settings, bind_host: str) -> list[str]:
     warnings = []
     api, admin = settings["MILLM_API_KEYS"], settings["MILLM_ADMIN_API_KEYS"]
     if not api and not admin:
-        warnings.append(f"listening on {bind_host} WITHOUT API KEYS: anyone who can reach this port can generate, "
-                        "load and unload models, register SAEs and arm probes. Set MILLM_API_KEYS and "
-                        "MILLM_ADMIN_API_KEYS.")
+        warnings.append(
+            f"listening on {bind_host} WITHOUT API KEYS: anyone who can reach this port can generate, "
+            "load and unload models, register SAEs and arm probes. Set MILLM_API_KEYS and "
+            "MILLM_ADMIN_API_KEYS."
+        )
     elif not api:
         warnings.append(f"listening on {bind_host} without MILLM_API_KEYS: /v1 is open to anyone who can reach it")
     if _is_wildcard(bind_host) and not settings["MILLM_ALLOWED_HOSTS"]:
-        warnings.append("MILLM_ALLOWED_HOSTS is not set: requests that name this machine by anything but a "
-                        "loopback name are refused (400 host_not_allowed); list the names clients use")
+        warnings.append(
+            "MILLM_ALLOWED_HOSTS is not set: requests that name this machine by anything but a "
+            "loopback name are refused (400 host_not_allowed); list the names clients use"
+        )
     return warnings

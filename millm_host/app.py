@@ -54,7 +54,8 @@ class Host:
         #: One request lifecycle per endpoint: ``await host.serving[endpoint].handle(body, headers)``
         #: (chat and completions hand scoring-mode bodies to their ``.scoring``).
         self.serving: dict[str, Serving] = {
-            serving.endpoint: serving for serving in (ServingChat(self), ServingCompletion(self), ServingEmbeddings(self))
+            serving.endpoint: serving
+            for serving in (ServingChat(self), ServingCompletion(self), ServingEmbeddings(self))
         }
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
@@ -141,8 +142,9 @@ class Host:
         """Release everything: plugins stop, the model is closed, the database let go."""
         drained = self.scheduler.drain(DRAIN_S)  # cancelled generations tell their plugins first
         if not drained:
-            log.error("the engine thread is still busy after %g s (a hung generation or a load); stopping without it",
-                      DRAIN_S)
+            log.error(
+                "the engine thread is still busy after %g s (a hung generation or a load); stopping without it", DRAIN_S
+            )
         hookcalls.lifecycle(self.pm, "shutdown", host=self)
         if self.registry.engine is not None and drained:
             engine = self.registry.engine
@@ -170,8 +172,9 @@ class _Lifespan:
         await asyncio.to_thread(self.host.stop)
 
 
-def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = None, *,
-          bind_host: str | None = None) -> tuple[falcon.asgi.App, Host]:
+def build(
+    settings: Settings | None = None, pm: pluggy.PluginManager | None = None, *, bind_host: str | None = None
+) -> tuple[falcon.asgi.App, Host]:
     """The ASGI app and its host. Tests pass their own settings and plugin manager.
 
     ``bind_host`` (the address ``millm serve`` listens on) is answered as a ``Host`` too.
@@ -185,8 +188,9 @@ def build(settings: Settings | None = None, pm: pluggy.PluginManager | None = No
     access = Access(settings, bind_host)
     middleware: list = [access, _Lifespan(host)]
     if access.cors_any or access.cors_origins:
-        middleware.append(falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins,
-                                                expose_headers="*"))
+        middleware.append(
+            falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins, expose_headers="*")
+        )
     app = falcon.asgi.App(middleware=middleware, cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
     routes.install(app, host)

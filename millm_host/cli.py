@@ -62,12 +62,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     start = host.registry.start_model
     shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
-    log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", shown, args.port,
-             start.id if start else "none")
+    log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", shown, args.port, start.id if start else "none")
     grace = settings["MILLM_SHUTDOWN_GRACE_S"]
     # uvicorn cancels what still runs a little after the host's own grace: a backstop.
-    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on",
-                            timeout_graceful_shutdown=grace + 5)
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=grace + 5)
 
     class Server(uvicorn.Server):
         """uvicorn's server, telling the host when SIGTERM or SIGINT arrives, so its shutdown grace starts then."""
@@ -118,8 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the server")
     serve.add_argument("--model", help="a local HF checkpoint directory, a .gguf file or a model id")
-    serve.add_argument("--engine", help="the installed engine to serve files several engines can serve (e.g. .gguf); "
-                            "default: the one that declares the highest preference")
+    serve.add_argument(
+        "--engine",
+        help="the installed engine to serve files several engines can serve (e.g. .gguf); "
+        "default: the one that declares the highest preference",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--log-level", default="info")

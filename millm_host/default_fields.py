@@ -13,9 +13,17 @@ from .hookspecs import hookimpl
 from .settings import Setting
 
 _SAMPLING = (
-    "model", "stream", "stream_options", "stream_options.include_usage",
-    "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop",
-    "frequency_penalty", "presence_penalty",
+    "model",
+    "stream",
+    "stream_options",
+    "stream_options.include_usage",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "frequency_penalty",
+    "presence_penalty",
 )
 _MESSAGE = ("role", "content", "content[].type", "content[].text")
 
@@ -32,10 +40,14 @@ EMBEDDINGS_FIELDS = ("model", "input", "encoding_format", "normalize")
 
 @hookimpl(trylast=True)
 def register_settings(register) -> None:
-    register(Setting(
-        "EMBEDDINGS_MAX_INPUTS", int, 256,
-        "Most strings one /v1/embeddings request may carry (400 invalid_parameter above)",
-    ))
+    register(
+        Setting(
+            "EMBEDDINGS_MAX_INPUTS",
+            int,
+            256,
+            "Most strings one /v1/embeddings request may carry (400 invalid_parameter above)",
+        )
+    )
 
 
 @hookimpl(trylast=True)

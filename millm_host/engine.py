@@ -144,10 +144,7 @@ class ModelInfo:
         def part(value: str | None) -> str:
             return value if value else "unrecorded"
 
-        return (
-            f"millm:{self.id}@{part(self.revision)}:{part(self.dtype)}/"
-            f"{part(self.quantization)}:{self.engine}"
-        )
+        return f"millm:{self.id}@{part(self.revision)}:{part(self.dtype)}/{part(self.quantization)}:{self.engine}"
 
 
 class NoChatTemplate(MillmError):
@@ -240,8 +237,11 @@ class Engine(abc.ABC):
         if not head:  # a template given no messages raises; this is the client's to fix
             raise InvalidParameter(
                 "messages holds nothing before the assistant message it continues; "
-                "send a user (or system) message first" if messages else "messages is empty",
-                param="messages")
+                "send a user (or system) message first"
+                if messages
+                else "messages is empty",
+                param="messages",
+            )
         try:
             text = self.render_chat(head, add_generation_prompt=True, tools=tools, template_kwargs=template_kwargs)
         except NoChatTemplate:

@@ -24,15 +24,36 @@ log = logging.getLogger("millm.fields")
 ENDPOINTS = ("chat.completions", "completions", "embeddings")
 
 #: Fields that change the output: refused, never ignored, where nothing honours them.
-OUTPUT_CHANGING = frozenset({
-    "logprobs", "top_logprobs", "allowed_token_ids", "return_tokens_as_token_ids",
-    "response_format", "seed", "n", "max_completion_tokens",
-    "profile", "steering_intensity", "steering", "return_sae_activations",
-    "dimensions", "pooling", "normalize",
-    "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
-    "logit_bias", "scoring_precision", "extra_messages",
-    "echo", "best_of", "suffix",
-})
+OUTPUT_CHANGING = frozenset(
+    {
+        "logprobs",
+        "top_logprobs",
+        "allowed_token_ids",
+        "return_tokens_as_token_ids",
+        "response_format",
+        "seed",
+        "n",
+        "max_completion_tokens",
+        "profile",
+        "steering_intensity",
+        "steering",
+        "return_sae_activations",
+        "dimensions",
+        "pooling",
+        "normalize",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "logit_bias",
+        "scoring_precision",
+        "extra_messages",
+        "echo",
+        "best_of",
+        "suffix",
+    }
+)
 
 _MISSING = object()
 
@@ -76,8 +97,9 @@ class FieldRegistry:
         self._claims: dict[str, list[_Claim]] = defaultdict(list)
         self._cache: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
 
-    def register(self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None,
-                 requires: str | None = None) -> None:
+    def register(
+        self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None, requires: str | None = None
+    ) -> None:
         """Claim ``fields`` (location patterns) on ``endpoint`` for ``engines`` (None: all), or for the
         engines that declare capability ``requires`` (``EngineSpec.capabilities``)."""
         if endpoint not in ENDPOINTS:
@@ -98,9 +120,7 @@ class FieldRegistry:
         """(claimed patterns, prefixes that have claimed children) for an endpoint and engine."""
         key = (endpoint, engine)
         if key not in self._cache:
-            claimed = frozenset(
-                c.pattern for c in self._claims[endpoint] if c.engines is None or engine in c.engines
-            )
+            claimed = frozenset(c.pattern for c in self._claims[endpoint] if c.engines is None or engine in c.engines)
             parents = set()
             for pattern in claimed:
                 for i, ch in enumerate(pattern):
@@ -151,9 +171,7 @@ def check_fields(
         reported.append(location)
     if refused:
         where = f"{endpoint} on the {engine} engine"
-        raise FieldNotHonoured(
-            f"{', '.join(refused)} cannot be honoured by {where} on this server", param=refused[0]
-        )
+        raise FieldNotHonoured(f"{', '.join(refused)} cannot be honoured by {where} on this server", param=refused[0])
     if strict and reported:
         raise UnusedFieldsRefused(
             "X-miLLM-Strict refuses fields this request path does not use: " + ", ".join(reported),
@@ -174,9 +192,7 @@ def strict_mode(headers: Mapping[str, str]) -> bool:
         return True
     if value in ("false", "0"):
         return False
-    raise InvalidParameter(
-        f"X-miLLM-Strict must be true, 1, false or 0, not {raw!r}", param="X-miLLM-Strict"
-    )
+    raise InvalidParameter(f"X-miLLM-Strict must be true, 1, false or 0, not {raw!r}", param="X-miLLM-Strict")
 
 
 def ignored_fields_header(locations: list[str], max_bytes: int) -> str:

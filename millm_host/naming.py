@@ -31,8 +31,13 @@ def split_gguf_name(path: str | Path) -> tuple[str, str | None]:
 #: Characters a name shown to operators may not hold: controls (C0, DEL, C1), format characters
 #: (bidi overrides and isolates, zero-width spaces and joiners, the BOM), lone surrogates, and
 #: line or paragraph separators. Each can make a name look like another one or break a line of a log.
-_HIDDEN_CATEGORIES = {"Cc": "a control", "Cf": "an invisible formatting (bidi or zero-width)",
-                      "Cs": "a lone surrogate", "Zl": "a line separator", "Zp": "a paragraph separator"}
+_HIDDEN_CATEGORIES = {
+    "Cc": "a control",
+    "Cf": "an invisible formatting (bidi or zero-width)",
+    "Cs": "a lone surrogate",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
 
 
 def check_display_name(value: str, param: str) -> str:
@@ -46,5 +51,7 @@ def check_display_name(value: str, param: str) -> str:
         if kind is not None:
             raise InvalidParameter(
                 f"{param} holds {kind} character (U+{ord(char):04X} at position {position}); "
-                "names shown to operators may not", param=param)
+                "names shown to operators may not",
+                param=param,
+            )
     return value

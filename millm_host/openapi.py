@@ -41,10 +41,18 @@ REQUEST_BODIES: list[tuple[str, type[BaseModel]]] = [
 
 def _error_responses() -> dict[str, Any]:
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
-    return {str(code): {"description": desc, **ref} for code, desc in (
-        (400, "invalid request"), (404, "not found"), (409, "conflict"), (413, "body too large"),
-        (415, "not JSON"), (500, "server error"), (503, "busy or not loaded"),
-    )}
+    return {
+        str(code): {"description": desc, **ref}
+        for code, desc in (
+            (400, "invalid request"),
+            (404, "not found"),
+            (409, "conflict"),
+            (413, "body too large"),
+            (415, "not JSON"),
+            (500, "server error"),
+            (503, "busy or not loaded"),
+        )
+    }
 
 
 def openapi_document(extra_bodies: Sequence[tuple[str, type[BaseModel]]] = ()) -> dict[str, Any]:
@@ -64,7 +72,13 @@ def openapi_document(extra_bodies: Sequence[tuple[str, type[BaseModel]]] = ()) -
                     "required": True,
                     "content": {"application/json": {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}},
                 },
-                "responses": {"200": {"description": "the response", "content": {"application/json": {"schema": {"type": "object"}}}}, **_error_responses()},
+                "responses": {
+                    "200": {
+                        "description": "the response",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    **_error_responses(),
+                },
             }
         }
     paths["/v1/models"] = {"get": {"operationId": "list_models", "responses": {"200": {"description": "models"}}}}

@@ -20,9 +20,7 @@ ENTRY_POINT_GROUP = "millm"
 
 # The host's own behaviour, written as plugins (registered before the installed
 # ones, their hookimpls marked trylast where a plugin should be able to override).
-BUILTIN_PLUGINS = (
-    "millm_host.default_fields",
-)
+BUILTIN_PLUGINS = ("millm_host.default_fields",)
 
 
 @dataclass
@@ -105,8 +103,9 @@ def build_plugin_manager(settings: Settings, *, load_entry_points: bool = True) 
     return pm
 
 
-def _register_module(pm: pluggy.PluginManager, report: PluginReport, entry: str,
-                     allow: list[str] | None, deny: set[str]) -> None:
+def _register_module(
+    pm: pluggy.PluginManager, report: PluginReport, entry: str, allow: list[str] | None, deny: set[str]
+) -> None:
     """Register one ``name=module`` (or ``module``) of ``MILLM_PLUGIN_MODULES``, like an entry point."""
     name, sep, module_name = entry.partition("=")
     name, module_name = name.strip(), (module_name if sep else name).strip()

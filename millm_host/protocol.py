@@ -118,8 +118,12 @@ PromptIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1), FA
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``."""
 
-    prompt: (str | Annotated[list[str], Field(min_length=1), FAIL_FAST] | PromptIds
-             | Annotated[list[PromptIds], Field(min_length=1), FAIL_FAST])
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1), FAIL_FAST]
+        | PromptIds
+        | Annotated[list[PromptIds], Field(min_length=1), FAIL_FAST]
+    )
     add_special_tokens: bool | None = True
 
     @property
@@ -245,7 +249,9 @@ def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
         if where is not None:
             raise InvalidParameter(
                 f"{where} holds a lone surrogate (a \\uD800-\\uDFFF escape without its pair); "
-                "text must be valid Unicode", param=where)
+                "text must be valid Unicode",
+                param=where,
+            )
     return body
 
 
@@ -262,8 +268,11 @@ def nesting_exceeds(value: Any, max_depth: int) -> bool:
             return True
         below: list[Any] = []
         for node in level:
-            below.extend(child for child in (node.values() if isinstance(node, dict) else node)
-                         if isinstance(child, (dict, list)))
+            below.extend(
+                child
+                for child in (node.values() if isinstance(node, dict) else node)
+                if isinstance(child, (dict, list))
+            )
         level, depth = below, depth + 1
     return False
 

@@ -172,9 +172,7 @@ class ModelRegistry:
             return entry
         tagged = sorted(e.id for e in self.entries.values() if e.descriptor.repo == name)
         if len(tagged) == 1:
-            raise ModelNotFound(
-                f"model {name!r} names a repository, not a model; use {tagged[0]!r}", param="model"
-            )
+            raise ModelNotFound(f"model {name!r} names a repository, not a model; use {tagged[0]!r}", param="model")
         if len(tagged) > 1:
             raise MillmError(
                 f"model {name!r} is ambiguous: name one quantization: " + ", ".join(tagged),
@@ -216,7 +214,9 @@ class ModelRegistry:
 
     def listed(self) -> list[ModelEntry]:
         """What ``/v1/models`` shows: READY, LOADED and LOADING models, the resident first."""
-        shown = [e for e in self.entries.values() if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)]
+        shown = [
+            e for e in self.entries.values() if e.state in (ModelState.READY, ModelState.LOADED, ModelState.LOADING)
+        ]
         return sorted(shown, key=lambda e: e is not self.resident)
 
     # --- residency ----------------------------------------------------------------
@@ -309,6 +309,7 @@ class ModelRegistry:
     def _load_on_engine_thread(self, entry: ModelEntry) -> Engine:
         started = time.monotonic()
         log.info("loading model %s (%s engine) from %s", entry.id, entry.spec.name, entry.descriptor.path)
+
         def progress(message: str) -> None:
             entry.progress = message
             log.info("%s: %s", entry.id, message)
@@ -357,7 +358,9 @@ class ModelRegistry:
 def _disk_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf"))
+    return sum(
+        p.stat().st_size for p in path.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf")
+    )
 
 
 def available_memory() -> int | None:

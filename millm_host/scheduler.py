@@ -122,9 +122,7 @@ class Scheduler:
             if self.closing:
                 raise ShuttingDown("the server is shutting down; retry once it is back")
             if self._admitted >= self.queue_max + 1:
-                raise QueueFull(
-                    f"the request queue is full ({self.queue_max} waiting); retry later"
-                )
+                raise QueueFull(f"the request queue is full ({self.queue_max} waiting); retry later")
             self._admitted += 1
         return Ticket(self)
 
@@ -164,8 +162,7 @@ class Scheduler:
             return ShuttingDown("the server is shutting down; this request did not finish within the grace period")
         if self.stalled():
             return GenerationStalled(
-                f"the engine is stuck in a generation that made no progress for {self.stalled_for():.0f} s; "
-                "retry later"
+                f"the engine is stuck in a generation that made no progress for {self.stalled_for():.0f} s; retry later"
             )
         return None
 

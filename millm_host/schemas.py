@@ -25,9 +25,13 @@ from .scoring.protocol import (
 SCORING_SCHEMA_PATH = Path("docs") / "schemas" / "millm-scoring-api-v1.json"
 
 _REQUESTS: dict[str, type[BaseModel]] = {
-    "/v1/completions": ScoringCompletionRequest, "/v1/chat/completions": ScoringChatRequest}
+    "/v1/completions": ScoringCompletionRequest,
+    "/v1/chat/completions": ScoringChatRequest,
+}
 _RESPONSES: dict[str, type[BaseModel]] = {
-    "/v1/completions": ScoringCompletionResponse, "/v1/chat/completions": ScoringChatResponse}
+    "/v1/completions": ScoringCompletionResponse,
+    "/v1/chat/completions": ScoringChatResponse,
+}
 
 
 def scoring_api_schema() -> dict[str, Any]:

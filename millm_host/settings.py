@@ -51,48 +51,85 @@ def default_data_dir() -> str:
 
 
 HOST_SETTINGS: tuple[Setting, ...] = (
-    Setting("MILLM_DATA_DIR", str, None, "Data directory: SQLite database and model cache (default ~/.local/share/millm)"),
+    Setting(
+        "MILLM_DATA_DIR", str, None, "Data directory: SQLite database and model cache (default ~/.local/share/millm)"
+    ),
     Setting("MILLM_CACHE_DIR", str, None, "Where converted models are cached (default <data dir>/cache)"),
     Setting("MILLM_DATABASE_URL", str, None, "SQLAlchemy URL of the database (default SQLite in the data directory)"),
     Setting("MILLM_MODELS_DIR", str, None, "Directory of models to serve: HF checkpoint directories and .gguf files"),
     Setting("MILLM_MODEL", str, None, "Model to load at start: a path or a model id (default: the bundled SmolLM2)"),
-    Setting("MILLM_ENGINE", str, None,
-            "Engine that serves files several installed engines can serve (e.g. .gguf); "
-            "default: the one that declares the highest preference"),
+    Setting(
+        "MILLM_ENGINE",
+        str,
+        None,
+        "Engine that serves files several installed engines can serve (e.g. .gguf); "
+        "default: the one that declares the highest preference",
+    ),
     Setting("MILLM_LOAD_ON_START", bool, True, "Load the start model when the server starts"),
     Setting("MILLM_AUTOLOAD", bool, True, "Load a requested model that is not resident"),
-    Setting("MILLM_PLUGIN_MODULES", list, [],
-            "Importable modules registered as plugins besides the installed entry points: "
-            "module or name=module, comma-separated (how tests load their test-only plugins)"),
+    Setting(
+        "MILLM_PLUGIN_MODULES",
+        list,
+        [],
+        "Importable modules registered as plugins besides the installed entry points: "
+        "module or name=module, comma-separated (how tests load their test-only plugins)",
+    ),
     Setting("MILLM_PLUGINS", list, None, "Allow-list of plugin names to load (default: all installed)"),
     Setting("MILLM_DISABLE_PLUGINS", list, [], "Plugin names not to load"),
-    Setting("MILLM_API_KEYS", list, [], "Keys that open /v1 (Authorization: Bearer <key>); unset: /v1 is open",
-            secret=True),
-    Setting("MILLM_ADMIN_API_KEYS", list, [],
-            "Keys that open every other route but /api/health and /openapi.json (and /v1 too); "
-            "unset: those routes take MILLM_API_KEYS, or are open when that is unset too", secret=True),
-    Setting("MILLM_ALLOWED_HOSTS", list, None,
-            "Host header values answered (name or name:port, * for any); default the loopback names "
-            "localhost, 127.0.0.1, [::1] on any port, plus the address --host names"),
-    Setting("MILLM_CORS_ORIGINS", list, [],
-            "Origins (scheme://host:port, or *) whose pages may call this server from a browser; unset: CORS off"),
-    Setting("MILLM_SAE_DIRS", list, None,
-            "Directories SAEs may be registered from (POST /api/saes); default <data dir>/saes"),
+    Setting(
+        "MILLM_API_KEYS", list, [], "Keys that open /v1 (Authorization: Bearer <key>); unset: /v1 is open", secret=True
+    ),
+    Setting(
+        "MILLM_ADMIN_API_KEYS",
+        list,
+        [],
+        "Keys that open every other route but /api/health and /openapi.json (and /v1 too); "
+        "unset: those routes take MILLM_API_KEYS, or are open when that is unset too",
+        secret=True,
+    ),
+    Setting(
+        "MILLM_ALLOWED_HOSTS",
+        list,
+        None,
+        "Host header values answered (name or name:port, * for any); default the loopback names "
+        "localhost, 127.0.0.1, [::1] on any port, plus the address --host names",
+    ),
+    Setting(
+        "MILLM_CORS_ORIGINS",
+        list,
+        [],
+        "Origins (scheme://host:port, or *) whose pages may call this server from a browser; unset: CORS off",
+    ),
+    Setting(
+        "MILLM_SAE_DIRS",
+        list,
+        None,
+        "Directories SAEs may be registered from (POST /api/saes); default <data dir>/saes",
+    ),
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_MAX_JSON_DEPTH", int, 64, "Deepest JSON nesting accepted in a request body"),
-    Setting("MILLM_DEFAULT_MAX_TOKENS", int, 512, "max_tokens when a request sends none (capped by the context window)"),
+    Setting(
+        "MILLM_DEFAULT_MAX_TOKENS", int, 512, "max_tokens when a request sends none (capped by the context window)"
+    ),
     Setting("MILLM_MAX_N", int, 16, "Largest n (choices per prompt) accepted"),
     Setting("MILLM_MAX_PROMPTS", int, 64, "Most prompts one /v1/completions request may carry"),
     Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
     Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),
     Setting("GRACEFUL_UNLOAD_TIMEOUT", float, 30.0, "Seconds an unload waits for running requests"),
-    Setting("MILLM_GENERATION_STALL_S", float, 300.0,
-            "Seconds a generation may go without producing a token before it fails with 503 generation_stalled "
-            "(0: never)"),
-    Setting("MILLM_SHUTDOWN_GRACE_S", float, 10.0,
-            "Seconds running and queued requests get to finish after SIGTERM; the rest then fail with "
-            "503 shutting_down (an error event on a stream)"),
+    Setting(
+        "MILLM_GENERATION_STALL_S",
+        float,
+        300.0,
+        "Seconds a generation may go without producing a token before it fails with 503 generation_stalled (0: never)",
+    ),
+    Setting(
+        "MILLM_SHUTDOWN_GRACE_S",
+        float,
+        10.0,
+        "Seconds running and queued requests get to finish after SIGTERM; the rest then fail with "
+        "503 shutting_down (an error event on a stream)",
+    ),
 )
 
 

@@ -29,9 +29,15 @@ def sae_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def guarded(server_factory, tiny_model_dir, sae_root):
     """A server with both kinds of keys, one CORS origin and its own SAE directory."""
-    return server_factory(tiny_model_dir, env={
-        "MILLM_API_KEYS": f"{USER_KEY},second-user-key", "MILLM_ADMIN_API_KEYS": ADMIN_KEY,
-        "MILLM_CORS_ORIGINS": APP_ORIGIN, "MILLM_SAE_DIRS": str(sae_root)})
+    return server_factory(
+        tiny_model_dir,
+        env={
+            "MILLM_API_KEYS": f"{USER_KEY},second-user-key",
+            "MILLM_ADMIN_API_KEYS": ADMIN_KEY,
+            "MILLM_CORS_ORIGINS": APP_ORIGIN,
+            "MILLM_SAE_DIRS": str(sae_root),
+        },
+    )
 
 
 @pytest.fixture
@@ -42,12 +48,22 @@ def model_id(guarded) -> str:
 # --- keys -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{}, bearer("wrong"), {"Authorization": f"Basic {USER_KEY}"},
-                                     {"Authorization": "Bearer"}, {"Authorization": f"Bearer {USER_KEY}x"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        bearer("wrong"),
+        {"Authorization": f"Basic {USER_KEY}"},
+        {"Authorization": "Bearer"},
+        {"Authorization": f"Bearer {USER_KEY}x"},
+    ],
+)
 def test_v1_refuses_a_missing_or_wrong_key(guarded, model_id, headers):
     with guarded.http() as http:
-        for response in (http.get("/v1/models", headers=headers),
-                         http.post("/v1/chat/completions", headers=headers, json=chat_body(model_id, max_tokens=1))):
+        for response in (
+            http.get("/v1/models", headers=headers),
+            http.post("/v1/chat/completions", headers=headers, json=chat_body(model_id, max_tokens=1)),
+        ):
             assert_error(response, 401, "invalid_api_key")
             assert response.headers["www-authenticate"] == "Bearer"
 
@@ -68,14 +84,17 @@ def test_the_openai_sdk_sends_its_key(guarded, model_id):
     assert reply.choices[0].message.role == "assistant"
 
 
-@pytest.mark.parametrize(("method", "path", "body"), [
-    ("GET", "/api/models", None),
-    ("POST", "/api/models/{model}/unload", None),
-    ("GET", "/api/saes", None),  # a plugin's route, guarded without the plugin doing anything
-    ("POST", "/api/saes", {"path": "x"}),
-    ("GET", "/api/probes/status", None),
-    ("POST", "/api/profiles/deactivate", None),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/api/models", None),
+        ("POST", "/api/models/{model}/unload", None),
+        ("GET", "/api/saes", None),  # a plugin's route, guarded without the plugin doing anything
+        ("POST", "/api/saes", {"path": "x"}),
+        ("GET", "/api/probes/status", None),
+        ("POST", "/api/profiles/deactivate", None),
+    ],
+)
 def test_management_routes_need_the_admin_key(guarded, model_id, method, path, body):
     path = path.format(model=model_id)
     with guarded.http() as http:
@@ -91,12 +110,15 @@ def test_health_and_the_api_description_stay_open(guarded):
         assert http.get("/openapi.json").status_code == 200
 
 
-@pytest.mark.parametrize(("environ", "v1", "api"), [
-    ({}, None, None),  # off by default
-    ({"MILLM_API_KEYS": "u"}, [b"u"], [b"u"]),  # management is never left open once keys are set
-    ({"MILLM_ADMIN_API_KEYS": "a"}, None, [b"a"]),  # inference open, management locked
-    ({"MILLM_API_KEYS": "u", "MILLM_ADMIN_API_KEYS": "a"}, [b"u", b"a"], [b"a"]),
-])
+@pytest.mark.parametrize(
+    ("environ", "v1", "api"),
+    [
+        ({}, None, None),  # off by default
+        ({"MILLM_API_KEYS": "u"}, [b"u"], [b"u"]),  # management is never left open once keys are set
+        ({"MILLM_ADMIN_API_KEYS": "a"}, None, [b"a"]),  # inference open, management locked
+        ({"MILLM_API_KEYS": "u", "MILLM_ADMIN_API_KEYS": "a"}, [b"u", b"a"], [b"a"]),
+    ],
+)
 def test_which_keys_open_which_routes(environ, v1, api):
     access = Access(Settings(environ=environ))
     assert access.keys_for("/v1/chat/completions") == v1
@@ -108,9 +130,13 @@ def test_settings_never_print_keys():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "millm_host.cli", "settings"], capture_output=True, text=True,
-                         env={**os.environ, "MILLM_API_KEYS": "sekrit-1", "MILLM_ADMIN_API_KEYS": "sekrit-2"},
-                         timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "millm_host.cli", "settings"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MILLM_API_KEYS": "sekrit-1", "MILLM_ADMIN_API_KEYS": "sekrit-2"},
+        timeout=120,
+    ).stdout
     assert "MILLM_API_KEYS=<set>" in out and "MILLM_ADMIN_API_KEYS=<set>" in out and "sekrit" not in out
 
 
@@ -140,22 +166,31 @@ def test_allowed_hosts_can_be_configured():
     assert bound.host_allowed("192.168.1.5:8000") and bound.host_allowed("localhost")
 
 
-@pytest.mark.parametrize("headers", [
-    {},  # a body and no Content-Type: once parsed as JSON
-    {"Content-Type": "text/plain"},  # what a cross-site <form enctype="text/plain"> sends
-    {"Content-Type": "application/x-www-form-urlencoded"},
-    {"Content-Type": "multipart/form-data; boundary=x"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},  # a body and no Content-Type: once parsed as JSON
+        {"Content-Type": "text/plain"},  # what a cross-site <form enctype="text/plain"> sends
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {"Content-Type": "multipart/form-data; boundary=x"},
+    ],
+)
 def test_a_state_change_needs_a_json_body(tiny_server, headers):
     model = tiny_server.model_id
     body = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}' % model.encode()
     with tiny_server.http() as http:
-        assert_error(http.post("/v1/chat/completions", content=body, headers=headers), 415,
-                     "unsupported_media_type", "Content-Type")
-        assert_error(http.post("/api/models/absent/load", content=b"{}", headers=headers), 415,
-                     "unsupported_media_type")
-        ok = http.post("/v1/chat/completions", content=body,
-                       headers={"Content-Type": "application/json; charset=utf-8"})
+        assert_error(
+            http.post("/v1/chat/completions", content=body, headers=headers),
+            415,
+            "unsupported_media_type",
+            "Content-Type",
+        )
+        assert_error(
+            http.post("/api/models/absent/load", content=b"{}", headers=headers), 415, "unsupported_media_type"
+        )
+        ok = http.post(
+            "/v1/chat/completions", content=body, headers={"Content-Type": "application/json; charset=utf-8"}
+        )
     assert ok.status_code == 200, ok.text
 
 
@@ -175,8 +210,11 @@ def test_a_same_origin_state_change_is_allowed(guarded):
 
 
 def test_cors_is_off_unless_configured(tiny_server, guarded):
-    preflight = {"Origin": APP_ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": APP_ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     with tiny_server.http() as http:
         off = http.options("/v1/chat/completions", headers=preflight)
         assert "access-control-allow-origin" not in off.headers
@@ -190,8 +228,9 @@ def test_cors_is_off_unless_configured(tiny_server, guarded):
         # The configured origin may change state (with the admin key); others may not.
         allowed = http.post("/api/profiles/deactivate", json={}, headers={"Origin": APP_ORIGIN, **bearer(ADMIN_KEY)})
         assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == APP_ORIGIN
-        refused = http.post("/api/profiles/deactivate", json={},
-                            headers={"Origin": "http://evil.example", **bearer(ADMIN_KEY)})
+        refused = http.post(
+            "/api/profiles/deactivate", json={}, headers={"Origin": "http://evil.example", **bearer(ADMIN_KEY)}
+        )
         assert_error(refused, 403, "cross_origin_refused")
 
 
@@ -258,16 +297,26 @@ def test_an_overlong_path_component_is_a_400(guarded):
 
 # --- names shown to operators -------------------------------------------------------------------
 
-HIDDEN = ["bell\x07", "c1\x85", "bidi\u202eevil", "isolate\u2066x", "zero\u200bwidth", "joiner\u200dx",
-          "bom\ufeff", "line\u2028sep", "mark\u200e"]
+HIDDEN = [
+    "bell\x07",
+    "c1\x85",
+    "bidi\u202eevil",
+    "isolate\u2066x",
+    "zero\u200bwidth",
+    "joiner\u200dx",
+    "bom\ufeff",
+    "line\u2028sep",
+    "mark\u200e",
+]
 
 
 @pytest.mark.parametrize("name", HIDDEN)
 def test_profile_names_refuse_hidden_characters(guarded, name):
     body = {"name": name, "sae_id": "whatever", "features": [{"index": 1, "strength": 1.0}]}
     with guarded.http() as http:
-        error = assert_error(http.post("/api/profiles", json=body, headers=bearer(ADMIN_KEY)), 400,
-                             "invalid_parameter", "name")
+        error = assert_error(
+            http.post("/api/profiles", json=body, headers=bearer(ADMIN_KEY)), 400, "invalid_parameter", "name"
+        )
     assert "U+" in error["message"]
 
 

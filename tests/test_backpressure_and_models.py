@@ -35,8 +35,9 @@ def models_dir(tmp_path_factory, long_model) -> Path:
 
 @pytest.fixture(scope="module")
 def server(server_factory, long_model, models_dir):
-    return server_factory(long_model, env={"MILLM_QUEUE_MAX": "0", "MILLM_MODELS_DIR": str(models_dir),
-                                           "GRACEFUL_UNLOAD_TIMEOUT": "60"})
+    return server_factory(
+        long_model, env={"MILLM_QUEUE_MAX": "0", "MILLM_MODELS_DIR": str(models_dir), "GRACEFUL_UNLOAD_TIMEOUT": "60"}
+    )
 
 
 class LongStream:
@@ -60,8 +61,9 @@ class LongStream:
 
 def _tokens_per_second(server, model: str) -> float:
     start = time.perf_counter()
-    reply = server.openai().chat.completions.create(model=model, messages=[{"role": "user", "content": "go"}],
-                                                    max_tokens=200, temperature=1, seed=2)
+    reply = server.openai().chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "go"}], max_tokens=200, temperature=1, seed=2
+    )
     return reply.usage.completion_tokens / (time.perf_counter() - start)
 
 
@@ -108,7 +110,9 @@ def test_graceful_unload_refuses_new_requests_and_waits(server):
                     break
                 time.sleep(0.05)
             busy = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1))
-            other_model = next(m["id"] for m in http.get("/api/models").json()["data"] if m["id"].startswith("tiny-long"))
+            other_model = next(
+                m["id"] for m in http.get("/api/models").json()["data"] if m["id"].startswith("tiny-long")
+            )
             other = http.post("/v1/chat/completions", json=chat_body(other_model, max_tokens=1))
         assert_error(busy, 503, "model_busy", "model")
         assert_error(other, 503, "model_busy", "model")  # no second transition while one runs
@@ -125,8 +129,9 @@ def test_graceful_unload_refuses_new_requests_and_waits(server):
 @pytest.fixture(scope="module")
 def models_app(app_factory):
     """In-process: two echo models, one that fails to load, one too big for memory."""
-    app = app_factory(models={"echo": {}, "echo-other": {}, "broken-model": {"load_error": "not a checkpoint"},
-                              "huge-model": {}})
+    app = app_factory(
+        models={"echo": {}, "echo-other": {}, "broken-model": {"load_error": "not a checkpoint"}, "huge-model": {}}
+    )
     with open(app.models_dir / "huge-model" / "model.safetensors", "wb") as f:  # sparse: 4 TiB on paper
         f.truncate(4 * 2**40)
     return app

@@ -53,9 +53,14 @@ def test_real_model_response_matches_openai_schema(tiny_server, model_id):
 def test_sdk_chat_round_trip(tiny_server, model_id):
     reply = tiny_server.openai().chat.completions.create(
         model=model_id,
-        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                  {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Again"}],
-        max_tokens=4, temperature=0,
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Again"},
+        ],
+        max_tokens=4,
+        temperature=0,
     )
     assert reply.choices[0].message.role == "assistant"
     assert reply.usage.completion_tokens <= 4
@@ -83,7 +88,9 @@ def test_stream_chunks_match_openai_schema_and_order(echo):
 
 def test_streamed_text_equals_non_streamed(tiny_server, model_id):
     client = tiny_server.openai()
-    request = dict(model=model_id, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=24, temperature=0)
+    request = dict(
+        model=model_id, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=24, temperature=0
+    )
     whole = client.chat.completions.create(**request)
     parts, finish = [], None
     for chunk in client.chat.completions.create(stream=True, **request):
@@ -111,7 +118,9 @@ def test_n_with_stream_is_refused(echo):
 def test_max_tokens_and_max_completion_tokens_must_agree(echo):
     with echo.http() as http:
         refused = http.post("/v1/chat/completions", json=chat_body("echo", max_tokens=3, max_completion_tokens=4))
-        agreed = http.post("/v1/chat/completions", json=chat_body("echo", max_tokens=3, max_completion_tokens=3, temperature=0))
+        agreed = http.post(
+            "/v1/chat/completions", json=chat_body("echo", max_tokens=3, max_completion_tokens=3, temperature=0)
+        )
     error = assert_error(refused, 400, "invalid_parameter")
     assert "max_tokens" in error["param"] and "max_completion_tokens" in error["param"]
     assert agreed.status_code == 200
@@ -119,8 +128,11 @@ def test_max_tokens_and_max_completion_tokens_must_agree(echo):
 
 def test_max_completion_tokens_is_honoured(echo):
     reply = echo.openai().chat.completions.create(
-        model="echo", messages=[{"role": "user", "content": "Count"}], max_completion_tokens=2,
-        temperature=1, seed=3,
+        model="echo",
+        messages=[{"role": "user", "content": "Count"}],
+        max_completion_tokens=2,
+        temperature=1,
+        seed=3,
     )
     assert reply.usage.completion_tokens == 2 and reply.choices[0].message.content == "Co"
 
@@ -147,8 +159,17 @@ def test_invalid_seeds_are_refused(echo, value):
 
 @pytest.mark.parametrize(
     "field,value",
-    [("temperature", 2.5), ("temperature", -0.1), ("temperature", "hot"), ("top_p", 1.5),
-     ("frequency_penalty", 2.1), ("presence_penalty", -3), ("max_tokens", 0), ("n", 0), ("stop", 5)],
+    [
+        ("temperature", 2.5),
+        ("temperature", -0.1),
+        ("temperature", "hot"),
+        ("top_p", 1.5),
+        ("frequency_penalty", 2.1),
+        ("presence_penalty", -3),
+        ("max_tokens", 0),
+        ("n", 0),
+        ("stop", 5),
+    ],
 )
 def test_out_of_range_sampling_fields_are_refused(echo, field, value):
     with echo.http() as http:
@@ -158,8 +179,14 @@ def test_out_of_range_sampling_fields_are_refused(echo, field, value):
 
 def test_penalties_and_top_p_are_accepted(tiny_server, model_id):
     reply = tiny_server.openai().chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0.8,
-        top_p=0.9, frequency_penalty=1.5, presence_penalty=0.5, seed=1,
+        model=model_id,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=8,
+        temperature=0.8,
+        top_p=0.9,
+        frequency_penalty=1.5,
+        presence_penalty=0.5,
+        seed=1,
     )
     assert reply.usage.completion_tokens >= 1
 
@@ -181,8 +208,12 @@ def test_stop_sequences_cut_the_text_streaming_or_not(tiny_server, model_id):
     assert cut.message.content == expected and cut.finish_reason == "stop"
     deltas = []
     for chunk in client.chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=32, temperature=0,
-        stop=stop, stream=True,
+        model=model_id,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=32,
+        temperature=0,
+        stop=stop,
+        stream=True,
     ):
         if chunk.choices and chunk.choices[0].delta.content:
             deltas.append(chunk.choices[0].delta.content)

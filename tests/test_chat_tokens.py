@@ -37,7 +37,9 @@ def bos_server(app_factory, bos_model):
 
 def _prompt_tokens(server, messages, **extra) -> int:
     model = server.model_id
-    reply = server.openai().chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0, **extra)
+    reply = server.openai().chat.completions.create(
+        model=model, messages=messages, max_tokens=1, temperature=0, **extra
+    )
     return reply.usage.prompt_tokens
 
 

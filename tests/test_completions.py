@@ -19,9 +19,15 @@ def model_id(tiny_server) -> str:
 
 def test_prompt_list_gives_one_choice_per_prompt(echo_app):
     with echo_app.http() as http:
-        response = http.post("/v1/completions", json={
-            "model": "echo", "prompt": ["Once upon", "A B C", "1 2 3"], "max_tokens": 4, "temperature": 0,
-        })
+        response = http.post(
+            "/v1/completions",
+            json={
+                "model": "echo",
+                "prompt": ["Once upon", "A B C", "1 2 3"],
+                "max_tokens": 4,
+                "temperature": 0,
+            },
+        )
     assert response.status_code == 200
     body = response.json()
     validate_openai("CreateCompletionResponse", body)
@@ -52,7 +58,10 @@ def test_streamed_completion(echo_app):
     for chunk in events[:-1]:
         # OpenAI publishes no schema for streamed completions; its chunks are
         # CreateCompletionResponse objects with finish_reason null until the last.
-        settled = {**chunk, "choices": [{**c, "finish_reason": c["finish_reason"] or "length"} for c in chunk["choices"]]}
+        settled = {
+            **chunk,
+            "choices": [{**c, "finish_reason": c["finish_reason"] or "length"} for c in chunk["choices"]],
+        }
         validate_openai("CreateCompletionResponse", settled)
     text = "".join(c["choices"][0]["text"] for c in events[:-1] if c["choices"])
     assert text == whole["choices"][0]["text"] == "Once upo"

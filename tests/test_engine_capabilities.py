@@ -34,8 +34,9 @@ def test_the_memory_a_load_needs_is_the_engines_estimate():
     gguf = ModelDescriptor("m", "/m.gguf", "gguf", "transformers")
     hf = ModelDescriptor("m", "/m", "hf", "transformers")
     assert PLAIN.estimate_memory(gguf, 100) == 100  # none declared: the size on disk
-    transformers = EngineSpec("t", "x:X", "x:describe", frozenset({"gguf"}),
-                              memory_estimate="millm_engine_transformers.spec:memory_estimate")
+    transformers = EngineSpec(
+        "t", "x:X", "x:describe", frozenset({"gguf"}), memory_estimate="millm_engine_transformers.spec:memory_estimate"
+    )
     assert transformers.estimate_memory(gguf, 100) == 800  # dequantized to float32
     assert transformers.estimate_memory(hf, 100) == 100
 

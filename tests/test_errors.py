@@ -33,9 +33,19 @@ def test_non_json_media_type_is_415(server, model):
     assert_error(response, 415, "unsupported_media_type")
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b'"text"', b'{"model": "x", "temperature": NaN}',
-                                     b'{"model": "x", "temperature": Infinity}', b'{"model": "x", "top_p": 1e999}',
-                                     b"\xff\xfe{}", b""])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'"text"',
+        b'{"model": "x", "temperature": NaN}',
+        b'{"model": "x", "temperature": Infinity}',
+        b'{"model": "x", "top_p": 1e999}',
+        b"\xff\xfe{}",
+        b"",
+    ],
+)
 def test_malformed_bodies_are_400(server, content):
     assert_error(_post_raw(server, content), 400, "invalid_parameter" if content else "invalid_request")
 
@@ -54,8 +64,12 @@ def test_body_over_the_limit_is_413(server, model):
 def test_missing_and_wrong_typed_fields_name_the_parameter(server, model):
     with server.http() as http:
         missing = http.post("/v1/chat/completions", json={"model": model})
-        wrong_role = http.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "robot", "content": "x"}]})
-        wrong_content = http.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": 5}]})
+        wrong_role = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": [{"role": "robot", "content": "x"}]}
+        )
+        wrong_content = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": 5}]}
+        )
         no_model = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert_error(missing, 400, "invalid_parameter", "messages")
     assert_error(wrong_role, 400, "invalid_parameter", "messages[0].role")
@@ -73,8 +87,9 @@ def test_context_length_exceeded_names_limit_and_request(server, model):
     long_prompt = "hello " * 600  # over the echo model's 512-token window
     with server.http() as http:
         chat = http.post("/v1/chat/completions", json=chat_body(model, content=long_prompt, max_tokens=5))
-        with http.stream("POST", "/v1/chat/completions",
-                         json=chat_body(model, content=long_prompt, max_tokens=5, stream=True)) as streamed:
+        with http.stream(
+            "POST", "/v1/chat/completions", json=chat_body(model, content=long_prompt, max_tokens=5, stream=True)
+        ) as streamed:
             streamed.read()
         completion = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 600})
     error = assert_error(chat, 400, "context_length_exceeded", "messages")
@@ -86,7 +101,9 @@ def test_context_length_exceeded_names_limit_and_request(server, model):
 
 def test_server_keeps_serving_after_errors(server, model):
     _post_raw(server, b"\x00\x01garbage")
-    reply = server.openai().chat.completions.create(model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2)
+    reply = server.openai().chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2
+    )
     assert reply.choices[0].message.role == "assistant"
 
 
@@ -97,5 +114,7 @@ def test_management_errors_are_openai_shaped(server):
 
 
 def test_plain_http_client_gets_json_errors_over_the_wire(tiny_server):
-    response = httpx.post(f"{tiny_server.base_url}/v1/completions", content=b"{}", headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{tiny_server.base_url}/v1/completions", content=b"{}", headers={"content-type": "application/json"}
+    )
     assert_error(response, 400, "invalid_parameter")

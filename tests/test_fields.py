@@ -48,8 +48,11 @@ def test_unused_fields_are_reported_by_location(server, model):
 
 
 def test_nested_extra_messages_locations(server, model):
-    body = chat_body(model, max_tokens=1, extra_messages=[[{"role": "user", "content": "a"},
-                                                           {"role": "user", "content": "b", "weight": 2}]])
+    body = chat_body(
+        model,
+        max_tokens=1,
+        extra_messages=[[{"role": "user", "content": "a"}, {"role": "user", "content": "b", "weight": 2}]],
+    )
     with server.http() as http:
         response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
@@ -59,7 +62,9 @@ def test_nested_extra_messages_locations(server, model):
 
 def test_report_on_streams_too(server, model):
     with server.http() as http:
-        response, events = stream_post(http, "/v1/chat/completions", chat_body(model, max_tokens=2, stream=True, user="u"))
+        response, events = stream_post(
+            http, "/v1/chat/completions", chat_body(model, max_tokens=2, stream=True, user="u")
+        )
     assert _ignored(response) == ["user"] and events[-1] == "[DONE]"
 
 
@@ -103,15 +108,17 @@ def test_strict_mode_refuses_every_unused_location(server, model, value):
 @pytest.mark.parametrize("value", ["false", "0"])
 def test_strict_off_reports(server, model, value):
     with server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1, user="u"),
-                             headers={"X-miLLM-Strict": value})
+        response = http.post(
+            "/v1/chat/completions", json=chat_body(model, max_tokens=1, user="u"), headers={"X-miLLM-Strict": value}
+        )
     assert response.status_code == 200 and _ignored(response) == ["user"]
 
 
 def test_strict_with_another_value_names_the_header(server, model):
     with server.http() as http:
-        response = http.post("/v1/chat/completions", json=chat_body(model, max_tokens=1),
-                             headers={"X-miLLM-Strict": "yes"})
+        response = http.post(
+            "/v1/chat/completions", json=chat_body(model, max_tokens=1), headers={"X-miLLM-Strict": "yes"}
+        )
     assert_error(response, 400, "invalid_parameter", "X-miLLM-Strict")
 
 
@@ -157,9 +164,18 @@ def test_refusal_happens_before_any_model_load(app_factory):
 
 
 NO_CHANGE = {
-    "n": 1, "logprobs": False, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
-    "parallel_tool_calls": True, "logit_bias": {}, "pooling": "mean", "normalize": False,
-    "scoring_precision": "native", "dimensions": None, "seed": None,
+    "n": 1,
+    "logprobs": False,
+    "response_format": {"type": "text"},
+    "tools": [],
+    "tool_choice": "none",
+    "parallel_tool_calls": True,
+    "logit_bias": {},
+    "pooling": "mean",
+    "normalize": False,
+    "scoring_precision": "native",
+    "dimensions": None,
+    "seed": None,
 }
 
 
@@ -172,11 +188,29 @@ def test_no_change_values_are_accepted_everywhere(server, model, endpoint):
 
 
 def test_image_content_parts_are_refused(server, model):
-    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    body = {
+        "model": model,
+        "max_tokens": 1,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:,"}},
+                ],
+            }
+        ],
+    }
     with server.http() as http:
         response = http.post("/v1/chat/completions", json=body)
-        text_parts = http.post("/v1/chat/completions", json={**body, "messages": [
-            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}]})
+        text_parts = http.post(
+            "/v1/chat/completions",
+            json={
+                **body,
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": " there"}]}
+                ],
+            },
+        )
     assert_error(response, 400, "field_not_honoured", "messages[0].content[1]")
     assert text_parts.status_code == 200

@@ -28,8 +28,11 @@ def test_describe_leaves_other_checkpoints_alone(tmp_path):
 
 
 def test_replies_echo_the_last_user_message(echo_app):
-    messages = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": "second, with <|end|>"}]
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second, with <|end|>"},
+    ]
     with echo_app.http() as http:
         reply = chat(http, "echo", messages=messages)
     assert reply.json()["choices"][0]["message"]["content"] == "second, with "
@@ -45,9 +48,11 @@ def test_a_fixed_reply_and_a_failing_load(app_factory):
 
 def test_streams_arrive_whole_and_the_app_stops_cleanly(tmp_path):
     with AppServer(tmp_path) as app, app.http() as http:
-        response, events = stream_post(http, "/v1/chat/completions",
-                                       {"model": "echo", "messages": [{"role": "user", "content": "h\u00e9llo"}],
-                                        "stream": True})
+        response, events = stream_post(
+            http,
+            "/v1/chat/completions",
+            {"model": "echo", "messages": [{"role": "user", "content": "h\u00e9llo"}], "stream": True},
+        )
         assert response.headers["content-type"].startswith("text/event-stream")
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
         assert text == "h\u00e9llo" and events[-1] == "[DONE]"
@@ -107,8 +112,16 @@ def test_a_registered_plugin_object_sees_the_request_path_in_order(app_factory):
         reply = chat(http, "echo", max_tokens=2)
     assert reply.status_code == 200 and reply.headers["x-recorded"] == "7"
     assert [name for name, _ in recorder.calls] == [
-        "validate_request", "before_tokenize", "after_tokenize", "before_forward", "after_generate",
-        "response_extras", "render_headers"]
+        "validate_request",
+        "before_tokenize",
+        "after_tokenize",
+        "before_forward",
+        "after_generate",
+        "response_extras",
+        "render_headers",
+    ]
     threads = dict(recorder.calls)
-    assert threads["before_tokenize"].startswith("millm-engine") and threads["before_forward"].startswith("millm-engine")
+    assert threads["before_tokenize"].startswith("millm-engine") and threads["before_forward"].startswith(
+        "millm-engine"
+    )
     assert threads["render_headers"] == "millm-test-loop"  # the event loop

@@ -13,7 +13,8 @@ from millm_host.settings import Settings
 from millm_host.testing.extra_plugins import in_process_environ
 
 SPECS = sorted(
-    name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+    name
+    for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
     if getattr(fn, "millm_spec", None) is not None
 )
 

@@ -21,8 +21,19 @@ import pytest
 from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
 from millm_host.testing import assert_error, chat_body
 
-HOSTILE = ['q"uote', "back\\slash", "100%", "détecteur", "日本語", "😀", "tab\tnew\nline\x00\x7f", "bidi\u202eover",
-           "zero\u200bwidth", "x" * 1024, "é" * 1024]
+HOSTILE = [
+    'q"uote',
+    "back\\slash",
+    "100%",
+    "détecteur",
+    "日本語",
+    "😀",
+    "tab\tnew\nline\x00\x7f",
+    "bidi\u202eover",
+    "zero\u200bwidth",
+    "x" * 1024,
+    "é" * 1024,
+]
 
 
 # --- §0: no body freezes the server -------------------------------------------------
@@ -84,9 +95,17 @@ def test_the_unterminated_string_reproducer_at_4_mib(own_server):
     assert slowest < HEALTH_BOUND_S, f"/api/health took {slowest:.2f} s while a 4 MiB body was parsed"
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
-                                              ("POST", "/api/probes/score"), ("POST", "/api/profiles"),
-                                              ("PUT", "/api/steering"), ("POST", "/api/probes/import")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/embeddings"),
+        ("POST", "/api/probes/score"),
+        ("POST", "/api/profiles"),
+        ("PUT", "/api/steering"),
+        ("POST", "/api/probes/import"),
+    ],
+)
 def test_every_json_route_refuses_the_reproducer_promptly(own_server, method, path):
     response, slowest = health_while(own_server, method, path, just_under_the_limit(b'{"a":"', b'\\"'))
     assert_error(response, 400, "invalid_parameter")
@@ -99,10 +118,16 @@ def test_large_bodies_leave_the_event_loop_free(own_server, kind):
     model = json.dumps(own_server.model_id).encode()
     path, body, code = {
         "deep": ("/v1/chat/completions", just_under_the_limit(b'{"messages":', b"["), "invalid_parameter"),
-        "token-ids": ("/v1/completions", just_under_the_limit(b'{"model":' + model + b',"max_tokens":1,"prompt":[',
-                                                              b"1,", b"1]}"), "context_length_exceeded"),
-        "empty-arrays": ("/v1/chat/completions", just_under_the_limit(b'{"model":' + model + b',"x":[', b"[],", b"[]]}"),
-                         "invalid_parameter"),
+        "token-ids": (
+            "/v1/completions",
+            just_under_the_limit(b'{"model":' + model + b',"max_tokens":1,"prompt":[', b"1,", b"1]}"),
+            "context_length_exceeded",
+        ),
+        "empty-arrays": (
+            "/v1/chat/completions",
+            just_under_the_limit(b'{"model":' + model + b',"x":[', b"[],", b"[]]}"),
+            "invalid_parameter",
+        ),
     }[kind]
     response, slowest = health_while(own_server, "POST", path, body)
     assert_error(response, 400, code)
@@ -115,11 +140,14 @@ def test_nesting_is_bounded_where_the_setting_says(own_server):
         for depth, status in ((62, 200), (64, 400), (5000, 400)):
             extra = "[" * depth + "]" * depth  # inside an object inside the body: depth + 1 levels, +1 for the body
             content = f'{{"model": "{model}", "max_tokens": 1, "messages": [{{"role": "user", "content": "hi"}}], "x": {extra}}}'
-            response = http.post("/v1/chat/completions", content=content.encode(), headers={"content-type": "application/json"})
+            response = http.post(
+                "/v1/chat/completions", content=content.encode(), headers={"content-type": "application/json"}
+            )
             assert response.status_code == status, (depth, response.text[:200])
 
 
 # --- §3: structured headers carry any string ------------------------------------------
+
 
 @pytest.mark.parametrize("text", HOSTILE, ids=range(len(HOSTILE)))
 def test_every_header_string_is_percent_encoded_losslessly(text):
@@ -149,23 +177,39 @@ def test_ignored_field_names_are_carried_losslessly(tiny_server):
 
 # --- §3b: bad input is a 400, never a 500 ---------------------------------------------
 
+
 def post_raw(http: httpx.Client, path: str, text: str) -> httpx.Response:
     """Send ``text`` as written: JSON escapes such as ``\\ud800`` reach the server unchanged."""
     return http.post(path, content=text.encode(), headers={"content-type": "application/json"})
 
 
-@pytest.mark.parametrize(("path", "template", "param"), [
-    ("/v1/chat/completions", '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
-     "messages[0].content"),
-    ("/v1/chat/completions", ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": '
-                              '[{"type": "text", "text": "\\udfffb"}]}]}'), "messages[0].content[0].text"),
-    ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": "a\\ud800"}', "prompt"),
-    ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": ["ok", "a\\ud800"]}', "prompt[1]"),
-    ("/v1/embeddings", '{"model": %s, "input": "a\\ud800"}', "input"),
-    ("/v1/embeddings", '{"model": %s, "input": ["a", "\\udc00"]}', "input[1]"),
-    ("/v1/chat/completions", ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], '
-                              '"stop": ["\\ud800"]}'), "stop[0]"),
-])
+@pytest.mark.parametrize(
+    ("path", "template", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "a\\ud800"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            (
+                '{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": '
+                '[{"type": "text", "text": "\\udfffb"}]}]}'
+            ),
+            "messages[0].content[0].text",
+        ),
+        ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": "a\\ud800"}', "prompt"),
+        ("/v1/completions", '{"model": %s, "max_tokens": 1, "prompt": ["ok", "a\\ud800"]}', "prompt[1]"),
+        ("/v1/embeddings", '{"model": %s, "input": "a\\ud800"}', "input"),
+        ("/v1/embeddings", '{"model": %s, "input": ["a", "\\udc00"]}', "input[1]"),
+        (
+            "/v1/chat/completions",
+            ('{"model": %s, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "stop": ["\\ud800"]}'),
+            "stop[0]",
+        ),
+    ],
+)
 def test_a_lone_surrogate_is_a_400_naming_where(tiny_server, path, template, param):
     with tiny_server.http() as http:
         response = post_raw(http, path, template % json.dumps(tiny_server.model_id))
@@ -201,12 +245,15 @@ def test_an_empty_string_in_a_prompt_list_is_a_400(tiny_server):
         assert_error(http.post("/v1/completions", json=body), 400, "invalid_parameter", "prompt[0]")
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"stream": "yes"}, "stream"),
-    ({"stream": True, "stream_options": {"include_usage": 5}}, "stream_options.include_usage"),
-    ({"stop": [1]}, "stop"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stream": "yes"}, "stream"),
+        ({"stream": True, "stream_options": {"include_usage": 5}}, "stream_options.include_usage"),
+        ({"stop": [1]}, "stop"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content"),
+    ],
+)
 def test_a_refusal_names_fields_that_look_like_type_tags(fields, param):
     """Union-member tags ("str", "list[str]") are dropped from the location; "stream" is a field, not a tag."""
     from millm_host.errors import InvalidParameter

@@ -30,8 +30,14 @@ def _pythonpath() -> str:
 
 def _lint(*args: str, extra_path: Path | None = None) -> subprocess.CompletedProcess:
     path = _pythonpath() if extra_path is None else os.pathsep.join([str(extra_path), _pythonpath()])
-    return subprocess.run([LINT_IMPORTS, "--no-cache", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": path}, timeout=300)
+    return subprocess.run(
+        [LINT_IMPORTS, "--no-cache", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+        timeout=300,
+    )
 
 
 def _config() -> dict:
@@ -60,13 +66,16 @@ def _ini(config: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize(("imported", "allowed"), [
-    ("millm_host.errors", False),
-    ("millm_host.resources.common", False),
-    ("millm_steering.plugin", False),
-    ("millm_host.api", True),
-    ("millm_host.hookspecs", True),
-])
+@pytest.mark.parametrize(
+    ("imported", "allowed"),
+    [
+        ("millm_host.errors", False),
+        ("millm_host.resources.common", False),
+        ("millm_steering.plugin", False),
+        ("millm_host.api", True),
+        ("millm_host.hookspecs", True),
+    ],
+)
 def test_a_plugin_importing_a_host_module_breaks_the_contract(tmp_path, imported, allowed):
     """A new plugin held to the same contracts: only the public modules may be imported."""
     package = tmp_path / "millm_contract_example"
@@ -76,9 +85,11 @@ def test_a_plugin_importing_a_host_module_breaks_the_contract(tmp_path, imported
     config["root_packages"] = [*config["root_packages"], "millm_contract_example"]
     only_api, independent = config["contracts"][0], config["contracts"][1]
     only_api["source_modules"] = [*only_api["source_modules"], "millm_contract_example"]
-    only_api["ignore_imports"] = [*only_api["ignore_imports"],
-                                  "millm_contract_example -> millm_host.api",
-                                  "millm_contract_example -> millm_host.hookspecs"]
+    only_api["ignore_imports"] = [
+        *only_api["ignore_imports"],
+        "millm_contract_example -> millm_host.api",
+        "millm_contract_example -> millm_host.hookspecs",
+    ]
     independent["modules"] = [*independent["modules"], "millm_contract_example"]
     ini = tmp_path / "contracts.ini"
     ini.write_text(_ini(config))

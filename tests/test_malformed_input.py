@@ -18,19 +18,53 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from millm_host.testing.openai_schema import validate_openai
 
 JSON_SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
 )
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
-FIELDS = ["model", "messages", "prompt", "temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "stop",
-          "seed", "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "top_logprobs",
-          "response_format", "tools", "tool_choice", "parallel_tool_calls", "extra_messages", "add_special_tokens",
-          "user", "steering", "profile", "steering_intensity", "return_sae_activations", "allowed_token_ids",
-          "scoring_precision", "return_tokens_as_token_ids", "chat_template_kwargs", "unknown_field"]
+FIELDS = [
+    "model",
+    "messages",
+    "prompt",
+    "temperature",
+    "top_p",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "stream",
+    "stream_options",
+    "frequency_penalty",
+    "presence_penalty",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "extra_messages",
+    "add_special_tokens",
+    "user",
+    "steering",
+    "profile",
+    "steering_intensity",
+    "return_sae_activations",
+    "allowed_token_ids",
+    "scoring_precision",
+    "return_tokens_as_token_ids",
+    "chat_template_kwargs",
+    "unknown_field",
+]
 NUMBER_LITERALS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" * 400, "0.0000001", "-0"]
 
 
@@ -60,8 +94,12 @@ def post(http: httpx.Client, path: str, content: bytes) -> httpx.Response:
 
 
 # derandomize: CI sees the same examples every run; setting MILLM_FUZZ_SEED (any value) explores others.
-SETTINGS = settings(max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "60")), deadline=None,
-                    derandomize="MILLM_FUZZ_SEED" not in os.environ, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    derandomize="MILLM_FUZZ_SEED" not in os.environ,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 @SETTINGS
@@ -116,5 +154,7 @@ def test_invalid_utf8_inside_strings(http, model):
 
 
 def test_server_still_serves_afterwards(echo_app, model):
-    reply = echo_app.openai().chat.completions.create(model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2)
+    reply = echo_app.openai().chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "ok"}], max_tokens=2
+    )
     assert reply.usage.completion_tokens >= 1

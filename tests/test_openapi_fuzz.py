@@ -35,7 +35,12 @@ schema = schemathesis.pytest.from_fixture("openapi")
 
 
 @schema.parametrize()
-@settings(max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "25")), deadline=None, database=None,
-          derandomize="MILLM_FUZZ_SEED" not in os.environ, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("MILLM_FUZZ_EXAMPLES", "25")),
+    deadline=None,
+    database=None,
+    derandomize="MILLM_FUZZ_SEED" not in os.environ,
+    suppress_health_check=list(HealthCheck),
+)
 def test_the_documented_api_never_answers_5xx(case):
     case.call_and_validate(checks=CHECKS, timeout=60)

@@ -38,8 +38,9 @@ def test_text_completions_too(faulty):
 
 def test_a_stream_names_the_plugin_in_its_header_and_its_last_chunk(faulty):
     with faulty.http() as http:
-        response, events = stream_post(http, "/v1/chat/completions",
-                                       chat_body(faulty.model_id, content="FAULT", max_tokens=4, stream=True))
+        response, events = stream_post(
+            http, "/v1/chat/completions", chat_body(faulty.model_id, content="FAULT", max_tokens=4, stream=True)
+        )
     assert response.status_code == 200
     assert _named(response.headers["x-millm-plugin-errors"]) == ["fault_injection"]
     assert events[-1] == "[DONE]"
@@ -48,10 +49,12 @@ def test_a_stream_names_the_plugin_in_its_header_and_its_last_chunk(faulty):
 
 def test_extras_failing_after_a_stream_opened_are_named_in_the_last_chunk(faulty):
     with faulty.http() as http:
-        response, events = stream_post(http, "/v1/chat/completions",
-                                       chat_body(faulty.model_id, content="FAULT-EXTRAS", max_tokens=4, stream=True))
-        healthy, plain = stream_post(http, "/v1/chat/completions",
-                                     chat_body(faulty.model_id, content="fine", max_tokens=4, stream=True))
+        response, events = stream_post(
+            http, "/v1/chat/completions", chat_body(faulty.model_id, content="FAULT-EXTRAS", max_tokens=4, stream=True)
+        )
+        healthy, plain = stream_post(
+            http, "/v1/chat/completions", chat_body(faulty.model_id, content="fine", max_tokens=4, stream=True)
+        )
     assert response.status_code == 200 and "x-millm-plugin-errors" not in response.headers
     assert events[-2]["millm_plugin_errors"] == ["fault_injection"] and events[-1] == "[DONE]"
     assert healthy.status_code == 200 and not any("millm_plugin_errors" in e for e in plain if isinstance(e, dict))

@@ -21,8 +21,13 @@ from millm_host.testing.extra_plugins import with_test_plugins
 
 
 def _millm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "millm_host.cli", *args], capture_output=True, text=True,
-                          env=with_test_plugins({**os.environ, **(env or {})}), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "millm_host.cli", *args],
+        capture_output=True,
+        text=True,
+        env=with_test_plugins({**os.environ, **(env or {})}),
+        timeout=120,
+    )
 
 
 def test_millm_plugins_lists_names_versions_and_status():
@@ -92,7 +97,9 @@ def test_third_party_detector_adds_header_and_body_field(detector_app):
 
 def test_third_party_detector_streams_a_terminal_chunk(detector_app):
     with detector_app.http() as http:
-        _, events = stream_post(http, "/v1/chat/completions", chat_body(detector_app.model_id, max_tokens=4, stream=True))
+        _, events = stream_post(
+            http, "/v1/chat/completions", chat_body(detector_app.model_id, max_tokens=4, stream=True)
+        )
     extra = events[-2]
     assert extra["choices"] == [] and "shouting" in extra["detector_example"]
 

@@ -24,8 +24,12 @@ def test_greedy_answer_mentions_paris(default_server):
 
 def test_streamed_text_equals_non_streamed_text(default_server):
     client = default_server.openai()
-    request = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Name three colours."}],
-                   temperature=0, max_tokens=40)
+    request = dict(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Name three colours."}],
+        temperature=0,
+        max_tokens=40,
+    )
     whole = client.chat.completions.create(**request).choices[0].message.content
     streamed = "".join(
         c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **request) if c.choices
@@ -35,8 +39,13 @@ def test_streamed_text_equals_non_streamed_text(default_server):
 
 def test_same_seed_same_text_at_temperature_one(default_server):
     client = default_server.openai()
-    request = dict(model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Write a short poem."}],
-                   temperature=1, max_tokens=30, seed=1234)
+    request = dict(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "Write a short poem."}],
+        temperature=1,
+        max_tokens=30,
+        seed=1234,
+    )
     first = client.chat.completions.create(**request).choices[0].message.content
     second = client.chat.completions.create(**request).choices[0].message.content
     assert first == second

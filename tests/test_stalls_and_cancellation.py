@@ -96,9 +96,10 @@ def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(server):
     """The held generation is cancelled and its place freed: the next request is served at once."""
     body = json.dumps(chat_body(server.model_id, content="FAULT", max_tokens=50)).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
         wait_for(lambda: health(server)["queue"]["generating"], "the generation to start")
     # Not cancelled, it would hold its place and the engine thread for BLOCK_S seconds.
     wait_for(lambda: health(server)["queue"]["admitted"] == 0, "the place to be freed", timeout=30)
@@ -148,14 +149,16 @@ def _post_in_thread(server, body: dict, results: dict, key: str) -> threading.Th
 
 
 def test_sigterm_waits_the_grace_then_fails_the_rest(server_factory, long_model):
-    server = server_factory(long_model, env={"MILLM_QUEUE_MAX": "16", "FAULT_INJECTION": f"slow:2:{BLOCK_S}",
-                                             "MILLM_SHUTDOWN_GRACE_S": "1"})
+    server = server_factory(
+        long_model, env={"MILLM_QUEUE_MAX": "16", "FAULT_INJECTION": f"slow:2:{BLOCK_S}", "MILLM_SHUTDOWN_GRACE_S": "1"}
+    )
     model = server.model_id
     results: dict = {}
     threads = [_post_in_thread(server, chat_body(model, content="FAULT", max_tokens=50, stream=True), results, "held")]
     wait_for(lambda: health(server)["queue"]["generating"], "the generation to start")
-    threads += [_post_in_thread(server, chat_body(model, max_tokens=50, stream=True), results, f"queued-{i}")
-                for i in range(2)]
+    threads += [
+        _post_in_thread(server, chat_body(model, max_tokens=50, stream=True), results, f"queued-{i}") for i in range(2)
+    ]
     threads.append(_post_in_thread(server, chat_body(model, max_tokens=50), results, "plain"))
     wait_for(lambda: health(server)["queue"]["admitted"] == 4, "four admitted requests")
     signalled = time.monotonic()
@@ -178,8 +181,10 @@ def test_sigterm_waits_the_grace_then_fails_the_rest(server_factory, long_model)
 
 def test_a_stalled_generation_fails_with_503(server_factory, tiny_model_dir):
     """No token for MILLM_GENERATION_STALL_S: 503; what waits behind the hung thread fails too; SIGTERM still exits."""
-    server = server_factory(tiny_model_dir, env={"FAULT_INJECTION": "stall:2:600", "MILLM_GENERATION_STALL_S": "1",
-                                                 "MILLM_SHUTDOWN_GRACE_S": "1"})
+    server = server_factory(
+        tiny_model_dir,
+        env={"FAULT_INJECTION": "stall:2:600", "MILLM_GENERATION_STALL_S": "1", "MILLM_SHUTDOWN_GRACE_S": "1"},
+    )
     model = server.model_id
     with server.http(timeout=60) as http:
         hung = http.post("/v1/chat/completions", json=chat_body(model, content="FAULT", max_tokens=20))

@@ -21,8 +21,21 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_busy_port_fails_before_loading_anything(tiny_server, tiny_model_dir, tmp_path):
     env = {**os.environ, "MILLM_DATA_DIR": str(tmp_path), "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache")}
     result = subprocess.run(
-        [sys.executable, "-m", "millm_host.cli", "serve", "--port", str(tiny_server.port), "--model",
-         str(tiny_model_dir)], capture_output=True, text=True, env=env, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "millm_host.cli",
+            "serve",
+            "--port",
+            str(tiny_server.port),
+            "--model",
+            str(tiny_model_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert f"cannot listen on 127.0.0.1:{tiny_server.port}" in output
@@ -58,8 +71,11 @@ def test_a_non_loopback_bind_without_keys_warns_loudly(server_factory):
     server = server_factory(args=["--host", "0.0.0.0"], env={"MILLM_LOAD_ON_START": "false"}, wait_for="no_model")
     log = server.log()
     assert "WITHOUT API KEYS" in log and "MILLM_ALLOWED_HOSTS is not set" in log
-    keyed = server_factory(args=["--host", "0.0.0.0"], wait_for="no_model",
-                           env={"MILLM_LOAD_ON_START": "false", "MILLM_API_KEYS": "k", "MILLM_ALLOWED_HOSTS": "*"})
+    keyed = server_factory(
+        args=["--host", "0.0.0.0"],
+        wait_for="no_model",
+        env={"MILLM_LOAD_ON_START": "false", "MILLM_API_KEYS": "k", "MILLM_ALLOWED_HOSTS": "*"},
+    )
     assert "WITHOUT API KEYS" not in keyed.log() and "!!!" not in keyed.log()
 
 
@@ -78,7 +94,8 @@ def test_the_setup_does_not_install_test_only_plugins():
 
 
 def test_plugin_modules_register_modules_that_are_not_installed(tmp_path, monkeypatch):
-    (tmp_path / "millm_listed_only.py").write_text(textwrap.dedent("""
+    (tmp_path / "millm_listed_only.py").write_text(
+        textwrap.dedent("""
         from millm_host.hookspecs import hookimpl
         from millm_host.settings import Setting
 
@@ -87,7 +104,8 @@ def test_plugin_modules_register_modules_that_are_not_installed(tmp_path, monkey
         @hookimpl
         def register_settings(register):
             register(Setting("LISTED_ONLY_FLAG", bool, False, "a setting of a plugin named in MILLM_PLUGIN_MODULES"))
-    """))
+    """)
+    )
     (tmp_path / "millm_broken_listed.py").write_text("raise RuntimeError('broken on purpose')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     settings = Settings(environ={"MILLM_PLUGIN_MODULES": "listed=millm_listed_only, millm_broken_listed, absent=nope"})

@@ -18,8 +18,9 @@ def faulty(app_factory):
 
 def test_mid_stream_failure_is_an_error_event_before_done(faulty):
     with faulty.http() as http:
-        response, events = stream_post(http, "/v1/chat/completions",
-                                       chat_body(faulty.model_id, content="FAULT please", max_tokens=20, stream=True))
+        response, events = stream_post(
+            http, "/v1/chat/completions", chat_body(faulty.model_id, content="FAULT please", max_tokens=20, stream=True)
+        )
     assert response.status_code == 200
     assert events[-1] == "[DONE]"
     error = events[-2]["error"]
@@ -31,8 +32,9 @@ def test_mid_stream_failure_is_an_error_event_before_done(faulty):
 def test_the_openai_sdk_raises_on_the_error_event(faulty):
     client = faulty.openai()
     with pytest.raises(openai.APIError):
-        for _ in client.chat.completions.create(model=faulty.model_id, stream=True, max_tokens=20,
-                                                messages=[{"role": "user", "content": "FAULT"}]):
+        for _ in client.chat.completions.create(
+            model=faulty.model_id, stream=True, max_tokens=20, messages=[{"role": "user", "content": "FAULT"}]
+        ):
             pass
 
 
@@ -47,8 +49,9 @@ def test_non_streamed_failure_is_an_error_response(faulty):
 def test_out_of_memory_mid_stream(app_factory):
     app = app_factory(plugins=["fault_injection"], env={"FAULT_INJECTION": "oom:2"})
     with app.http() as http:
-        _, events = stream_post(http, "/v1/chat/completions",
-                                chat_body(app.model_id, content="FAULT", max_tokens=10, stream=True))
+        _, events = stream_post(
+            http, "/v1/chat/completions", chat_body(app.model_id, content="FAULT", max_tokens=10, stream=True)
+        )
         plain = chat(http, app.model_id, "FAULT", max_tokens=10)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "insufficient_memory"
     error = assert_error(plain, 503, "insufficient_memory")

@@ -86,8 +86,10 @@ async def handle_http_error(req, resp, ex: falcon.HTTPError, params) -> None:
     status = ex.status_code if hasattr(ex, "status_code") else int(str(ex.status).split()[0])
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request")
     message = ex.description or ex.title or "request failed"
-    render_error(resp, MillmError(message, code=code, status=status,
-                                  type="invalid_request_error" if status < 500 else "server_error"))
+    render_error(
+        resp,
+        MillmError(message, code=code, status=status, type="invalid_request_error" if status < 500 else "server_error"),
+    )
     headers = ex.headers or {}
     for name, value in headers.items() if isinstance(headers, Mapping) else headers:
         resp.set_header(name, value)

@@ -40,7 +40,11 @@ class Health:
             "engines": [spec.name for spec in self.host.engines],
             "plugins": [{"name": r.name, "version": r.version} for r in report.loaded],
             "failed_plugins": [{"name": r.name, "error": r.error} for r in report.failed],
-            "queue": {"admitted": scheduler.admitted, "max_waiting": scheduler.queue_max,
-                      "generating": scheduler.generating, "stalled": scheduler.stalled(),
-                      "shutting_down": scheduler.closing},
+            "queue": {
+                "admitted": scheduler.admitted,
+                "max_waiting": scheduler.queue_max,
+                "generating": scheduler.generating,
+                "stalled": scheduler.stalled(),
+                "shutting_down": scheduler.closing,
+            },
         }

@@ -74,4 +74,3 @@ class ManagedModel:
         entry = self._entry(model_id)
         await self.host.registry.unload(entry)
         resp.media = model_detail(self.host, entry)
-

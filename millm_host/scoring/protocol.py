@@ -14,7 +14,9 @@ from pydantic import Field
 from ..protocol import FAIL_FAST, ChatCompletionRequest, CompletionRequest, ResponseModel
 
 TopCount = Annotated[int, Field(ge=0, le=20)]
-TokenIds = Annotated[list[int], Field(min_length=1, description="Token ids of the loaded model's vocabulary"), FAIL_FAST]
+TokenIds = Annotated[
+    list[int], Field(min_length=1, description="Token ids of the loaded model's vocabulary"), FAIL_FAST
+]
 PrecisionField = Annotated[
     Literal["native", "float32"] | None,
     Field(description='Precision of the scoring forward pass; "float32" scores a float32 copy of the model'),

@@ -50,8 +50,15 @@ if TYPE_CHECKING:
 
 #: Fields that steer, constrain or monitor generation: a scoring request carrying one is refused.
 UNSCORABLE_FIELDS = (
-    "profile", "steering_intensity", "steering", "response_format",
-    "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
+    "profile",
+    "steering_intensity",
+    "steering",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
 )
 #: Sampling fields that change nothing when nothing is sampled: reported as unused.
 NOT_APPLIED_FIELDS = ("top_p", "stop", "frequency_penalty", "presence_penalty")
@@ -140,8 +147,11 @@ def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
         # Every listed token is returned: the set is what the answer is normalised over.
         top = (len(allowed) if allowed else params.logprobs) if logprobs else 0
         precision_sent = params.scoring_precision
-    if precision_sent == "float32" and not is_no_change("return_sae_activations", body.get("return_sae_activations")) \
-            and body.get("return_sae_activations") is not False:
+    if (
+        precision_sent == "float32"
+        and not is_no_change("return_sae_activations", body.get("return_sae_activations"))
+        and body.get("return_sae_activations") is not False
+    ):
         raise InvalidParameter(
             "scoring_precision float32 runs on a copy of the model that reads no activations; "
             "drop return_sae_activations or score natively",
@@ -236,7 +246,9 @@ class ServingScoring(Serving):
         for index, ids in enumerate(ctx.prompts):
             where = prompt_location(ctx, index)
             if not ids:
-                raise InvalidScoringRequest(f"{where} tokenises to nothing; there is no next token to score", param=where)
+                raise InvalidScoringRequest(
+                    f"{where} tokenises to nothing; there is no next token to score", param=where
+                )
             if window is not None and len(ids) + 1 > window:
                 raise ContextLengthExceeded(
                     f"this model's maximum context length is {window} tokens; {where} has {len(ids)} "
@@ -264,8 +276,11 @@ class ServingScoring(Serving):
         request: ScoringRequest = ctx.plan
         hooks = []
         if request.params.precision != "float32":
-            hooks = [read_only(h) for h in flatten(hookcalls.request(self.host.pm, "before_scoring", ctx=ctx))
-                     if isinstance(h, LayerHook)]
+            hooks = [
+                read_only(h)
+                for h in flatten(hookcalls.request(self.host.pm, "before_scoring", ctx=ctx))
+                if isinstance(h, LayerHook)
+            ]
         try:
             results = engine.score_next_token(ctx.prompts, request.params, hooks=hooks)
         except NonFiniteLogits as exc:
@@ -276,15 +291,24 @@ class ServingScoring(Serving):
         rendered = []
         for index, (ids, result) in enumerate(zip(ctx.prompts, results, strict=True)):
             text = engine.decode([result.chosen.token_id])
-            ctx.outputs.append(SequenceOutput(index=index, prompt_index=index, prompt_ids=ids,
-                                              token_ids=[result.chosen.token_id], text=text,
-                                              finish_reason="length"))
-            rendered.append({
-                "text": text,
-                "chosen": _token(engine, result.chosen),
-                "top": [_token(engine, t) for t in result.top],
-                "prompt_chars": _prompt_chars(ctx, engine, index),
-            })
+            ctx.outputs.append(
+                SequenceOutput(
+                    index=index,
+                    prompt_index=index,
+                    prompt_ids=ids,
+                    token_ids=[result.chosen.token_id],
+                    text=text,
+                    finish_reason="length",
+                )
+            )
+            rendered.append(
+                {
+                    "text": text,
+                    "chosen": _token(engine, result.chosen),
+                    "top": [_token(engine, t) for t in result.top],
+                    "prompt_chars": _prompt_chars(ctx, engine, index),
+                }
+            )
         return rendered
 
     # --- event loop ----------------------------------------------------------------------
@@ -310,8 +334,12 @@ def read_only(hook: LayerHook) -> LayerHook:
 
 def _token(engine: Any, token: TokenLogprob) -> dict[str, Any]:
     raw = engine.token_bytes(token.token_id)
-    return {"id": token.token_id, "text": raw.decode("utf-8", "replace"), "logprob": token.logprob,
-            "bytes": list(raw.decode("utf-8", "replace").encode("utf-8"))}
+    return {
+        "id": token.token_id,
+        "text": raw.decode("utf-8", "replace"),
+        "logprob": token.logprob,
+        "bytes": list(raw.decode("utf-8", "replace").encode("utf-8")),
+    }
 
 
 def _prompt_chars(ctx: RequestContext, engine: Any, index: int) -> int:
@@ -333,47 +361,75 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
     usage = Usage(**count_usage(ctx))  # each scored output holds its one token
     if ctx.is_chat:
         response = ScoringChatResponse(
-            id=response_id(ctx), object="chat.completion", created=ctx.created, model=ctx.model.id,
+            id=response_id(ctx),
+            object="chat.completion",
+            created=ctx.created,
+            model=ctx.model.id,
             system_fingerprint=ctx.engine.info.system_fingerprint,
-            choices=[_chat_choice(index, score, request, key) for index, score in enumerate(scores)], usage=usage)
+            choices=[_chat_choice(index, score, request, key) for index, score in enumerate(scores)],
+            usage=usage,
+        )
     else:
         fields: dict[str, Any] = {}
         if request.precision_sent is not None:
             fields["scoring_precision"] = request.precision_sent
         response = ScoringCompletionResponse(
-            id=response_id(ctx), object="text_completion", created=ctx.created, model=ctx.model.id,
+            id=response_id(ctx),
+            object="text_completion",
+            created=ctx.created,
+            model=ctx.model.id,
             system_fingerprint=ctx.engine.info.system_fingerprint,
             choices=[_completion_choice(index, score, request, key) for index, score in enumerate(scores)],
-            usage=usage, **fields)
+            usage=usage,
+            **fields,
+        )
     return response.model_dump(mode="json", exclude_unset=True)
 
 
-def _chat_choice(index: int, score: dict[str, Any], request: ScoringRequest,
-                 key: Callable[[dict[str, Any]], str]) -> ScoringChatChoice:
+def _chat_choice(
+    index: int, score: dict[str, Any], request: ScoringRequest, key: Callable[[dict[str, Any]], str]
+) -> ScoringChatChoice:
     logprobs = None
     if request.logprobs:
         top = [ChatTopLogprob(token=key(t), logprob=t["logprob"], bytes=t["bytes"]) for t in score["top"]]
         chosen = score["chosen"]
-        logprobs = ChatLogprobs(content=[ChatTokenLogprob(
-            token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)],
-            refusal=None)
+        logprobs = ChatLogprobs(
+            content=[
+                ChatTokenLogprob(token=key(chosen), logprob=chosen["logprob"], bytes=chosen["bytes"], top_logprobs=top)
+            ],
+            refusal=None,
+        )
     return ScoringChatChoice(
-        index=index, message=ScoringChatMessage(role="assistant", content=score["text"], refusal=None),
-        logprobs=logprobs, finish_reason="length")
+        index=index,
+        message=ScoringChatMessage(role="assistant", content=score["text"], refusal=None),
+        logprobs=logprobs,
+        finish_reason="length",
+    )
 
 
-def _completion_choice(index: int, score: dict[str, Any], request: ScoringRequest,
-                       key: Callable[[dict[str, Any]], str]) -> ScoringCompletionChoice:
+def _completion_choice(
+    index: int, score: dict[str, Any], request: ScoringRequest, key: Callable[[dict[str, Any]], str]
+) -> ScoringCompletionChoice:
     logprobs = None
     if request.logprobs:
         top: dict[str, float] = {}
         for t in score["top"]:
             top.setdefault(key(t), t["logprob"])  # ids that decode alike share the best entry
         chosen = score["chosen"]
-        logprobs = CompletionLogprobs(tokens=[key(chosen)], token_logprobs=[chosen["logprob"]],
-                                      top_logprobs=[top], text_offset=[score["prompt_chars"]])
+        logprobs = CompletionLogprobs(
+            tokens=[key(chosen)],
+            token_logprobs=[chosen["logprob"]],
+            top_logprobs=[top],
+            text_offset=[score["prompt_chars"]],
+        )
     return ScoringCompletionChoice(text=score["text"], index=index, logprobs=logprobs, finish_reason="length")
 
 
-__all__ = ["ScoringRequest", "ServingScoring", "is_scoring_request", "parse_scoring_request",
-           "refuse_scoring_only_fields", "render_body"]
+__all__ = [
+    "ScoringRequest",
+    "ServingScoring",
+    "is_scoring_request",
+    "parse_scoring_request",
+    "refuse_scoring_only_fields",
+    "render_body",
+]

@@ -59,8 +59,10 @@ class ServingEmbeddings(Serving):
         tokens = sum(len(ids) for ids in ctx.prompts)
         response = EmbeddingResponse(
             object="list",
-            data=[EmbeddingData(object="embedding", index=i, embedding=encode(v, ctx.params.encoding_format or "float"))
-                  for i, v in enumerate(output)],
+            data=[
+                EmbeddingData(object="embedding", index=i, embedding=encode(v, ctx.params.encoding_format or "float"))
+                for i, v in enumerate(output)
+            ],
             model=ctx.model.id,
             usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
         )

@@ -82,7 +82,10 @@ class GenerationJob:
             ctx.error, ctx.interrupted = exc, "generation_error"
         except Exception as exc:
             log.exception("generation failed")
-            ctx.error, ctx.interrupted = InternalError(f"generation failed: {type(exc).__name__}: {exc}"), "generation_error"
+            ctx.error, ctx.interrupted = (
+                InternalError(f"generation failed: {type(exc).__name__}: {exc}"),
+                "generation_error",
+            )
         finally:
             scheduler.beat()  # a plugin's after_generate that hangs is a stall too
             self.finish()
@@ -122,9 +125,7 @@ class GenerationJob:
         assembler = TextAssembler(engine.decode, ctx.params.stop_list)
         eos = engine.info.eos_token_ids
         finish = "length"
-        tokens = engine.generate(
-            prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors]
-        )
+        tokens = engine.generate(prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors])
         beat = self.host.scheduler.beat
         try:
             for token in tokens:
@@ -152,7 +153,7 @@ class GenerationJob:
         for position, seq_filter in enumerate(seq_filters):
             result = seq_filter.finish(out.finish_reason)
             if result.text:
-                self._send(out, result.text, seq_filters[position + 1:])
+                self._send(out, result.text, seq_filters[position + 1 :])
             if result.finish_reason:
                 out.finish_reason = result.finish_reason
             out.message_extras.update(result.message_extras)

@@ -26,7 +26,9 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
         if ctx.is_chat:
             message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
             message.update(out.message_extras)
-            choices.append({"index": out.index, "message": message, "logprobs": None, "finish_reason": out.finish_reason})
+            choices.append(
+                {"index": out.index, "message": message, "logprobs": None, "finish_reason": out.finish_reason}
+            )
         else:
             choices.append({"text": out.text, "index": out.index, "logprobs": None, "finish_reason": out.finish_reason})
     return {
@@ -53,8 +55,15 @@ def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> d
     return body
 
 
-def delta_choice(ctx: RequestContext, index: int, text: str | None = None, *, role: bool = False,
-                 extra: dict[str, Any] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+def delta_choice(
+    ctx: RequestContext,
+    index: int,
+    text: str | None = None,
+    *,
+    role: bool = False,
+    extra: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
     if ctx.is_chat:
         delta: dict[str, Any] = {}
         if role:

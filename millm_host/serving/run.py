@@ -65,8 +65,7 @@ class ServingGeneration(Serving):
         #: Serves this endpoint's bodies in scoring mode.
         self.scoring = ServingScoring(host, self)
 
-    async def handle(self, body: dict[str, Any], headers: dict[str, str], *,
-                     gone: ClientGone | None = None) -> Result:
+    async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
         if is_scoring_request(self.endpoint, body):
             return await self.scoring.handle(body, headers, gone=gone)
         return await super().handle(body, headers, gone=gone)
@@ -89,11 +88,18 @@ class ServingGeneration(Serving):
         requested = params.requested_max_tokens
         longest = max((len(p) for p in ctx.prompts), default=0)
         if longest == 0:
-            raise InvalidParameter("the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages")
+            raise InvalidParameter(
+                "the prompt is empty", param="prompt" if ctx.endpoint == "completions" else "messages"
+            )
         empty = next((i for i, p in enumerate(ctx.prompts) if not p), None)
         if empty is not None:  # an engine given no ids fails deep inside; refuse it here
-            where = (f"prompt[{empty}]" if ctx.endpoint == "completions"
-                     else f"extra_messages[{empty - 1}]" if empty else "messages")
+            where = (
+                f"prompt[{empty}]"
+                if ctx.endpoint == "completions"
+                else f"extra_messages[{empty - 1}]"
+                if empty
+                else "messages"
+            )
             raise InvalidParameter(f"{where} is empty (it tokenizes to nothing); every prompt needs text", param=where)
         if window is not None:
             asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
@@ -131,8 +137,15 @@ class ServingGeneration(Serving):
 class Flight:
     """One generation between the event loop and the engine thread (see the module docstring)."""
 
-    def __init__(self, host: Host, ctx: RequestContext, admission: Admission, *, streaming: bool,
-                 gone: asyncio.Future | None = None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        ctx: RequestContext,
+        admission: Admission,
+        *,
+        streaming: bool,
+        gone: asyncio.Future | None = None,
+    ) -> None:
         self.host, self.ctx, self.admission, self.gone = host, ctx, admission, gone
         self.loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
@@ -185,8 +198,10 @@ class Flight:
             self.stop("cancelled", scheduler.why_not_started())
         elif scheduler.stalled():
             if self.future.running():  # this generation is the one that stalled
-                self.stop("generation_thread_hung", GenerationStalled(
-                    f"the generation made no progress for {scheduler.stall_s:g} s"))
+                self.stop(
+                    "generation_thread_hung",
+                    GenerationStalled(f"the generation made no progress for {scheduler.stall_s:g} s"),
+                )
                 self._tell_plugins(after=scheduler.stall_s)
             elif self.future.cancel():  # it waits behind the stalled one: it will never start
                 self.stop("cancelled", scheduler.why_not_started())
@@ -221,8 +236,9 @@ class Flight:
                     return None
 
 
-async def complete(host: Host, ctx: RequestContext, admission: Admission,
-                   gone: asyncio.Future | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+async def complete(
+    host: Host, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Generate the whole answer; return the body and the response headers."""
     flight = Flight(host, ctx, admission, streaming=False, gone=gone)
     event = None
@@ -241,8 +257,7 @@ async def complete(host: Host, ctx: RequestContext, admission: Admission,
     return add_extras(host, ctx, completion_body(ctx)), collect_headers(host, ctx)
 
 
-async def stream(host: Host, ctx: RequestContext, admission: Admission,
-                 gone: asyncio.Future | None = None) -> Chunks:
+async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None) -> Chunks:
     """Chunks of a streamed answer (dicts), ``None`` for a keep-alive, ``"[DONE]"`` last.
 
     The generation runs on the engine thread and hands events over a queue. If
@@ -289,4 +304,3 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission,
     finally:
         flight.stop("client_disconnected")  # a no-op unless the consumer left before the end
         flight.end()
-

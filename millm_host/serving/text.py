@@ -27,18 +27,18 @@ class TextAssembler:
     def add(self, token_id: int) -> str:
         """Add one token; return the text that may be sent now ("" if none)."""
         self._ids.append(token_id)
-        window = self._ids[self._prefix_offset:]
+        window = self._ids[self._prefix_offset :]
         new_text = self._decode(window)
-        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            self.text += new_text[len(prefix_text):]
+            self.text += new_text[len(prefix_text) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._ids)
         return self._release()
 
     def _release(self) -> str:
         if not self._stops:
-            delta, self._sent = self.text[self._sent:], len(self.text)
+            delta, self._sent = self.text[self._sent :], len(self.text)
             return delta
         search_from = max(0, self._sent - self._longest + 1)
         hits = [i for i in (self.text.find(s, search_from) for s in self._stops) if i >= 0]
@@ -46,12 +46,12 @@ class TextAssembler:
             cut = min(hits)
             self.text = self.text[:cut]
             self.stopped = True
-            delta, self._sent = self.text[self._sent:cut], cut
+            delta, self._sent = self.text[self._sent : cut], cut
             return delta
         safe = len(self.text) - self._held_back()
         if safe <= self._sent:
             return ""
-        delta, self._sent = self.text[self._sent:safe], safe
+        delta, self._sent = self.text[self._sent : safe], safe
         return delta
 
     def _held_back(self) -> int:
@@ -68,5 +68,5 @@ class TextAssembler:
         """The generation ended without a stop sequence: release what was held back."""
         if self.stopped:
             return ""
-        delta, self._sent = self.text[self._sent:], len(self.text)
+        delta, self._sent = self.text[self._sent :], len(self.text)
         return delta

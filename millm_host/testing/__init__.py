@@ -6,6 +6,13 @@ from .inprocess import AppServer
 from .server import ServerProcess, free_port, shared_cache_dir
 
 __all__ = [
-    "AppServer", "ServerProcess", "assert_error", "chat", "chat_body", "free_port", "shared_cache_dir",
-    "sse_events", "stream_post",
+    "AppServer",
+    "ServerProcess",
+    "assert_error",
+    "chat",
+    "chat_body",
+    "free_port",
+    "shared_cache_dir",
+    "sse_events",
+    "stream_post",
 ]

@@ -39,8 +39,9 @@ SPEC = EngineSpec(
 )
 
 
-def echo_model_dir(path: Path, *, context_window: int | None = 512, reply: str | None = None,
-                   load_error: str | None = None) -> Path:
+def echo_model_dir(
+    path: Path, *, context_window: int | None = 512, reply: str | None = None, load_error: str | None = None
+) -> Path:
     """Write an echo model directory at ``path`` (its name is the model id).
 
     ``reply`` fixes the answer; ``load_error`` makes loading the model fail with that message.
@@ -75,9 +76,20 @@ class EchoEngine(Engine):
     def __init__(self, descriptor: ModelDescriptor, context_window: int | None = 512, reply: str | None = None) -> None:
         self.reply = reply
         self.info = ModelInfo(
-            id=descriptor.id, engine=ENGINE_NAME, hf_id=None, revision=None, dtype=None, quantization=None,
-            context_window=context_window, vocab_size=VOCAB_SIZE, d_model=EMBEDDING_SIZE, n_layers=0,
-            chat_template="echo", bos_token=None, bos_token_id=None, eos_token_ids=frozenset({EOS}),
+            id=descriptor.id,
+            engine=ENGINE_NAME,
+            hf_id=None,
+            revision=None,
+            dtype=None,
+            quantization=None,
+            context_window=context_window,
+            vocab_size=VOCAB_SIZE,
+            d_model=EMBEDDING_SIZE,
+            n_layers=0,
+            chat_template="echo",
+            bos_token=None,
+            bos_token_id=None,
+            eos_token_ids=frozenset({EOS}),
         )
 
     @classmethod

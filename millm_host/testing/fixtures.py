@@ -32,11 +32,22 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     """
     started: list[ServerProcess] = []
 
-    def start(model: str | Path | None = None, *, env: dict[str, str] | None = None,
-              args: list[str] | None = None, data_dir: Path | None = None, timeout: float = 300,
-              wait_for: str | None = "ok") -> ServerProcess:
-        server = ServerProcess(data_dir or tmp_path_factory.mktemp("millm-data"), model=str(model) if model else None,
-                               env=env, args=args, wait_for=wait_for)
+    def start(
+        model: str | Path | None = None,
+        *,
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        data_dir: Path | None = None,
+        timeout: float = 300,
+        wait_for: str | None = "ok",
+    ) -> ServerProcess:
+        server = ServerProcess(
+            data_dir or tmp_path_factory.mktemp("millm-data"),
+            model=str(model) if model else None,
+            env=env,
+            args=args,
+            wait_for=wait_for,
+        )
         started.append(server)
         return server.start(timeout)
 

@@ -22,8 +22,14 @@ def chat_body(model: str, content: str = "Hello there", **fields: Any) -> dict[s
     return {"model": model, "messages": [{"role": "user", "content": content}], **fields}
 
 
-def chat(client: httpx.Client, model: str, content: str = "Hello there", *,
-         headers: dict[str, str] | None = None, **fields: Any) -> httpx.Response:
+def chat(
+    client: httpx.Client,
+    model: str,
+    content: str = "Hello there",
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: Any,
+) -> httpx.Response:
     """POST ``chat_body(model, content, **fields)`` to ``/v1/chat/completions``; the response, whatever its status."""
     return client.post("/v1/chat/completions", json=chat_body(model, content, **fields), headers=headers)
 

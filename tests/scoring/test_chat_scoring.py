@@ -8,8 +8,7 @@ import torch
 from millm_host.testing import assert_error, chat as post_chat
 from millm_host.testing.openai_schema import validate_openai
 
-MESSAGES = [{"role": "system", "content": "Answer true or false."},
-            {"role": "user", "content": "Is the sky green?"}]
+MESSAGES = [{"role": "system", "content": "Answer true or false."}, {"role": "user", "content": "Is the sky green?"}]
 OTHER = [{"role": "user", "content": "Say something."}]
 
 
@@ -25,8 +24,9 @@ def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(tiny_serv
     reply = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1, logprobs=True, top_logprobs=5)
     rendered = reference.chat_text(MESSAGES)
     assert rendered.startswith(reference.tokenizer.bos_token)  # the template writes its own BOS
-    completion = client.completions.create(model=model, prompt=rendered, max_tokens=1, logprobs=5,
-                                           extra_body={"add_special_tokens": False})
+    completion = client.completions.create(
+        model=model, prompt=rendered, max_tokens=1, logprobs=5, extra_body={"add_special_tokens": False}
+    )
     entry = reply.choices[0].logprobs.content[0]
     c = completion.choices[0].logprobs
     assert entry.token == c.tokens[0] and entry.logprob == c.token_logprobs[0]
@@ -41,7 +41,9 @@ def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(tiny_serv
     texts = [reference.tokenizer.decode([int(i)]) for i in best.indices]
     assert [t.token for t in entry.top_logprobs] == texts
     assert [t.bytes for t in entry.top_logprobs] == [list(t.encode()) for t in texts]
-    assert reply.choices[0].message.content == reference.tokenizer.decode([int(best.indices[0])], skip_special_tokens=True)
+    assert reply.choices[0].message.content == reference.tokenizer.decode(
+        [int(best.indices[0])], skip_special_tokens=True
+    )
     assert reply.choices[0].finish_reason == "length"
 
 
@@ -84,25 +86,32 @@ def test_extra_messages_score_each_conversation_in_turn(tiny_server):
 
 
 def test_a_failing_conversation_fails_the_request_naming_it(tiny_server):
-    reply = chat(tiny_server, messages=MESSAGES, extra_messages=[OTHER, [{"role": "user", "content": "word " * 600}]],
-                 logprobs=True)
+    reply = chat(
+        tiny_server,
+        messages=MESSAGES,
+        extra_messages=[OTHER, [{"role": "user", "content": "word " * 600}]],
+        logprobs=True,
+    )
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "extra_messages[1]"
 
 
-@pytest.mark.parametrize(("fields", "code", "param"), [
-    ({"top_logprobs": 2}, "invalid_parameter", "top_logprobs"),
-    ({"logprobs": False, "top_logprobs": 2}, "invalid_parameter", "top_logprobs"),
-    ({"logprobs": 3}, "invalid_parameter", "logprobs"),
-    ({"logprobs": True, "top_logprobs": 21}, "invalid_parameter", "top_logprobs"),
-    ({"logprobs": True, "max_tokens": 2}, "invalid_parameter", "max_tokens"),
-    ({"logprobs": True, "stream": True}, "invalid_parameter", "stream"),
-    ({"logprobs": True, "n": 2}, "invalid_parameter", "n"),
-    ({"logprobs": True, "scoring_precision": "float32"}, "field_not_honoured", "scoring_precision"),
-    ({"logprobs": True, "tools": [{"type": "function", "function": {"name": "f"}}]}, "field_not_honoured", "tools"),
-    ({"logprobs": True, "profile": "x"}, "field_not_honoured", "profile"),
-    ({"allowed_token_ids": [10**7]}, "invalid_scoring_request", "allowed_token_ids"),
-])
+@pytest.mark.parametrize(
+    ("fields", "code", "param"),
+    [
+        ({"top_logprobs": 2}, "invalid_parameter", "top_logprobs"),
+        ({"logprobs": False, "top_logprobs": 2}, "invalid_parameter", "top_logprobs"),
+        ({"logprobs": 3}, "invalid_parameter", "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "invalid_parameter", "top_logprobs"),
+        ({"logprobs": True, "max_tokens": 2}, "invalid_parameter", "max_tokens"),
+        ({"logprobs": True, "stream": True}, "invalid_parameter", "stream"),
+        ({"logprobs": True, "n": 2}, "invalid_parameter", "n"),
+        ({"logprobs": True, "scoring_precision": "float32"}, "field_not_honoured", "scoring_precision"),
+        ({"logprobs": True, "tools": [{"type": "function", "function": {"name": "f"}}]}, "field_not_honoured", "tools"),
+        ({"logprobs": True, "profile": "x"}, "field_not_honoured", "profile"),
+        ({"allowed_token_ids": [10**7]}, "invalid_scoring_request", "allowed_token_ids"),
+    ],
+)
 def test_chat_refusals(tiny_server, fields, code, param):
     assert_error(chat(tiny_server, messages=MESSAGES, **fields), 400, code, param)
 
@@ -118,16 +127,27 @@ def test_one_bos_when_the_tokenizer_adds_one_and_the_template_writes_one(bf16_se
 
     def completion(**fields):
         with bf16_server.http() as client:
-            return client.post("/v1/completions", json={"model": "add_bos", "prompt": rendered, "max_tokens": 1,
-                                                        "logprobs": 5, "return_tokens_as_token_ids": True,
-                                                        **fields}).json()
+            return client.post(
+                "/v1/completions",
+                json={
+                    "model": "add_bos",
+                    "prompt": rendered,
+                    "max_tokens": 1,
+                    "logprobs": 5,
+                    "return_tokens_as_token_ids": True,
+                    **fields,
+                },
+            ).json()
 
-    scored = chat(bf16_server, model="add_bos", messages=MESSAGES, logprobs=True, top_logprobs=5,
-                  return_tokens_as_token_ids=True).json()
+    scored = chat(
+        bf16_server, model="add_bos", messages=MESSAGES, logprobs=True, top_logprobs=5, return_tokens_as_token_ids=True
+    ).json()
     entry = scored["choices"][0]["logprobs"]["content"][0]
     without = completion(add_special_tokens=False)
     assert scored["usage"]["prompt_tokens"] == without["usage"]["prompt_tokens"] == len(single)
-    assert {t["token"]: t["logprob"] for t in entry["top_logprobs"]} == without["choices"][0]["logprobs"]["top_logprobs"][0]
+    assert {t["token"]: t["logprob"] for t in entry["top_logprobs"]} == without["choices"][0]["logprobs"][
+        "top_logprobs"
+    ][0]
     doubled = completion()
     assert doubled["usage"]["prompt_tokens"] == len(single) + 1
     assert doubled["choices"][0]["logprobs"] != without["choices"][0]["logprobs"]

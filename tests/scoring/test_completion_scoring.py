@@ -26,8 +26,9 @@ def ids_of(key: str) -> int:
 def test_logprobs_equal_a_direct_float32_forward(tiny_server, reference):
     client = tiny_server.openai()
     model = tiny_server.model_id
-    reply = client.completions.create(model=model, prompt=PROMPTS, max_tokens=1, logprobs=5,
-                                      extra_body={"return_tokens_as_token_ids": True})
+    reply = client.completions.create(
+        model=model, prompt=PROMPTS, max_tokens=1, logprobs=5, extra_body={"return_tokens_as_token_ids": True}
+    )
     assert len(reply.choices) == len(PROMPTS)
     for choice, prompt in zip(reply.choices, PROMPTS, strict=True):
         expected = reference.logprobs(reference.ids(prompt))
@@ -62,8 +63,9 @@ def test_token_id_prompts_and_text_keys(tiny_server, reference):
 
 @pytest.mark.parametrize("temperature", [0, 0.001, 0.7, 2])
 def test_temperature_divides_the_logits(tiny_server, reference, temperature):
-    body = score(tiny_server, prompt=PROMPTS[1], logprobs=2, temperature=temperature,
-                 return_tokens_as_token_ids=True).json()
+    body = score(
+        tiny_server, prompt=PROMPTS[1], logprobs=2, temperature=temperature, return_tokens_as_token_ids=True
+    ).json()
     expected = reference.logprobs(reference.ids(PROMPTS[1]), temperature)
     # Dividing by T scales the logits' float32 rounding too: compare at the logits' own scale.
     tolerance = 1e-5 / min(1, temperature) if temperature else 1e-5
@@ -75,8 +77,9 @@ def test_allowed_token_ids_normalise_over_the_set(tiny_server, reference):
     ids = reference.ids(PROMPTS[0])
     logits = reference.logits(ids)
     allowed = [int(torch.argmin(logits)), 1802, 3721, 42]  # the least likely token included
-    body = score(tiny_server, prompt=PROMPTS[0], logprobs=2, allowed_token_ids=allowed,
-                 return_tokens_as_token_ids=True).json()
+    body = score(
+        tiny_server, prompt=PROMPTS[0], logprobs=2, allowed_token_ids=allowed, return_tokens_as_token_ids=True
+    ).json()
     choice = body["choices"][0]
     # By hand: log p_i = l_i - log(sum_j exp(l_j)) over the set only.
     values = [float(logits[t]) for t in allowed]
@@ -107,8 +110,10 @@ def test_allowed_without_logprobs_constrains_and_returns_null(tiny_server, refer
 
 def test_max_completion_tokens_one_and_seed_are_accepted(tiny_server):
     with tiny_server.http() as client:
-        reply = client.post("/v1/completions", json={
-            "model": tiny_server.model_id, "prompt": "Hi", "max_completion_tokens": 1, "logprobs": 0, "seed": 7})
+        reply = client.post(
+            "/v1/completions",
+            json={"model": tiny_server.model_id, "prompt": "Hi", "max_completion_tokens": 1, "logprobs": 0, "seed": 7},
+        )
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["logprobs"]["top_logprobs"] == [{}]
     assert reply.headers["x-millm-seed"] == '7;scope="request"'
@@ -119,8 +124,11 @@ def test_sampling_fields_that_do_not_apply_are_reported(tiny_server):
     assert reply.status_code == 200
     assert reply.headers["x-millm-ignored-fields"] == '"top_p", "stop"'
     with tiny_server.http() as client:
-        strict = client.post("/v1/completions", headers={"X-miLLM-Strict": "true"}, json={
-            "model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 1, "logprobs": 1, "top_p": 0.5})
+        strict = client.post(
+            "/v1/completions",
+            headers={"X-miLLM-Strict": "true"},
+            json={"model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 1, "logprobs": 1, "top_p": 0.5},
+        )
     assert_error(strict, 400, "unused_fields_refused")
 
 
@@ -155,12 +163,20 @@ REFUSALS = [
     ({"prompt": "Hi", "logprobs": 1, "profile": "humor"}, 400, "field_not_honoured", "profile"),
     ({"prompt": "Hi", "logprobs": 1, "steering_intensity": 0}, 400, "field_not_honoured", "steering_intensity"),
     ({"prompt": "Hi", "logprobs": 1, "steering": {"features": []}}, 400, "field_not_honoured", "steering"),
-    ({"prompt": "Hi", "allowed_token_ids": [5], "response_format": {"type": "json_object"}}, 400,
-     "field_not_honoured", "response_format"),
+    (
+        {"prompt": "Hi", "allowed_token_ids": [5], "response_format": {"type": "json_object"}},
+        400,
+        "field_not_honoured",
+        "response_format",
+    ),
     # Scoring-only fields outside scoring mode are refused, not ignored.
     ({"prompt": "Hi", "max_tokens": 2, "scoring_precision": "float32"}, 400, "field_not_honoured", "scoring_precision"),
-    ({"prompt": "Hi", "max_tokens": 2, "return_tokens_as_token_ids": True}, 400, "field_not_honoured",
-     "return_tokens_as_token_ids"),
+    (
+        {"prompt": "Hi", "max_tokens": 2, "return_tokens_as_token_ids": True},
+        400,
+        "field_not_honoured",
+        "return_tokens_as_token_ids",
+    ),
 ]
 
 
@@ -173,8 +189,9 @@ def test_refusals(tiny_server, fields, status, code, param):
 def test_the_server_keeps_serving_after_refusals(tiny_server):
     assert score(tiny_server, prompt="Hi", logprobs=1).status_code == 200
     with tiny_server.http() as client:
-        generated = client.post("/v1/completions", json={
-            "model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 3, "temperature": 0})
+        generated = client.post(
+            "/v1/completions", json={"model": tiny_server.model_id, "prompt": "Hi", "max_tokens": 3, "temperature": 0}
+        )
     assert generated.status_code == 200 and generated.json()["choices"][0]["logprobs"] is None
 
 
@@ -192,13 +209,14 @@ def test_non_finite_logits_where_they_reach_the_answer(bf16_server, extra_models
     from .conftest import BROKEN_PROMPT, NAN_TOKEN, NEG_INF_TOKEN
 
     tokenizer = AutoTokenizer.from_pretrained(extra_models["broken"])
-    nan_id, = tokenizer(NAN_TOKEN)["input_ids"]
-    neg_id, = tokenizer(NEG_INF_TOKEN)["input_ids"]
+    (nan_id,) = tokenizer(NAN_TOKEN)["input_ids"]
+    (neg_id,) = tokenizer(NEG_INF_TOKEN)["input_ids"]
 
     def broken(**fields):
         with bf16_server.http() as client:
-            return client.post("/v1/completions", json={
-                "model": "broken", "prompt": BROKEN_PROMPT, "max_tokens": 1, **fields})
+            return client.post(
+                "/v1/completions", json={"model": "broken", "prompt": BROKEN_PROMPT, "max_tokens": 1, **fields}
+            )
 
     def assert_non_finite(reply, param):
         assert assert_error(reply, 500, "non_finite_logits", param)["type"] == "server_error"

@@ -62,8 +62,9 @@ def test_base64_decodes_to_the_float_vector_and_normalize(echo_app):
 
 def test_defaults_are_mean_unnormalised(echo_app):
     default = embed(echo_app, input=TEXTS[1]).json()["data"][0]["embedding"]
-    explicit = embed(echo_app, input=TEXTS[1], pooling="mean", normalize=False,
-                     encoding_format="float").json()["data"][0]["embedding"]
+    explicit = embed(echo_app, input=TEXTS[1], pooling="mean", normalize=False, encoding_format="float").json()["data"][
+        0
+    ]["embedding"]
     assert default == explicit
 
 
@@ -85,17 +86,25 @@ def two_echo_models(app_factory):
     return app_factory(models={"echo": {}, "echo-other": {}})
 
 
-@pytest.mark.parametrize(("fields", "code", "param", "words"), [
-    ({"input": ""}, "invalid_parameter", "input", "empty"),
-    ({"input": []}, "invalid_parameter", "input", "empty"),
-    ({"input": ["a", "b", ""]}, "invalid_parameter", "input", "input[2]"),
-    ({"input": ["a"] * 257}, "invalid_parameter", "input", "256"),
-    ({"input": [1, 2]}, "invalid_parameter", "input", "input"),
-    ({"input": "a", "pooling": "max"}, "invalid_parameter", "pooling", "pooling"),
-    ({"input": "a", "encoding_format": "hex"}, "invalid_parameter", "encoding_format", "encoding_format"),
-    ({"input": "a", "dimensions": 8}, "field_not_honoured", "dimensions", "dimensions"),
-    ({"input": "a", "scoring_precision": "float32"}, "field_not_honoured", "scoring_precision", "scoring_precision"),
-])
+@pytest.mark.parametrize(
+    ("fields", "code", "param", "words"),
+    [
+        ({"input": ""}, "invalid_parameter", "input", "empty"),
+        ({"input": []}, "invalid_parameter", "input", "empty"),
+        ({"input": ["a", "b", ""]}, "invalid_parameter", "input", "input[2]"),
+        ({"input": ["a"] * 257}, "invalid_parameter", "input", "256"),
+        ({"input": [1, 2]}, "invalid_parameter", "input", "input"),
+        ({"input": "a", "pooling": "max"}, "invalid_parameter", "pooling", "pooling"),
+        ({"input": "a", "encoding_format": "hex"}, "invalid_parameter", "encoding_format", "encoding_format"),
+        ({"input": "a", "dimensions": 8}, "field_not_honoured", "dimensions", "dimensions"),
+        (
+            {"input": "a", "scoring_precision": "float32"},
+            "field_not_honoured",
+            "scoring_precision",
+            "scoring_precision",
+        ),
+    ],
+)
 def test_refused_before_any_load(two_echo_models, fields, code, param, words):
     """The named model is not resident; a refusal must not load it (nor evict the resident one)."""
     assert embed(two_echo_models, model="echo", input="warm").status_code == 200

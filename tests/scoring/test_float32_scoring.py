@@ -25,14 +25,24 @@ def health(server) -> dict:
 
 def score(server, model="bf16", **fields):
     with server.http() as client:
-        return client.post("/v1/completions", json={
-            "model": model, "prompt": PROMPTS, "max_tokens": 1, "logprobs": 5,
-            "return_tokens_as_token_ids": True, **fields})
+        return client.post(
+            "/v1/completions",
+            json={
+                "model": model,
+                "prompt": PROMPTS,
+                "max_tokens": 1,
+                "logprobs": 5,
+                "return_tokens_as_token_ids": True,
+                **fields,
+            },
+        )
 
 
 def logprobs_of(body: dict) -> list[dict[int, float]]:
-    return [{int(k.removeprefix("token_id:")): v for k, v in c["logprobs"]["top_logprobs"][0].items()}
-            for c in body["choices"]]
+    return [
+        {int(k.removeprefix("token_id:")): v for k, v in c["logprobs"]["top_logprobs"][0].items()}
+        for c in body["choices"]
+    ]
 
 
 def test_float32_scoring_matches_a_float32_forward_and_leaves_the_served_weights(bf16_server, bf16_reference):
@@ -74,8 +84,15 @@ def test_a_second_float32_request_while_one_is_admitted_is_busy(bf16_server, bf1
 
     def held_chat():
         with bf16_server.http() as client:
-            return client.post("/v1/chat/completions", json={
-                "model": "bf16", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "user": "hold"})
+            return client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "bf16",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 1,
+                    "user": "hold",
+                },
+            )
 
     admitted = health(bf16_server)["queue"]["admitted"]
     threads = [send("held", held_chat)]
@@ -115,7 +132,9 @@ def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(app_factory, bf16_mode
 
 
 def test_a_copy_that_does_not_fit_is_refused_with_memory(app_factory, bf16_model_dir):
-    server = in_process(app_factory, bf16_model_dir, {"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)})
+    server = in_process(
+        app_factory, bf16_model_dir, {"MILLM_DTYPE": "bfloat16", "SCORING_FLOAT32_HEADROOM_MB": str(2**40)}
+    )
     refused(score(server, model=server.model_id, scoring_precision="float32"), "memory")
 
 

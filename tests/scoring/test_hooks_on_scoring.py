@@ -12,10 +12,13 @@ def post(server, path, **body):
         return client.post(path, json={"model": "bf16", "user": "report", **body})
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "logprobs": 2}),
-    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "logprobs": True}),
-])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "logprobs": 2}),
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "logprobs": True}),
+    ],
+)
 def test_scoring_skips_the_forward_hooks_and_renders_headers_and_extras(bf16_server, path, body):
     reply = post(bf16_server, path, **body)
     assert reply.status_code == 200, reply.text
@@ -30,7 +33,8 @@ def test_scoring_skips_the_forward_hooks_and_renders_headers_and_extras(bf16_ser
 def test_generation_calls_them_for_contrast(bf16_server):
     reply = post(bf16_server, "/v1/chat/completions", messages=CHAT, max_tokens=1)
     assert reply.headers["x-test-hooks"] == (
-        "validate_request,after_tokenize,before_forward,after_generate;scoring=0;finished=1")
+        "validate_request,after_tokenize,before_forward,after_generate;scoring=0;finished=1"
+    )
 
 
 def test_embeddings_skip_the_forward_hooks(bf16_server):

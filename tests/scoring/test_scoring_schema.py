@@ -33,10 +33,21 @@ def test_requests_and_answers_obey_the_published_schema(tiny_server):
     with tiny_server.http() as client:
         model = client.get("/api/health").json()["model"]
         requests = {
-            "/v1/completions": {"model": model, "prompt": ["a", "b"], "max_tokens": 1, "logprobs": 2,
-                                "allowed_token_ids": [5, 6, 7], "scoring_precision": "native"},
-            "/v1/chat/completions": {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                     "max_tokens": 1, "logprobs": True, "top_logprobs": 2},
+            "/v1/completions": {
+                "model": model,
+                "prompt": ["a", "b"],
+                "max_tokens": 1,
+                "logprobs": 2,
+                "allowed_token_ids": [5, 6, 7],
+                "scoring_precision": "native",
+            },
+            "/v1/chat/completions": {
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1,
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
         }
         for path, body in requests.items():
             validator(endpoints[path]["request"]).validate(body)
@@ -46,7 +57,9 @@ def test_requests_and_answers_obey_the_published_schema(tiny_server):
         refusal = client.post("/v1/completions", json={**requests["/v1/completions"], "max_tokens": 2})
     assert refusal.status_code == 400
     validator(published()["refusal"]).validate(refusal.json())
-    assert not validator(endpoints["/v1/completions"]["request"]).is_valid({**requests["/v1/completions"], "logprobs": 21})
+    assert not validator(endpoints["/v1/completions"]["request"]).is_valid(
+        {**requests["/v1/completions"], "logprobs": 21}
+    )
 
 
 def test_openapi_documents_scoring_fields_and_embeddings(tiny_server):

@@ -130,8 +130,9 @@ def check_weights(directory: Path, cfg: SAEConfig) -> None:
                     raise SAEUnreadable(f"{WEIGHTS_FILE} has no tensor {name}", param="path")
                 found = list(weights.get_slice(name).get_shape())
                 if found != shape:
-                    raise SAEUnreadable(f"{WEIGHTS_FILE}: {name} has shape {found}; cfg.json implies {shape}",
-                                        param="path")
+                    raise SAEUnreadable(
+                        f"{WEIGHTS_FILE}: {name} has shape {found}; cfg.json implies {shape}", param="path"
+                    )
     except SAEUnreadable:
         raise
     except Exception as exc:  # a truncated or foreign file: safetensors raises its own errors

@@ -42,7 +42,14 @@ def write_sae(
     weights.update(tensors or {})
     directory.mkdir(parents=True, exist_ok=True)
     save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(directory / WEIGHTS_FILE))
-    config = {"d_in": d_in, "d_sae": d_sae, "hook_name": f"blocks.{layer}.hook_resid_{point}",
-              "architecture": architecture, "dtype": "float32", "model_name": "test", **cfg}
+    config = {
+        "d_in": d_in,
+        "d_sae": d_sae,
+        "hook_name": f"blocks.{layer}.hook_resid_{point}",
+        "architecture": architecture,
+        "dtype": "float32",
+        "model_name": "test",
+        **cfg,
+    }
     (directory / CONFIG_FILE).write_text(json.dumps(config))
     return directory

@@ -81,8 +81,9 @@ def _activate(cfg: SAEConfig, pre: torch.Tensor, threshold: torch.Tensor | None)
     return acts
 
 
-def load_tensors(directory: Path, cfg: SAEConfig, device: str | torch.device,
-                 since: str = "cfg.json was read") -> dict[str, torch.Tensor]:
+def load_tensors(
+    directory: Path, cfg: SAEConfig, device: str | torch.device, since: str = "cfg.json was read"
+) -> dict[str, torch.Tensor]:
     """Every tensor ``cfg``'s architecture needs, checked against its shape, in float32 on ``device``.
 
     A tensor that is missing or whose shape is not the one ``cfg`` implies is refused

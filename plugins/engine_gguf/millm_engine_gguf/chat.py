@@ -22,8 +22,9 @@ class ChatTemplate:
 
     def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
         self._formatters = {
-            flag: Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token,
-                                      add_generation_prompt=flag)
+            flag: Jinja2ChatFormatter(
+                template=template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=flag
+            )
             for flag in (True, False)
         }
 

@@ -39,8 +39,13 @@ _DECODE_NO_KV_SLOT = "llama_decode returned 1"
 class GGUFEngine(GGUFTextEngine):
     """A llama.cpp model with its vocabulary, chat template and embedding context."""
 
-    def __init__(self, llm: llama_cpp.Llama, descriptor: ModelDescriptor, embedder: MeanPoolingContext | None,
-                 embedding_window: int) -> None:
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        descriptor: ModelDescriptor,
+        embedder: MeanPoolingContext | None,
+        embedding_window: int,
+    ) -> None:
         super().__init__(llm._model)
         self.llm = llm
         self._embedder = embedder
@@ -71,8 +76,9 @@ class GGUFEngine(GGUFTextEngine):
         return cls.load_with(descriptor, LoadOptions.from_settings(settings), progress)
 
     @classmethod
-    def load_with(cls, descriptor: ModelDescriptor, options: LoadOptions,
-                  progress: Callable[[str], None]) -> GGUFEngine:
+    def load_with(
+        cls, descriptor: ModelDescriptor, options: LoadOptions, progress: Callable[[str], None]
+    ) -> GGUFEngine:
         """Load ``descriptor``'s file with options already read from the settings."""
         llm = load_llama(descriptor.path, options, progress)
         embedder = None

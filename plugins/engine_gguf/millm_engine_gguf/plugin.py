@@ -41,7 +41,7 @@ def validate_request(ctx) -> None:
     if pooling is not None and pooling != "mean":
         raise FieldNotHonoured(
             f"pooling {pooling!r} cannot be honoured on the GGUF model {ctx.model.id!r}: llama.cpp fixes "
-            "pooling at load and millm loads GGUF models with mean pooling; send pooling \"mean\"",
+            'pooling at load and millm loads GGUF models with mean pooling; send pooling "mean"',
             param="pooling",
         )
     if not ctx.settings["GGUF_ENABLE_EMBEDDINGS"]:

@@ -68,7 +68,9 @@ class Child:
         ours, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
-                [*self.command, str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=_child_environment(),
+                [*self.command, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=_child_environment(),
                 stdin=subprocess.DEVNULL,
             )
         except BaseException:
@@ -91,8 +93,9 @@ class Child:
         except (EOFError, OSError) as exc:
             raise _ChildGone() from exc
 
-    def load(self, descriptor: ModelDescriptor, options: LoadOptions,
-             progress: Callable[[str], None]) -> tuple[ModelInfo, int]:
+    def load(
+        self, descriptor: ModelDescriptor, options: LoadOptions, progress: Callable[[str], None]
+    ) -> tuple[ModelInfo, int]:
         """Have the child load the model; its info and embedding window. ``_ChildGone`` if it dies."""
         self.send(wire.pack(wire.LOAD, (descriptor, options)))
         while True:
@@ -150,8 +153,16 @@ def _child_environment() -> dict[str, str]:
 class ProcessEngine(GGUFTextEngine):
     """A GGUF model whose llama.cpp lives in a child process (see the module docstring)."""
 
-    def __init__(self, descriptor: ModelDescriptor, options: LoadOptions, vocabulary: Any, child: Child,
-                 info: ModelInfo, embedding_window: int, load_seconds: float) -> None:
+    def __init__(
+        self,
+        descriptor: ModelDescriptor,
+        options: LoadOptions,
+        vocabulary: Any,
+        child: Child,
+        info: ModelInfo,
+        embedding_window: int,
+        load_seconds: float,
+    ) -> None:
         super().__init__(vocabulary)
         self.info = info
         self._descriptor, self._options = descriptor, options
@@ -313,8 +324,12 @@ class ProcessEngine(GGUFTextEngine):
             self._last_signal = signal_name(-code) if code is not None and code < 0 else None
             self._retry_after = self._load_seconds
             self._cond.notify_all()
-        log.error("the gguf engine process (pid %d) ended (%s); restarting it with model %s",
-                  child.pid, self._last_exit, self.info.id)
+        log.error(
+            "the gguf engine process (pid %d) ended (%s); restarting it with model %s",
+            child.pid,
+            self._last_exit,
+            self.info.id,
+        )
 
     def _supervise(self) -> None:
         """Wait for each child to end; unless closing, start the next (retrying a failed start with backoff)."""
@@ -363,8 +378,9 @@ class ProcessEngine(GGUFTextEngine):
         if closed:
             child.stop()
             return True
-        log.warning("the gguf engine process for %s restarted (pid %d, restart %d)",
-                    self.info.id, child.pid, self._restarts)
+        log.warning(
+            "the gguf engine process for %s restarted (pid %d, restart %d)", self.info.id, child.pid, self._restarts
+        )
         return True
 
     def _set_failed(self, error: str) -> None:

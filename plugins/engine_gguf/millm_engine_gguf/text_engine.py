@@ -63,8 +63,9 @@ class GGUFTextEngine(Engine):
         if tools:
             raise FieldNotHonoured("tools cannot be honoured by the gguf engine", param="tools")
         if self.template is None:
-            return super().render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                       template_kwargs=template_kwargs)
+            return super().render_chat(
+                messages, add_generation_prompt=add_generation_prompt, tools=tools, template_kwargs=template_kwargs
+            )
         return self.template.render(messages, add_generation_prompt)
 
     # --- checks -----------------------------------------------------------------------

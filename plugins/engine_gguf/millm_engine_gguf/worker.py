@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         conn.send_bytes(wire.PROGRESS + message.encode("utf-8"))
 
     try:
-        progress(f"llama.cpp in process {os.getpid()}: {llama_system_info()}; "
-                 f"CPU reports AMX: {' '.join(amx_flags()) or 'no'}")
+        progress(
+            f"llama.cpp in process {os.getpid()}: {llama_system_info()}; "
+            f"CPU reports AMX: {' '.join(amx_flags()) or 'no'}"
+        )
         engine = GGUFEngine.load_with(descriptor, options, progress)
     except Exception as exc:
         conn.send_bytes(wire.error_frame(exc))

@@ -58,8 +58,12 @@ def reference_llama(gguf_path: Path) -> Iterator:
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=str(gguf_path), n_ctx=N_CTX, n_threads=1, n_threads_batch=1,
-        last_n_tokens_size=N_CTX, verbose=False,
+        model_path=str(gguf_path),
+        n_ctx=N_CTX,
+        n_threads=1,
+        n_threads_batch=1,
+        last_n_tokens_size=N_CTX,
+        verbose=False,
     )
     yield llm
     llm.close()
@@ -70,8 +74,14 @@ def embedding_llama(gguf_path: Path, pooling: int):
     import llama_cpp
 
     return llama_cpp.Llama(
-        model_path=str(gguf_path), n_ctx=N_CTX, n_batch=N_CTX, embedding=True, pooling_type=pooling,
-        n_threads=1, n_threads_batch=1, verbose=False,
+        model_path=str(gguf_path),
+        n_ctx=N_CTX,
+        n_batch=N_CTX,
+        embedding=True,
+        pooling_type=pooling,
+        n_threads=1,
+        n_threads_batch=1,
+        verbose=False,
     )
 
 

@@ -111,10 +111,15 @@ def test_sigsegv_mid_request_is_a_503_with_retry_after_then_the_next_request_is_
     assert_engine_crashed(response.json()["error"])
     assert int(response.headers["retry-after"]) >= 1
     with crash_server.http() as client:
-        reply = client.post("/v1/chat/completions", json={
-            "model": DEFAULT_ID, "messages": [{"role": "user", "content": "Say hello."}], "temperature": 0,
-            "max_tokens": 8,
-        })
+        reply = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": DEFAULT_ID,
+                "messages": [{"role": "user", "content": "Say hello."}],
+                "temperature": 0,
+                "max_tokens": 8,
+            },
+        )
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
     assert_restarted(crash_server, before)
 
@@ -127,8 +132,9 @@ def test_health_reports_the_engine_process(crash_server):
 
 
 def test_the_engine_process_never_outlives_the_server(server_factory):
-    server = server_factory(env={"GGUF_N_CTX": str(N_CTX), "GGUF_ENABLE_EMBEDDINGS": "false", **THREADS},
-                            args=["--engine", "gguf"])
+    server = server_factory(
+        env={"GGUF_N_CTX": str(N_CTX), "GGUF_ENABLE_EMBEDDINGS": "false", **THREADS}, args=["--engine", "gguf"]
+    )
     child = engine_status(server)["pid"]
     os.kill(server.proc.pid, signal.SIGKILL)  # no shutdown: only the child's own watch can end it
     server.proc.wait(30)

@@ -33,8 +33,10 @@ def test_sdk_base64_and_normalize(gguf_server, reference_embedder):
     vector = np.array(plain.data[0].embedding)
     np.testing.assert_allclose(vector, reference_embedder.embed(TEXTS[0]), rtol=1e-4, atol=1e-4)
     with gguf_server.http() as http:
-        raw = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": TEXTS[0], "encoding_format": "base64",
-                                                "normalize": True}).json()["data"][0]["embedding"]
+        raw = http.post(
+            "/v1/embeddings",
+            json={"model": DEFAULT_ID, "input": TEXTS[0], "encoding_format": "base64", "normalize": True},
+        ).json()["data"][0]["embedding"]
     decoded = np.array(struct.unpack(f"<{len(base64.b64decode(raw)) // 4}f", base64.b64decode(raw)))
     assert abs(np.linalg.norm(decoded) - 1) < 1e-5
     np.testing.assert_allclose(decoded, vector / np.linalg.norm(vector), rtol=1e-4, atol=1e-5)
@@ -57,11 +59,14 @@ def test_an_input_past_the_embedding_window_is_refused_naming_it(gguf_server):
     assert "512" in error["message"]
 
 
-@pytest.mark.parametrize("body", [
-    {"prompt": "x", "max_tokens": 1, "logprobs": 2},
-    {"prompt": "x", "max_tokens": 1, "allowed_token_ids": [1, 2]},
-    {"prompt": "x", "max_tokens": 1, "logprobs": 2, "scoring_precision": "float32"},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "x", "max_tokens": 1, "logprobs": 2},
+        {"prompt": "x", "max_tokens": 1, "allowed_token_ids": [1, 2]},
+        {"prompt": "x", "max_tokens": 1, "logprobs": 2, "scoring_precision": "float32"},
+    ],
+)
 def test_scoring_is_refused_on_gguf_before_any_load(gguf_server, body):
     with gguf_server.http() as http:
         response = http.post("/v1/completions", json={"model": SOLO_ID, **body})
@@ -72,7 +77,14 @@ def test_scoring_is_refused_on_gguf_before_any_load(gguf_server, body):
 
 def test_chat_scoring_is_refused_on_gguf(gguf_server):
     with gguf_server.http() as http:
-        response = http.post("/v1/chat/completions", json={
-            "model": DEFAULT_ID, "max_tokens": 1, "logprobs": True, "top_logprobs": 2,
-            "messages": [{"role": "user", "content": "x"}]})
+        response = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": DEFAULT_ID,
+                "max_tokens": 1,
+                "logprobs": True,
+                "top_logprobs": 2,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
     assert response.status_code == 400 and response.json()["error"]["param"] in ("logprobs", "top_logprobs")

@@ -80,7 +80,9 @@ def test_render_chat_is_llama_cpp_pythons_prompt(engine):
     )
     assert engine.render_chat(messages, add_generation_prompt=False).endswith("Hi<|im_end|>\n")
     # A tool-call turn carries no content; the template still renders.
-    assert "<|im_start|>assistant\n<|im_end|>" in engine.render_chat([*messages, {"role": "assistant", "content": None}])
+    assert "<|im_start|>assistant\n<|im_end|>" in engine.render_chat(
+        [*messages, {"role": "assistant", "content": None}]
+    )
     with pytest.raises(FieldNotHonoured):
         engine.render_chat(messages, tools=[{"type": "function", "function": {"name": "f"}}])
 
@@ -157,8 +159,15 @@ def test_embed_refusals(engine, gguf_path):
 
 
 def embeddings_context(gguf_path, body, **environ) -> RequestContext:
-    return RequestContext(endpoint="embeddings", body=body, params=None, headers={},
-                          model=describe(str(gguf_path)), engine_name="gguf", settings=settings(**environ))
+    return RequestContext(
+        endpoint="embeddings",
+        body=body,
+        params=None,
+        headers={},
+        model=describe(str(gguf_path)),
+        engine_name="gguf",
+        settings=settings(**environ),
+    )
 
 
 @pytest.mark.parametrize("pooling", ["last", "cls"])

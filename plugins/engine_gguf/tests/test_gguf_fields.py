@@ -19,23 +19,50 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 STEERING = {"features": [{"index": 1, "strength": 2.0}]}
 
 SCORING_AND_STEERING = [
-    ("seed", 7), ("n", 2), ("logprobs", True), ("top_logprobs", 2), ("allowed_token_ids", [1, 2]),
-    ("return_tokens_as_token_ids", True), ("scoring_precision", "float32"),
-    ("response_format", {"type": "json_object"}), ("tools", TOOLS), ("tool_choice", "auto"),
-    ("profile", "humour"), ("steering_intensity", 0.5), ("steering", STEERING),
-    ("return_sae_activations", {"features": [1]}), ("logit_bias", {"1": 5}),
+    ("seed", 7),
+    ("n", 2),
+    ("logprobs", True),
+    ("top_logprobs", 2),
+    ("allowed_token_ids", [1, 2]),
+    ("return_tokens_as_token_ids", True),
+    ("scoring_precision", "float32"),
+    ("response_format", {"type": "json_object"}),
+    ("tools", TOOLS),
+    ("tool_choice", "auto"),
+    ("profile", "humour"),
+    ("steering_intensity", 0.5),
+    ("steering", STEERING),
+    ("return_sae_activations", {"features": [1]}),
+    ("logit_bias", {"1": 5}),
 ]
 CHAT_REFUSED = [("chat.completions", f, v) for f, v in SCORING_AND_STEERING]
 COMPLETIONS_REFUSED = [
     ("completions", f, v)
-    for f, v in [("seed", 7), ("n", 2), ("logprobs", 1), ("allowed_token_ids", [1, 2]),
-                 ("return_tokens_as_token_ids", True), ("scoring_precision", "float32"),
-                 ("echo", True), ("best_of", 2), ("suffix", "!"), ("response_format", {"type": "json_object"}),
-                 ("profile", "humour"), ("steering_intensity", "max"), ("steering", STEERING)]
+    for f, v in [
+        ("seed", 7),
+        ("n", 2),
+        ("logprobs", 1),
+        ("allowed_token_ids", [1, 2]),
+        ("return_tokens_as_token_ids", True),
+        ("scoring_precision", "float32"),
+        ("echo", True),
+        ("best_of", 2),
+        ("suffix", "!"),
+        ("response_format", {"type": "json_object"}),
+        ("profile", "humour"),
+        ("steering_intensity", "max"),
+        ("steering", STEERING),
+    ]
 ]
 NO_CHANGE = [
-    ("n", 1), ("logprobs", False), ("response_format", {"type": "text"}), ("tools", []),
-    ("tool_choice", "none"), ("parallel_tool_calls", True), ("logit_bias", {}), ("seed", None),
+    ("n", 1),
+    ("logprobs", False),
+    ("response_format", {"type": "text"}),
+    ("tools", []),
+    ("tool_choice", "none"),
+    ("parallel_tool_calls", True),
+    ("logit_bias", {}),
+    ("seed", None),
 ]
 
 
@@ -58,8 +85,9 @@ def ignored(response) -> list[str]:
     return [] if header is None else [item.value for item in parse_list(header)]
 
 
-@pytest.mark.parametrize(("endpoint", "field", "value"), CHAT_REFUSED + COMPLETIONS_REFUSED,
-                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    ("endpoint", "field", "value"), CHAT_REFUSED + COMPLETIONS_REFUSED, ids=lambda v: v if isinstance(v, str) else None
+)
 def test_unhonoured_fields_are_refused_before_any_load(gguf_server, endpoint, field, value):
     response = post(gguf_server, endpoint, body(endpoint, SOLO_ID, **{field: value}))
     assert assert_error(response, 400, "field_not_honoured", field)["type"] == "invalid_request_error"
@@ -82,10 +110,17 @@ def test_no_change_values_are_accepted(gguf_server, field, value):
 
 def test_chat_template_kwargs_are_reported_and_change_nothing(gguf_server):
     plain = post(gguf_server, "chat.completions", body("chat.completions", DEFAULT_ID, temperature=0, max_tokens=12))
-    response = post(gguf_server, "chat.completions", body(
-        "chat.completions", DEFAULT_ID, temperature=0, max_tokens=12,
-        chat_template_kwargs={"enable_thinking": False},
-    ))
+    response = post(
+        gguf_server,
+        "chat.completions",
+        body(
+            "chat.completions",
+            DEFAULT_ID,
+            temperature=0,
+            max_tokens=12,
+            chat_template_kwargs={"enable_thinking": False},
+        ),
+    )
     assert response.status_code == 200
     assert ignored(response) == ["chat_template_kwargs"]
     assert response.json()["choices"] == plain.json()["choices"]
@@ -94,9 +129,17 @@ def test_chat_template_kwargs_are_reported_and_change_nothing(gguf_server):
 def test_tool_call_history_is_reported(gguf_server):
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
         {"role": "user", "content": "So?"},
     ]

@@ -66,10 +66,16 @@ def test_streaming_chat_equals_the_whole_answer(gguf_server):
     client = gguf_server.openai()
     messages = CONVERSATIONS[0]
     whole = client.chat.completions.create(model=DEFAULT_ID, messages=messages, temperature=0, max_tokens=32)
-    chunks = list(client.chat.completions.create(
-        model=DEFAULT_ID, messages=messages, temperature=0, max_tokens=32, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=DEFAULT_ID,
+            messages=messages,
+            temperature=0,
+            max_tokens=32,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -99,8 +105,10 @@ def test_trailing_assistant_message_is_continued_mid_sentence(gguf_server, refer
         rendered + partial, temperature=0, max_tokens=MAX_TOKENS, repeat_penalty=1.0
     )
     reply = gguf_server.openai().chat.completions.create(
-        model=DEFAULT_ID, messages=[*head, {"role": "assistant", "content": partial}],
-        temperature=0, max_tokens=MAX_TOKENS,
+        model=DEFAULT_ID,
+        messages=[*head, {"role": "assistant", "content": partial}],
+        temperature=0,
+        max_tokens=MAX_TOKENS,
     )
     assert reply.choices[0].message.content == expected["choices"][0]["text"]
     # llama-cpp-python's chat closes the partial turn, so its model starts over.
@@ -116,7 +124,7 @@ def test_stop_sequences_streaming_and_not(gguf_server):
     messages = CONVERSATIONS[0]
     free = client.chat.completions.create(model=DEFAULT_ID, messages=messages, temperature=0, max_tokens=32)
     text = free.choices[0].message.content
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     expected = text[: text.index(stop)]
     stopped = client.chat.completions.create(
         model=DEFAULT_ID, messages=messages, temperature=0, max_tokens=32, stop=[stop, "never-seen"]
@@ -129,8 +137,9 @@ def test_stop_sequences_streaming_and_not(gguf_server):
     chunks = [c for c in streamed if c.choices]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
-    completion = client.completions.create(model=DEFAULT_ID, prompt="One, two, three,", temperature=0,
-                                           max_tokens=32, stop=",")
+    completion = client.completions.create(
+        model=DEFAULT_ID, prompt="One, two, three,", temperature=0, max_tokens=32, stop=","
+    )
     assert "," not in completion.choices[0].text and completion.choices[0].finish_reason == "stop"
 
 
@@ -155,7 +164,9 @@ def test_temperature_samples(gguf_server):
     texts = {
         client.chat.completions.create(
             model=DEFAULT_ID, messages=CONVERSATIONS[0], temperature=1.5, top_p=0.95, max_tokens=16
-        ).choices[0].message.content
+        )
+        .choices[0]
+        .message.content
         for _ in range(4)
     }
     assert len(texts) > 1

@@ -19,7 +19,11 @@ def test_describe_names_by_repository_and_quantization(tmp_path, gguf_path):
     (tmp_path / "fake.gguf").write_text("not a GGUF file")
     d = describe(str(tagged))
     assert (d.id, d.repo, d.quantization, d.engine, d.format) == (
-        "Llama-3.2-1B-Instruct:IQ3_XS", "Llama-3.2-1B-Instruct", "IQ3_XS", "gguf", "gguf"
+        "Llama-3.2-1B-Instruct:IQ3_XS",
+        "Llama-3.2-1B-Instruct",
+        "IQ3_XS",
+        "gguf",
+        "gguf",
     )
     assert (describe(str(untagged)).id, describe(str(untagged)).repo) == ("model", None)
     assert describe(str(tmp_path / "fake.gguf")) is None

@@ -30,8 +30,9 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0)
 
 @pytest.fixture(scope="module")
 def engine(gguf_path):
-    engine = ProcessEngine.load(describe(str(gguf_path)), settings(GGUF_N_CTX="256", GGUF_N_BATCH="128"),
-                                lambda _: None)
+    engine = ProcessEngine.load(
+        describe(str(gguf_path)), settings(GGUF_N_CTX="256", GGUF_N_BATCH="128"), lambda _: None
+    )
     yield engine
     engine.close()
 
@@ -41,8 +42,7 @@ def test_the_server_loads_gguf_models_into_a_child_process():
 
 
 def test_the_same_model_and_tokens_as_in_process(engine, gguf_path):
-    local = GGUFEngine.load(describe(str(gguf_path)), settings(GGUF_N_CTX="256", GGUF_N_BATCH="128"),
-                            lambda _: None)
+    local = GGUFEngine.load(describe(str(gguf_path)), settings(GGUF_N_CTX="256", GGUF_N_BATCH="128"), lambda _: None)
     try:
         assert engine.info == local.info
         assert engine.embedding_window == local.embedding_window

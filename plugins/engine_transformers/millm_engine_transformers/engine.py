@@ -48,8 +48,15 @@ class TransformersEngine(Engine):
     name = ENGINE_NAME
     concurrent_text = True
 
-    def __init__(self, model: Any, tokenizer: Any, descriptor: ModelDescriptor, device: torch.device,
-                 dtype: torch.dtype, settings: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        descriptor: ModelDescriptor,
+        device: torch.device,
+        dtype: torch.dtype,
+        settings: Any,
+    ) -> None:
         self.model = model
         self.settings = settings
         self._tokenizer_original = tokenizer  # never used directly: copied once per thread
@@ -153,8 +160,9 @@ class TransformersEngine(Engine):
                 **dict(template_kwargs or {}),
             )
         except jinja2.TemplateError as exc:  # the template's own raise_exception: a refusal of the input
-            raise InvalidParameter(f"the chat template of {self.info.id} refuses these messages: {exc}",
-                                   param="messages") from None
+            raise InvalidParameter(
+                f"the chat template of {self.info.id} refuses these messages: {exc}", param="messages"
+            ) from None
 
     # --- compute ----------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache: Any, start: int, keep_last: bool) -> Any:
@@ -179,8 +187,12 @@ class TransformersEngine(Engine):
             yield from self._generate(prompt_ids, params, logits_processors)
 
     @torch.inference_mode()
-    def _generate(self, prompt_ids: Sequence[int], params: SamplingParams,
-                  processors: Sequence[Callable[[Sequence[int], Any], Any]]) -> Iterator[int]:
+    def _generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        processors: Sequence[Callable[[Sequence[int], Any], Any]],
+    ) -> Iterator[int]:
         generator = generator_for(params, self.device)
         penalties = Penalties(params, self.info.vocab_size, self.device)
         cache = transformers.DynamicCache()
@@ -220,15 +232,23 @@ class TransformersEngine(Engine):
             return results
 
         if params.precision != "float32":
-            with layer_hooks.installed(self.layers, hooks, self._position), \
-                    self._typed_out_of_memory("scoring the input beside the model"):
+            with (
+                layer_hooks.installed(self.layers, hooks, self._position),
+                self._typed_out_of_memory("scoring the input beside the model"),
+            ):
                 return score(self.model, self.device)
         if hooks:
-            raise InvalidParameter("float32 scoring runs on a copy of the model: it takes no layer hooks",
-                                   param="scoring_precision")
+            raise InvalidParameter(
+                "float32 scoring runs on a copy of the model: it takes no layer hooks", param="scoring_precision"
+            )
         return score_in_float32(
-            self.model, self.device, self.dtype, self.descriptor.format,
-            self.settings["SCORING_FLOAT32_DEVICE"], self.settings["SCORING_FLOAT32_HEADROOM_MB"], score,
+            self.model,
+            self.device,
+            self.dtype,
+            self.descriptor.format,
+            self.settings["SCORING_FLOAT32_DEVICE"],
+            self.settings["SCORING_FLOAT32_HEADROOM_MB"],
+            score,
         )
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:

@@ -23,8 +23,15 @@ MIB = 2**20
 T = TypeVar("T")
 
 
-def score_in_float32(model: Any, device: torch.device, dtype: torch.dtype, model_format: str,
-                     device_setting: str, headroom_mb: int, score: Callable[[Any, torch.device], T]) -> T:
+def score_in_float32(
+    model: Any,
+    device: torch.device,
+    dtype: torch.dtype,
+    model_format: str,
+    device_setting: str,
+    headroom_mb: int,
+    score: Callable[[Any, torch.device], T],
+) -> T:
     """``score(model, device)`` on the served model if it is float32, else on a float32 copy.
 
     The copy lives only inside this call: it is released (and a GPU's cache
@@ -110,8 +117,9 @@ def copy_bytes(model: Any) -> int:
     return total
 
 
-def fit(target: torch.device | None, model_device: torch.device, need: int, headroom: int,
-        setting: str) -> torch.device:
+def fit(
+    target: torch.device | None, model_device: torch.device, need: int, headroom: int, setting: str
+) -> torch.device:
     """The device the copy goes to, with ``headroom`` to spare, or a ``memory`` refusal."""
     if target is not None:
         candidates = [target]
@@ -138,8 +146,6 @@ def free_bytes(place: torch.device) -> int | None:
     return available_memory()
 
 
-
-
 def build_copy(model: Any, place: torch.device) -> Any:
     """A float32 copy of ``model`` on ``place``; the served model is only read."""
     memo: dict[int, Any] = {}
@@ -148,7 +154,9 @@ def build_copy(model: Any, place: torch.device) -> Any:
             continue
         dtype = torch.float32 if tensor.is_floating_point() else tensor.dtype
         data = tensor.detach().to(device=place, dtype=dtype, copy=True)
-        memo[id(tensor)] = torch.nn.Parameter(data, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else data
+        memo[id(tensor)] = (
+            torch.nn.Parameter(data, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else data
+        )
     replica = copy.deepcopy(model, memo)  # the structure; tensors come from the memo
     replica.config.dtype = torch.float32
     return replica.eval()

@@ -23,10 +23,15 @@ ENGINE_NAME = "transformers"
 SETTINGS = (
     Setting("MILLM_DTYPE", str, "auto", "Weights dtype for the transformers engine (auto = float32 on CPU)"),
     Setting("MILLM_DEVICE", str, "auto", "Device for the transformers engine (auto, cpu, cuda, cuda:N)"),
-    Setting("SCORING_FLOAT32_DEVICE", str, "auto",
-            "Where a float32 scoring copy goes: auto (the model's GPU if it fits, then the CPU), cpu, cuda or cuda:N"),
-    Setting("SCORING_FLOAT32_HEADROOM_MB", int, 1024,
-            "Memory (MiB) a float32 scoring copy must leave free on its device"),
+    Setting(
+        "SCORING_FLOAT32_DEVICE",
+        str,
+        "auto",
+        "Where a float32 scoring copy goes: auto (the model's GPU if it fits, then the CPU), cpu, cuda or cuda:N",
+    ),
+    Setting(
+        "SCORING_FLOAT32_HEADROOM_MB", int, 1024, "Memory (MiB) a float32 scoring copy must leave free on its device"
+    ),
 )
 
 SPEC = EngineSpec(
@@ -48,8 +53,7 @@ def describe(path: str) -> ModelDescriptor | None:
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
         repo, quant = split_gguf_name(p)
-        return ModelDescriptor(id=repo, path=str(p), format="gguf", engine=ENGINE_NAME,
-                               quantization=quant, repo=None)
+        return ModelDescriptor(id=repo, path=str(p), format="gguf", engine=ENGINE_NAME, quantization=quant, repo=None)
     if p.is_dir() and (p / "config.json").is_file():
         hf_id = revision = None
         match = _HF_CACHE_SNAPSHOT.search(str(p.resolve()))
@@ -63,8 +67,9 @@ def describe(path: str) -> ModelDescriptor | None:
         except (OSError, ValueError):
             pass
         name = hf_id.split("/")[-1] if hf_id else p.name
-        return ModelDescriptor(id=name, path=str(p), format="hf", engine=ENGINE_NAME,
-                               hf_id=hf_id, revision=revision, quantization=quant)
+        return ModelDescriptor(
+            id=name, path=str(p), format="hf", engine=ENGINE_NAME, hf_id=hf_id, revision=revision, quantization=quant
+        )
     return None
 
 

@@ -21,6 +21,7 @@ def loaded(tiny_model_dir):
 class TestTransformersEngine(EngineConformance):
     poolings = ("mean", "last", "cls")
     supports_scoring = True
+
     @pytest.fixture
     def engine(self, loaded):
         return loaded
@@ -37,6 +38,7 @@ def test_write_hooks_run_in_order_and_change_the_residual(loaded):
         def callback(hidden, start):
             order.append(name)
             captured[name] = hidden.clone()
+
         return callback
 
     def write(hidden, start):
@@ -61,8 +63,13 @@ def test_resid_pre_of_a_layer_is_the_previous_layers_output(loaded, tiny_model_d
 
     ids = loaded.chat_ids([{"role": "user", "content": "hello"}])
     seen = {}
-    loaded.forward(ids, hooks=[LayerHook(1, "resid_pre", lambda h, s: seen.setdefault("pre1", h.clone())),
-                               LayerHook(0, "resid_post", lambda h, s: seen.setdefault("post0", h.clone()))])
+    loaded.forward(
+        ids,
+        hooks=[
+            LayerHook(1, "resid_pre", lambda h, s: seen.setdefault("pre1", h.clone())),
+            LayerHook(0, "resid_post", lambda h, s: seen.setdefault("post0", h.clone())),
+        ],
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
         hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states

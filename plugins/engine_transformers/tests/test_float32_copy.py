@@ -26,7 +26,9 @@ IDS = [1, 2, 3, 4, 5]
 
 @pytest.fixture(scope="module")
 def engine():
-    settings = Settings(HOST_SETTINGS, {"MILLM_DTYPE": "bfloat16", "MILLM_DEVICE": "cpu"})  # the engine declares its own
+    settings = Settings(
+        HOST_SETTINGS, {"MILLM_DTYPE": "bfloat16", "MILLM_DEVICE": "cpu"}
+    )  # the engine declares its own
     path = tiny_llama("tiny-bf16", dtype="bfloat16", seed=3)
     return TransformersEngine.load(describe(str(path)), settings, lambda message: None)
 

@@ -28,12 +28,16 @@ class Plan:
     @classmethod
     def of(cls, pairs: Iterable[tuple[ProbeView, str]]) -> Plan:
         listed = tuple(ordered(list(pairs)))
-        return cls(listed, any(v.definition.aggregation.skip_template_prefix for v, _ in listed),
-                   any(window == "last_user" for _, window in listed))
+        return cls(
+            listed,
+            any(v.definition.aggregation.skip_template_prefix for v, _ in listed),
+            any(window == "last_user" for _, window in listed),
+        )
 
 
-def compile_bank(views: Sequence[ProbeView], engine: Any, sae_dir: str | None,
-                 encoders: dict[str, Any]) -> tuple[Bank | None, dict[str, ProbeUnusable]]:
+def compile_bank(
+    views: Sequence[ProbeView], engine: Any, sae_dir: str | None, encoders: dict[str, Any]
+) -> tuple[Bank | None, dict[str, ProbeUnusable]]:
     """The views' heads compiled for ``engine`` as one bank (None when none compiles), and why the rest
     cannot run there (engine thread)."""
     usable, unusable = [], {}

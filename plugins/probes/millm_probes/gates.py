@@ -44,39 +44,57 @@ def identity_check(model: ModelBlock, identity: dict[str, Any]) -> tuple[list[di
 
 def gate_limit(armed: int, maximum: int) -> None:
     if armed >= maximum:
-        raise GateRefused("limit", "PROBE_MAX_ARMED",
-                          f"{armed} probes are armed; PROBE_MAX_ARMED is {maximum}. Disarm one first",
-                          max_armed=maximum)
+        raise GateRefused(
+            "limit",
+            "PROBE_MAX_ARMED",
+            f"{armed} probes are armed; PROBE_MAX_ARMED is {maximum}. Disarm one first",
+            max_armed=maximum,
+        )
 
 
 def gate_identity(definition: ProbeDefinition, identity: dict[str, Any]) -> list[str]:
     """Refuse a probe fitted on another model; return the warnings to report when it passes."""
     mismatches, warnings = identity_check(definition.model, identity)
     if mismatches:
-        raise GateRefused("identity", "PROBE_MODEL_MISMATCH",
-                          f"the loaded model is not the one this probe was fitted on: {mismatch_message(mismatches)}",
-                          mismatches=mismatches)
+        raise GateRefused(
+            "identity",
+            "PROBE_MODEL_MISMATCH",
+            f"the loaded model is not the one this probe was fitted on: {mismatch_message(mismatches)}",
+            mismatches=mismatches,
+        )
     return warnings
 
 
 def gate_evidence(definition: ProbeDefinition, acknowledgement: str | None) -> None:
     rung = definition.evidence.rung
     if rung < 2 and not (acknowledgement or "").strip():
-        raise GateRefused("evidence", "PROBE_ACKNOWLEDGEMENT_REQUIRED",
-                          f"this probe is at rung {rung} (below 2: not shown to detect on unseen tasks); "
-                          "arm it with an acknowledgement saying why", rung=rung)
+        raise GateRefused(
+            "evidence",
+            "PROBE_ACKNOWLEDGEMENT_REQUIRED",
+            f"this probe is at rung {rung} (below 2: not shown to detect on unseen tasks); "
+            "arm it with an acknowledgement saying why",
+            rung=rung,
+        )
 
 
 def gate_parity(report: dict[str, Any]) -> None:
     if report["status"] not in PARITY_PASSING:
-        raise GateRefused("parity", "PROBE_PARITY_FAILED",
-                          f"this build does not reproduce the recorded scores ({report['status']}"
-                          f"{': ' + report['reason'] if report.get('reason') else ''})",
-                          parity_report_id=report["report_id"], parity_status=report["status"])
+        raise GateRefused(
+            "parity",
+            "PROBE_PARITY_FAILED",
+            f"this build does not reproduce the recorded scores ({report['status']}"
+            f"{': ' + report['reason'] if report.get('reason') else ''})",
+            parity_report_id=report["report_id"],
+            parity_status=report["status"],
+        )
 
 
 def gate_scope(definition: ProbeDefinition) -> None:
     if definition.scope != "all":
-        raise GateRefused("scope", "PROBE_SCOPE_UNVERIFIABLE",
-                          f"scope {definition.scope!r} was recorded under a mask the definition does not carry, "
-                          "so parity cannot verify it; only scope 'all' arms", scope=definition.scope)
+        raise GateRefused(
+            "scope",
+            "PROBE_SCOPE_UNVERIFIABLE",
+            f"scope {definition.scope!r} was recorded under a mask the definition does not carry, "
+            "so parity cannot verify it; only scope 'all' arms",
+            scope=definition.scope,
+        )

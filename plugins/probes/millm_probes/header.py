@@ -58,7 +58,7 @@ def render(results: Sequence[dict[str, Any]], max_bytes: int) -> str:
     position = 0
     for _, group in groupby(results, key=_group):
         size = len(list(group))
-        candidate = kept + members[position:position + size]
+        candidate = kept + members[position : position + size]
         if len(serialize_list([*candidate, marker])) > max_bytes:
             break
         kept = candidate

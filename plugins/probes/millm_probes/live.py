@@ -98,12 +98,15 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         prompt = ctx.prompts[0]
         ids = prompt + (ctx.outputs[0].token_ids if ctx.outputs else [])
         layout = measure(
-            engine, ids, capture.positions,
+            engine,
+            ids,
+            capture.positions,
             prompt_len=len(prompt),
             prefix_ids=runtime.prefix_ids(engine) if plan.skip_prefix else None,
             conversation=ctx.conversations[0] if ctx.is_chat and ctx.conversations else None,
             no_turns="last_user_span_unknown" if ctx.is_chat else "text_completion_has_no_user_turn",
-            tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs,
+            tools=ctx.chat_tools,
+            template_kwargs=ctx.chat_template_kwargs,
             need_last_user=plan.last_user,
         )
         columns = None
@@ -127,18 +130,21 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     request.results = results
     done = time.perf_counter()
     hooks_ms = (capture.seconds if capture else 0.0) * 1000
-    runtime.record(results, {
-        "request_id": ctx.request_id,
-        "overhead_ms": round(request.setup_seconds * 1000 + hooks_ms + (done - started) * 1000, 3),
-        "setup_ms": round(request.setup_seconds * 1000, 3),
-        "hooks_ms": round(hooks_ms, 3),
-        "scoring_ms": round((scored_at - started) * 1000, 3),
-        "recording_ms": round((done - scored_at) * 1000, 3),
-        "forward_passes": capture.passes if capture else 0,
-        "positions": capture.positions if capture else 0,
-        "device_to_host_copies": copies,
-        "results": len(results),
-    })
+    runtime.record(
+        results,
+        {
+            "request_id": ctx.request_id,
+            "overhead_ms": round(request.setup_seconds * 1000 + hooks_ms + (done - started) * 1000, 3),
+            "setup_ms": round(request.setup_seconds * 1000, 3),
+            "hooks_ms": round(hooks_ms, 3),
+            "scoring_ms": round((scored_at - started) * 1000, 3),
+            "recording_ms": round((done - scored_at) * 1000, 3),
+            "forward_passes": capture.passes if capture else 0,
+            "positions": capture.positions if capture else 0,
+            "device_to_host_copies": copies,
+            "results": len(results),
+        },
+    )
 
 
 def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:

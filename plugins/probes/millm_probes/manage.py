@@ -140,12 +140,16 @@ def _import(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> di
     except ValueError:
         raise IdentityAlgorithmUnknown(
             f"identity.algorithm {identity.get('algorithm')!r} is not one this server knows "
-            f"({digests.ALGORITHM}); re-export the definition", param="identity.algorithm") from None
+            f"({digests.ALGORITHM}); re-export the definition",
+            param="identity.algorithm",
+        ) from None
     if mismatches:
         raise IdentityMismatch(
             "; ".join(f"{m['field']} is {m['stated']} in the definition but {m['computed']} here" for m in mismatches)
             + "; re-export the definition",
-            param=mismatches[0]["field"], extra={"mismatches": mismatches})
+            param=mismatches[0]["field"],
+            extra={"mismatches": mismatches},
+        )
     row = Probe(
         id=store.new_probe_id(),
         name=definition.name,
@@ -199,8 +203,14 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
         gates.gate_parity(report)
         gates.gate_scope(d)
         if request.acknowledgement and request.acknowledgement.strip():
-            await asyncio.to_thread(store.add_acknowledgement, host.db, probe_id, request.acknowledgement,
-                                    d.evidence.rung, engine.info.load_id)
+            await asyncio.to_thread(
+                store.add_acknowledgement,
+                host.db,
+                probe_id,
+                request.acknowledgement,
+                d.evidence.rung,
+                engine.info.load_id,
+            )
         assert compiled is not None  # parity passed, so every vector was scored with it
         await host.run_on_engine_thread(_commit_arm, runtime, view, compiled, engine)
         try:
@@ -248,21 +258,33 @@ async def recalibrate(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> 
     request = validate(RecalibrationRequest, body)
     decision = body["decision"]
     host = runtime.host
-    if request.decision.threshold is not None and request.decision.target_fpr is None \
-            and not (request.decision.threshold_source or "").strip():
-        raise InvalidParameter("a threshold needs a false-positive budget (target_fpr) or a named source "
-                               "(threshold_source)", param="decision.threshold", code="PROBE_THRESHOLD_UNSOURCED")
+    if (
+        request.decision.threshold is not None
+        and request.decision.target_fpr is None
+        and not (request.decision.threshold_source or "").strip()
+    ):
+        raise InvalidParameter(
+            "a threshold needs a false-positive budget (target_fpr) or a named source (threshold_source)",
+            param="decision.threshold",
+            code="PROBE_THRESHOLD_UNSOURCED",
+        )
     computed = digests.decision_digest(decision)
     if request.decision_digest is not None and request.decision_digest != computed:
-        raise IdentityMismatch(f"decision_digest is {request.decision_digest} in the cut but {computed} here",
-                               param="decision_digest", extra={"mismatches": [
-                                   {"field": "decision_digest", "stated": request.decision_digest, "computed": computed}]})
+        raise IdentityMismatch(
+            f"decision_digest is {request.decision_digest} in the cut but {computed} here",
+            param="decision_digest",
+            extra={
+                "mismatches": [{"field": "decision_digest", "stated": request.decision_digest, "computed": computed}]
+            },
+        )
     async with runtime.lock:
         row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
         if request.provenance.probe_id != row.provenance_probe_id:
             raise ProvenanceMismatch(
                 f"the cut is for provenance.probe_id {request.provenance.probe_id!r}; this probe's is "
-                f"{row.provenance_probe_id!r}", param="provenance.probe_id")
+                f"{row.provenance_probe_id!r}",
+                param="provenance.probe_id",
+            )
         source = "producer" if request.decision_digest is not None else "computed"
         row = await asyncio.to_thread(store.recalibrate, host.db, probe_id, decision, computed, source)
         view = runtime.view(row)

@@ -34,8 +34,9 @@ def tolerance(definition: Any) -> float:
     return min(definition.parity.tolerance, MAX_TOLERANCE)
 
 
-async def run_parity(runtime: Runtime, view: ProbeView, engine: Any,
-                     model_id: str) -> tuple[dict[str, Any], CompiledProbe | None]:
+async def run_parity(
+    runtime: Runtime, view: ProbeView, engine: Any, model_id: str
+) -> tuple[dict[str, Any], CompiledProbe | None]:
     """Score every test vector on ``engine`` (model ``model_id``): the report (the caller stores it), and
     the head as compiled for ``engine`` for arming to reuse (None when it was not compiled)."""
     host = runtime.host
@@ -72,11 +73,16 @@ async def run_parity(runtime: Runtime, view: ProbeView, engine: Any,
         report["vectors"].append(row)
     failed = [row for row in report["vectors"] if not row["passed"]]
     if d.scope != "all":
-        report.update(status="cannot_check", reason=f"scope {d.scope!r} was recorded under a mask the definition does not carry")
+        report.update(
+            status="cannot_check", reason=f"scope {d.scope!r} was recorded under a mask the definition does not carry"
+        )
     elif failed:
         first = failed[0]
         why = first.get("reason") or f"difference {first['difference']:.6g} > tolerance {tolerance(d):g}"
-        report.update(status="failed", reason=f"{len(failed)} of {len(d.test_vectors)} vectors differ (vector {first['index']}: {why})")
+        report.update(
+            status="failed",
+            reason=f"{len(failed)} of {len(d.test_vectors)} vectors differ (vector {first['index']}: {why})",
+        )
     bank = prepared["bank"]
     return report, (bank.probes[0] if bank is not None else None)
 
@@ -85,19 +91,33 @@ def parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
     """A probe's newest parity report in brief (``never_run`` without one)."""
     if report is None:
         return {"status": "never_run"}
-    return {"status": report["status"], "report_id": report["report_id"], "reason": report.get("reason"),
-            "model_load_id": report["model"]["load_id"], "created_at": report["created_at"]}
+    return {
+        "status": report["status"],
+        "report_id": report["report_id"],
+        "reason": report.get("reason"),
+        "model_load_id": report["model"]["load_id"],
+        "created_at": report["created_at"],
+    }
 
 
-def _score_vector(runtime: Runtime, view: ProbeView, engine: Any, index: int, vector: TestVector,
-                  prepared: dict[str, Any]) -> dict[str, Any]:
+def _score_vector(
+    runtime: Runtime, view: ProbeView, engine: Any, index: int, vector: TestVector, prepared: dict[str, Any]
+) -> dict[str, Any]:
     """One vector on the engine thread."""
     d = view.definition
-    row: dict[str, Any] = {"index": index, "n_tokens": len(vector.token_ids), "score": None,
-                           "recorded": vector.score, "difference": None, "passed": False, "reason": None}
+    row: dict[str, Any] = {
+        "index": index,
+        "n_tokens": len(vector.token_ids),
+        "score": None,
+        "recorded": vector.score,
+        "difference": None,
+        "passed": False,
+        "reason": None,
+    }
     if "bank" not in prepared:  # compiled once, on the first vector's turn on the engine thread
-        prepared["bank"], prepared["unusable"] = compile_bank([view], engine, runtime.settings["PROBE_SAE_DIR"],
-                                                              runtime.encoders)
+        prepared["bank"], prepared["unusable"] = compile_bank(
+            [view], engine, runtime.settings["PROBE_SAE_DIR"], runtime.encoders
+        )
     bank = prepared["bank"]
     if bank is None:
         problem = prepared["unusable"][view.probe_id]
@@ -113,7 +133,11 @@ def _score_vector(runtime: Runtime, view: ProbeView, engine: Any, index: int, ve
     if prompt_len is not None and not 0 <= prompt_len <= len(ids):
         prompt_len, failure = None, "prompt_boundary_invalid"
     layout = measure(
-        engine, ids, len(ids), prompt_len=prompt_len, boundary_failure=failure,
+        engine,
+        ids,
+        len(ids),
+        prompt_len=prompt_len,
+        boundary_failure=failure,
         prefix_ids=runtime.prefix_ids(engine) if d.aggregation.skip_template_prefix else None,
         no_turns="token_ids_have_no_turns",
     )
@@ -137,8 +161,11 @@ def _per_token_divergence(computed: np.ndarray, recorded: list[float] | None) ->
     if len(recorded) != computed.size:
         return {"compared": 0, "reason": f"length_mismatch: {len(recorded)} recorded, {computed.size} positions"}
     diff = np.abs(computed - np.asarray(recorded, dtype=np.float64))
-    return {"compared": int(diff.size), "max_abs_divergence": float(diff.max()),
-            "mean_abs_divergence": float(diff.mean())}
+    return {
+        "compared": int(diff.size),
+        "max_abs_divergence": float(diff.max()),
+        "mean_abs_divergence": float(diff.mean()),
+    }
 
 
 def _drift(engine: Any, vector: TestVector) -> dict[str, Any] | None:
@@ -153,5 +180,9 @@ def _drift(engine: Any, vector: TestVector) -> dict[str, Any] | None:
         return {"reproduces": None, "reason": f"render_failed: {type(exc).__name__}"}
     same = common_prefix(rendered, vector.token_ids)
     reproduces = same == len(rendered) == len(vector.token_ids)
-    return {"reproduces": reproduces, "n_token_ids": len(vector.token_ids), "n_rendered": len(rendered),
-            "first_difference": None if reproduces else same}
+    return {
+        "reproduces": reproduces,
+        "n_token_ids": len(vector.token_ids),
+        "n_rendered": len(rendered),
+        "first_difference": None if reproduces else same,
+    }

@@ -127,8 +127,8 @@ def read_window(
     span = window_span(layout, window, d.aggregation.skip_template_prefix)
     if isinstance(span, NotScored):
         return not_scored(span.outcome, span.reason, interrupted)
-    scores = per_token[span.start:span.end]
-    window_logits = logits[span.start:span.end] if logits is not None else None
+    scores = per_token[span.start : span.end]
+    window_logits = logits[span.start : span.end] if logits is not None else None
     with np.errstate(all="ignore"):
         score = aggregate(d.aggregation.rule, d.aggregation.params.get("k"), scores, window_logits)
     if not math.isfinite(score):

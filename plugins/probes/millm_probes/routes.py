@@ -108,10 +108,15 @@ class Events(_Resource):
         if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= store.EVENT_LIST_MAX:
             raise InvalidParameter(f"limit is an integer from 1 to {store.EVENT_LIST_MAX}", param="limit")
         resp.media = await asyncio.to_thread(
-            store.list_events, self.runtime.host.db,
-            probe_id=req.get_param("probe_id"), result_id=req.get_param("result_id"),
-            trace_id=req.get_param("trace_id"), fired=_bool_param(req, "fired"), window=window,
-            limit=int(limit_raw), after=req.get_param("after"),
+            store.list_events,
+            self.runtime.host.db,
+            probe_id=req.get_param("probe_id"),
+            result_id=req.get_param("result_id"),
+            trace_id=req.get_param("trace_id"),
+            fired=_bool_param(req, "fired"),
+            window=window,
+            limit=int(limit_raw),
+            after=req.get_param("after"),
         )
 
     async def on_get_detail(self, req, resp, result_id: str) -> None:

@@ -126,7 +126,9 @@ class Runtime:
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
         for result in results:
             self.last_results[result["probe_id"]] = {
-                "outcome": result["outcome"], "reason": result["reason"], "window": result["window"],
+                "outcome": result["outcome"],
+                "reason": result["reason"],
+                "window": result["window"],
                 "recorded_at": result["recorded_at"],
             }
         self.last_request = overhead
@@ -141,12 +143,21 @@ class Runtime:
                 quiet_reason = "no_requests_since_armed"
             elif last["outcome"] != "completed":
                 quiet_reason = last["reason"]
-            armed.append({
-                "probe_id": view.probe_id, "name": view.name, "behaviour": view.behaviour,
-                "layer": view.definition.read.layer, "hook_point": view.definition.read.hook_point,
-                "windows": view.windows, "armed_at": entry.armed_at, "model_load_id": entry.load_id,
-                "quiet": quiet_reason is not None, "quiet_reason": quiet_reason, "last_result": last,
-            })
+            armed.append(
+                {
+                    "probe_id": view.probe_id,
+                    "name": view.name,
+                    "behaviour": view.behaviour,
+                    "layer": view.definition.read.layer,
+                    "hook_point": view.definition.read.hook_point,
+                    "windows": view.windows,
+                    "armed_at": entry.armed_at,
+                    "model_load_id": entry.load_id,
+                    "quiet": quiet_reason is not None,
+                    "quiet_reason": quiet_reason,
+                    "last_result": last,
+                }
+            )
         return {
             "object": "probe.status",
             "armed": armed,

@@ -23,8 +23,9 @@ class SaeUnavailable(Exception):
 def sae_folder(sae_dir: str, sae_id: str) -> Path:
     """``<sae_dir>/<sae_id>``, which must stay inside ``sae_dir`` (no ``..``, no absolute id, no link out)."""
     try:
-        return confined_path(plain_name(sae_id, "sae.sae_id"), [Path(sae_dir)], param="sae.sae_id",
-                             setting="PROBE_SAE_DIR")
+        return confined_path(
+            plain_name(sae_id, "sae.sae_id"), [Path(sae_dir)], param="sae.sae_id", setting="PROBE_SAE_DIR"
+        )
     except MillmError as exc:
         raise SaeUnavailable(f"SAE {sae_id!r}: {exc.message}") from None
 

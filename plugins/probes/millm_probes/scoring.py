@@ -46,8 +46,9 @@ class CompiledProbe:
     encoder: Encoder | None
 
 
-def compile_probe(key: str, d: ProbeDefinition, engine: Any, sae_dir: str | None,
-                  encoders: dict[str, Encoder] | None = None) -> CompiledProbe:
+def compile_probe(
+    key: str, d: ProbeDefinition, engine: Any, sae_dir: str | None, encoders: dict[str, Encoder] | None = None
+) -> CompiledProbe:
     """Fold ``d``'s head for ``engine``'s device; raise ``ProbeUnusable`` when it cannot run there."""
     import torch
 

@@ -74,8 +74,9 @@ class ScoreRequest(BaseModel):
 class Prepared:
     """One input as ids, with the boundaries it states or implies."""
 
-    def __init__(self, ids: list[int], prompt_len: int | None, failure: str | None,
-                 conversation: list[dict[str, Any]] | None) -> None:
+    def __init__(
+        self, ids: list[int], prompt_len: int | None, failure: str | None, conversation: list[dict[str, Any]] | None
+    ) -> None:
         self.ids, self.prompt_len, self.failure, self.conversation = ids, prompt_len, failure, conversation
 
 
@@ -99,21 +100,27 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
             try:
                 ids = engine.chat_ids(conversation, fallback=False)
                 ends_with_reply = conversation[-1]["role"] == "assistant"
-                derived = common_prefix(engine.chat_ids(conversation[:-1], fallback=False), ids) if ends_with_reply else len(ids)
+                derived = (
+                    common_prefix(engine.chat_ids(conversation[:-1], fallback=False), ids)
+                    if ends_with_reply
+                    else len(ids)
+                )
             except NoChatTemplate as exc:
                 raise NoChatTemplate(exc.message, param=f"{where}.{'messages' if item.messages else 'text'}") from None
             except InvalidParameter as exc:  # the engine names "messages"; here they are this input's
                 raise InvalidParameter(exc.message, param=f"{where}.messages") from None
         bad = [t for t in ids if t >= info.vocab_size]
         if bad:
-            raise InvalidParameter(f"token id {bad[0]} is outside the vocabulary (size {info.vocab_size})",
-                                   param=f"{where}.token_ids")
+            raise InvalidParameter(
+                f"token id {bad[0]} is outside the vocabulary (size {info.vocab_size})", param=f"{where}.token_ids"
+            )
         if not ids:
             raise InvalidParameter("the input is empty", param=where)
         if info.context_window is not None and len(ids) > info.context_window:
             raise ContextLengthExceeded(
                 f"this model's maximum context length is {info.context_window} tokens; the input has {len(ids)}",
-                param=where)
+                param=where,
+            )
         prompt_len, failure = derived, None
         if stated is not None:
             if not 0 <= stated <= len(ids):
@@ -126,21 +133,29 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
     return prepared
 
 
-def _score_one(runtime: Runtime, engine: Any, views: list[ProbeView], plan: Plan, item: Prepared,
-               compiled: dict[str, Any]) -> list[Any]:
+def _score_one(
+    runtime: Runtime, engine: Any, views: list[ProbeView], plan: Plan, item: Prepared, compiled: dict[str, Any]
+) -> list[Any]:
     """Readings of one input, in listing order (engine thread)."""
     pairs = plan.pairs
     if not engine.hook_points:  # llama.cpp exposes no layers to read
         return [(pair, Reading("skipped", "engine_unsupported")) for pair in pairs]
     if "bank" not in compiled:  # compiled once, on the first input's turn on the engine thread
-        compiled["bank"], compiled["unusable"] = compile_bank(views, engine, runtime.settings["PROBE_SAE_DIR"],
-                                                              runtime.encoders)
+        compiled["bank"], compiled["unusable"] = compile_bank(
+            views, engine, runtime.settings["PROBE_SAE_DIR"], runtime.encoders
+        )
     bank = compiled["bank"]
     columns = forward_columns(engine, bank, item.ids) if bank is not None else None
     layout = measure(
-        engine, item.ids, len(item.ids), prompt_len=item.prompt_len, boundary_failure=item.failure,
+        engine,
+        item.ids,
+        len(item.ids),
+        prompt_len=item.prompt_len,
+        boundary_failure=item.failure,
         prefix_ids=runtime.prefix_ids(engine) if plan.skip_prefix else None,
-        conversation=item.conversation, no_turns="token_ids_have_no_turns", need_last_user=plan.last_user,
+        conversation=item.conversation,
+        no_turns="token_ids_have_no_turns",
+        need_last_user=plan.last_user,
     )
     return list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
 
@@ -151,11 +166,17 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     settings = runtime.settings
     request = await asyncio.to_thread(validate, ScoreRequest, body)  # in proportion to the body: off the loop
     if len(request.inputs) > settings["PROBE_SCORE_MAX_INPUTS"]:
-        raise InvalidParameter(f"at most {settings['PROBE_SCORE_MAX_INPUTS']} inputs per request "
-                               "(PROBE_SCORE_MAX_INPUTS)", param="inputs", code="PROBE_SCORE_MAX_INPUTS")
+        raise InvalidParameter(
+            f"at most {settings['PROBE_SCORE_MAX_INPUTS']} inputs per request (PROBE_SCORE_MAX_INPUTS)",
+            param="inputs",
+            code="PROBE_SCORE_MAX_INPUTS",
+        )
     if request.probe_ids is not None and len(request.probe_ids) > settings["PROBE_MAX_ARMED"]:
-        raise InvalidParameter(f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
-                               param="probe_ids", code="PROBE_MAX_ARMED")
+        raise InvalidParameter(
+            f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
+            param="probe_ids",
+            code="PROBE_MAX_ARMED",
+        )
     engine, entry = host.registry.current()
     identity = model_identity(host, entry.id)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
@@ -167,12 +188,17 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         elif request.probe_ids:
             refused.append({"probe_id": view.probe_id, "mismatches": mismatches})
         else:
-            skipped.append({"probe_id": view.probe_id, "name": view.name, "reason": "model_mismatch",
-                            "mismatches": mismatches})
+            skipped.append(
+                {"probe_id": view.probe_id, "name": view.name, "reason": "model_mismatch", "mismatches": mismatches}
+            )
     if refused:
-        raise GateRefused("identity", "PROBE_MODEL_MISMATCH", "the loaded model is not the one these probes were "
-                          "fitted on: " + "; ".join(f"{r['probe_id']}: {mismatch_message(r['mismatches'])}" for r in refused),
-                          probes=refused)
+        raise GateRefused(
+            "identity",
+            "PROBE_MODEL_MISMATCH",
+            "the loaded model is not the one these probes were "
+            "fitted on: " + "; ".join(f"{r['probe_id']}: {mismatch_message(r['mismatches'])}" for r in refused),
+            probes=refused,
+        )
     windows = {v.probe_id: list(request.windows) if request.windows else v.windows for v in views}
     plan = Plan.of((view, window) for view in views for window in windows[view.probe_id])
     reports = await asyncio.to_thread(store.latest_parity_reports, host.db, [v.probe_id for v in views])
@@ -201,18 +227,28 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         if changed:
             output["error"] = ModelChanged(
                 "the model changed during this request; no input is scored on a different model from the first",
-                param=f"inputs[{index}]").to_dict()
+                param=f"inputs[{index}]",
+            ).to_dict()
             continue
-        output["results"] = [result_object(view, window, reading, served, trace, request_id, "not_persisted")
-                             for (view, window), reading in (readings if views else [])]
+        output["results"] = [
+            result_object(view, window, reading, served, trace, request_id, "not_persisted")
+            for (view, window), reading in (readings if views else [])
+        ]
     return {
         "object": "probe.score",
         "request_id": request_id,
         "model": identity,
         "results": outputs,
         "skipped": skipped,
-        "probes": [{"probe_id": v.probe_id, "name": v.name, "windows": windows[v.probe_id],
-                    "parity": parity_summary(reports.get(v.probe_id))} for v in views],
+        "probes": [
+            {
+                "probe_id": v.probe_id,
+                "name": v.name,
+                "windows": windows[v.probe_id],
+                "parity": parity_summary(reports.get(v.probe_id)),
+            }
+            for v in views
+        ],
     }
 
 
@@ -220,4 +256,3 @@ def _load_views(runtime: Runtime, probe_ids: list[str] | None) -> list[ProbeView
     """The named probes, or every imported one (blocking: database and definition parsing)."""
     rows = store.find_probes(runtime.host.db, probe_ids) if probe_ids else store.list_probes(runtime.host.db)
     return [runtime.view(row) for row in rows]
-

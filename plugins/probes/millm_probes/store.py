@@ -62,7 +62,8 @@ def insert_probe(db: Any, row: Probe, on_conflict: str) -> Probe:
             elif on_conflict == "fail":
                 raise NameConflict(
                     f"a probe named {row.name!r} already exists ({taken}); import with on_conflict=rename, "
-                    f"or disarm, delete and import again", param="name",
+                    f"or disarm, delete and import again",
+                    param="name",
                 )
         attempt += 1
         row.name = f"{base} ({attempt})"
@@ -99,8 +100,11 @@ def delete_probe(db: Any, probe_id: str) -> None:
 
 def set_armed(db: Any, probe_id: str, load_id: str) -> None:
     with db.session() as session:
-        session.execute(sa.update(Probe).where(Probe.id == probe_id).values(
-            armed=True, armed_at=now(), armed_load_id=load_id, disarmed_reason=None))
+        session.execute(
+            sa.update(Probe)
+            .where(Probe.id == probe_id)
+            .values(armed=True, armed_at=now(), armed_load_id=load_id, disarmed_reason=None)
+        )
         session.commit()
 
 
@@ -122,35 +126,51 @@ def add_acknowledgement(db: Any, probe_id: str, text: str, rung: int, load_id: s
 
 def acknowledgements(db: Any, probe_id: str) -> list[dict[str, Any]]:
     with db.session() as session:
-        rows = session.scalars(sa.select(Acknowledgement).where(Acknowledgement.probe_id == probe_id)
-                               .order_by(Acknowledgement.id))
-        return [{"text": a.text, "rung": a.rung, "model_load_id": a.model_load_id,
-                 "created_at": a.created_at.isoformat()} for a in rows]
+        rows = session.scalars(
+            sa.select(Acknowledgement).where(Acknowledgement.probe_id == probe_id).order_by(Acknowledgement.id)
+        )
+        return [
+            {"text": a.text, "rung": a.rung, "model_load_id": a.model_load_id, "created_at": a.created_at.isoformat()}
+            for a in rows
+        ]
 
 
 def add_parity_report(db: Any, report: dict[str, Any]) -> None:
     with db.session() as session:
-        session.add(ParityReport(
-            id=report["report_id"], probe_id=report["probe_id"], status=report["status"],
-            model_id=report["model"]["id"], model_load_id=report["model"]["load_id"], report=report,
-            created_at=now(),
-        ))
+        session.add(
+            ParityReport(
+                id=report["report_id"],
+                probe_id=report["probe_id"],
+                status=report["status"],
+                model_id=report["model"]["id"],
+                model_load_id=report["model"]["load_id"],
+                report=report,
+                created_at=now(),
+            )
+        )
         session.commit()
 
 
 def parity_reports(db: Any, probe_id: str, limit: int = 20) -> list[dict[str, Any]]:
     """Stored reports, newest first."""
     with db.session() as session:
-        rows = session.scalars(sa.select(ParityReport).where(ParityReport.probe_id == probe_id)
-                               .order_by(ParityReport.created_at.desc()).limit(limit))
+        rows = session.scalars(
+            sa.select(ParityReport)
+            .where(ParityReport.probe_id == probe_id)
+            .order_by(ParityReport.created_at.desc())
+            .limit(limit)
+        )
         return [r.report for r in rows]
 
 
 def latest_parity_reports(db: Any, probe_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Each probe's newest stored report, in one query (a probe never checked is absent)."""
     newest = sa.func.row_number().over(partition_by=ParityReport.probe_id, order_by=ParityReport.created_at.desc())
-    ranked = (sa.select(ParityReport.probe_id, ParityReport.report, newest.label("rank"))
-              .where(ParityReport.probe_id.in_(list(probe_ids))).subquery())
+    ranked = (
+        sa.select(ParityReport.probe_id, ParityReport.report, newest.label("rank"))
+        .where(ParityReport.probe_id.in_(list(probe_ids)))
+        .subquery()
+    )
     with db.session() as session:
         rows = session.execute(sa.select(ranked.c.probe_id, ranked.c.report).where(ranked.c.rank == 1))
         return {probe_id: report for probe_id, report in rows}
@@ -166,21 +186,37 @@ def recalibrate(db: Any, probe_id: str, decision: dict[str, Any] | None, digest:
         row.decision, row.decision_digest, row.decision_digest_source = decision, digest, source
         row.decision_revision += 1
         row.threshold_revision += 1
-        session.add(Recalibration(
-            probe_id=probe_id, previous=previous, decision=decision, decision_digest=digest,
-            decision_revision=row.decision_revision, threshold_revision=row.threshold_revision, created_at=now(),
-        ))
+        session.add(
+            Recalibration(
+                probe_id=probe_id,
+                previous=previous,
+                decision=decision,
+                decision_digest=digest,
+                decision_revision=row.decision_revision,
+                threshold_revision=row.threshold_revision,
+                created_at=now(),
+            )
+        )
         session.commit()
         return row
 
 
 def recalibrations(db: Any, probe_id: str) -> list[dict[str, Any]]:
     with db.session() as session:
-        rows = session.scalars(sa.select(Recalibration).where(Recalibration.probe_id == probe_id)
-                               .order_by(Recalibration.id))
-        return [{"decision_revision": r.decision_revision, "threshold_revision": r.threshold_revision,
-                 "decision_digest": r.decision_digest, "previous": r.previous, "decision": r.decision,
-                 "created_at": r.created_at.isoformat()} for r in rows]
+        rows = session.scalars(
+            sa.select(Recalibration).where(Recalibration.probe_id == probe_id).order_by(Recalibration.id)
+        )
+        return [
+            {
+                "decision_revision": r.decision_revision,
+                "threshold_revision": r.threshold_revision,
+                "decision_digest": r.decision_digest,
+                "previous": r.previous,
+                "decision": r.decision,
+                "created_at": r.created_at.isoformat(),
+            }
+            for r in rows
+        ]
 
 
 # --- events ------------------------------------------------------------------------------
@@ -190,21 +226,43 @@ def write_events(db: Any, results: Sequence[dict[str, Any]], details: Sequence[d
     """Store a request's results in one transaction (a Core insert: this runs on the request path)."""
     stamp = now()
     rows = [
-        {"result_id": r["result_id"], "probe_id": r["probe_id"], "request_id": r["request_id"],
-         "trace_id": r["trace_id"], "window": r["window"], "outcome": r["outcome"], "fired": r["fires"],
-         "result": r, "detail": detail, "created_at": stamp}
+        {
+            "result_id": r["result_id"],
+            "probe_id": r["probe_id"],
+            "request_id": r["request_id"],
+            "trace_id": r["trace_id"],
+            "window": r["window"],
+            "outcome": r["outcome"],
+            "fired": r["fires"],
+            "result": r,
+            "detail": detail,
+            "created_at": stamp,
+        }
         for r, detail in zip(results, details, strict=True)
     ]
     with db.engine.begin() as connection:
         connection.execute(sa.insert(ProbeEvent), rows)
 
 
-def list_events(db: Any, *, probe_id: str | None, result_id: str | None, trace_id: str | None,
-                fired: bool | None, window: str | None, limit: int, after: str | None) -> dict[str, Any]:
+def list_events(
+    db: Any,
+    *,
+    probe_id: str | None,
+    result_id: str | None,
+    trace_id: str | None,
+    fired: bool | None,
+    window: str | None,
+    limit: int,
+    after: str | None,
+) -> dict[str, Any]:
     """Stored results, newest first, as an OpenAI-style page (``after`` is a result id)."""
     query = sa.select(ProbeEvent).order_by(ProbeEvent.id.desc())
-    for column, value in ((ProbeEvent.probe_id, probe_id), (ProbeEvent.result_id, result_id),
-                          (ProbeEvent.trace_id, trace_id), (ProbeEvent.window, window)):
+    for column, value in (
+        (ProbeEvent.probe_id, probe_id),
+        (ProbeEvent.result_id, result_id),
+        (ProbeEvent.trace_id, trace_id),
+        (ProbeEvent.window, window),
+    ):
         if value is not None:
             query = query.where(column == value)
     if fired is not None:

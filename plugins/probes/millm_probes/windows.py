@@ -118,7 +118,9 @@ def last_user_span(
     head = [dict(m) for m in messages[:last]]
 
     def render(conversation: list[dict[str, Any]]) -> str:
-        return engine.render_chat(conversation, add_generation_prompt=False, tools=tools, template_kwargs=template_kwargs)
+        return engine.render_chat(
+            conversation, add_generation_prompt=False, tools=tools, template_kwargs=template_kwargs
+        )
 
     try:
         one = render([*head, {"role": "user", "content": SENTINEL}])
@@ -130,11 +132,11 @@ def last_user_span(
     first, second = two.find(SENTINEL), two.find(SENTINEL_2)
     if at < 0 or first < 0 or second < 0:
         return "last_user_span_unresolved"
-    closing = one[at + len(SENTINEL):]  # what ends a user turn (nothing follows in ``one``)
-    between = two[first + len(SENTINEL):second]
+    closing = one[at + len(SENTINEL) :]  # what ends a user turn (nothing follows in ``one``)
+    between = two[first + len(SENTINEL) : second]
     if not between.startswith(closing):
         return "last_user_span_unresolved"
-    header = between[len(closing):]
+    header = between[len(closing) :]
     if not header or not one[:at].endswith(header):
         return "last_user_span_unresolved"
     before = engine.tokenize_chat_text(one[: at - len(header)])

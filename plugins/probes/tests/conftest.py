@@ -33,8 +33,11 @@ def with_digests(doc: dict[str, Any]) -> dict[str, Any]:
     """The document with an ``identity`` block whose digests follow FORMATS.md."""
     detector = {k: doc.get(k) for k in ("model", "read", "scope", "basis", "sae", "head", "aggregation", "behaviour")}
     doc = copy.deepcopy(doc)
-    doc["identity"] = {"algorithm": "mi.probe.identity/v1", "detector_digest": canonical_digest(detector),
-                       "decision_digest": canonical_digest(doc.get("decision"))}
+    doc["identity"] = {
+        "algorithm": "mi.probe.identity/v1",
+        "detector_digest": canonical_digest(detector),
+        "decision_digest": canonical_digest(doc.get("decision")),
+    }
     return doc
 
 
@@ -90,14 +93,23 @@ class Lab:
         """From the newest ``<|im_start|>user`` header through its ``<|im_end|>`` and newline."""
         header = self.tokenizer("<|im_start|>user\n", add_special_tokens=False)["input_ids"]
         end_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        starts = [i for i in range(len(ids) - len(header) + 1) if ids[i:i + len(header)] == header]
+        starts = [i for i in range(len(ids) - len(header) + 1) if ids[i : i + len(header)] == header]
         start = starts[-1]
         end = ids.index(end_id, start) + 2
         return start, end
 
     # --- SAEs (SAELens layout) --------------------------------------------------------
-    def make_sae(self, folder: Path, sae_id: str, *, architecture: str = "standard", d_sae: int = 96,
-                 k: int | None = None, layer: int = 1, seed: int = 0) -> None:
+    def make_sae(
+        self,
+        folder: Path,
+        sae_id: str,
+        *,
+        architecture: str = "standard",
+        d_sae: int = 96,
+        k: int | None = None,
+        layer: int = 1,
+        seed: int = 0,
+    ) -> None:
         """Write ``folder/sae_id`` (cfg.json, sae_weights.safetensors) and remember its arrays."""
         from safetensors.numpy import save_file
 
@@ -111,8 +123,15 @@ class Lab:
         }
         if architecture == "jumprelu":
             arrays["threshold"] = rng.uniform(0.0, 0.5, size=d_sae).astype(np.float32)
-        cfg = {"d_in": d, "d_sae": d_sae, "hook_name": f"blocks.{layer}.hook_resid_post",
-               "architecture": architecture, "apply_b_dec_to_input": True, "model_name": "tests", "dtype": "float32"}
+        cfg = {
+            "d_in": d,
+            "d_sae": d_sae,
+            "hook_name": f"blocks.{layer}.hook_resid_post",
+            "architecture": architecture,
+            "apply_b_dec_to_input": True,
+            "model_name": "tests",
+            "dtype": "float32",
+        }
         if k is not None:
             cfg["k"] = k
         target = folder / sae_id
@@ -179,12 +198,28 @@ class Lab:
         return self.aggregate(doc, s[start:end], logits[start:end])
 
     # --- documents -------------------------------------------------------------------
-    def definition(self, identity: dict[str, Any], *, name: str, layer: int = 1, point: str = "resid_post",
-                   rule: str = "mean", k: int | None = None, windows: list[str] | None = None,
-                   skip_prefix: bool | None = None, threshold: float | None = 0.0, rung: int = 2,
-                   scope: str = "all", behaviour: str | None = None, seed: int = 0, vectors: int = 2,
-                   bands: list[dict[str, Any]] | None = None, digests: bool = True,
-                   vector_layer: int | None = None, sae: dict[str, Any] | None = None) -> dict[str, Any]:
+    def definition(
+        self,
+        identity: dict[str, Any],
+        *,
+        name: str,
+        layer: int = 1,
+        point: str = "resid_post",
+        rule: str = "mean",
+        k: int | None = None,
+        windows: list[str] | None = None,
+        skip_prefix: bool | None = None,
+        threshold: float | None = 0.0,
+        rung: int = 2,
+        scope: str = "all",
+        behaviour: str | None = None,
+        seed: int = 0,
+        vectors: int = 2,
+        bands: list[dict[str, Any]] | None = None,
+        digests: bool = True,
+        vector_layer: int | None = None,
+        sae: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """A probe for the resident model, its test vectors scored here (``vector_layer``: on another layer).
 
         ``sae`` (``{"sae_id", "feature_indices"}``) makes a k-sparse probe over that SAE's features.
@@ -196,13 +231,20 @@ class Lab:
             "bias": round(float(rng.normal()), 6),
             "norm_mean": [round(float(x), 6) for x in rng.normal(scale=0.1, size=d)],
             "norm_std": [round(float(x), 6) for x in rng.uniform(0.5, 2.0, size=d)],
-            "attention_query": [round(float(x), 6) for x in rng.normal(size=self.d_model)] if rule == "attention" else None,
+            "attention_query": [round(float(x), 6) for x in rng.normal(size=self.d_model)]
+            if rule == "attention"
+            else None,
         }
         aggregation: dict[str, Any] = {"rule": rule, "params": {"k": k} if k is not None else {}}
         if skip_prefix is not None:
             aggregation["skip_template_prefix"] = skip_prefix
-        decision: dict[str, Any] = {"threshold": threshold, "target_fpr": 0.01, "realised_fpr": 0.0098,
-                                    "threshold_source": "test-calibration", "calibration": {"n": 100}}
+        decision: dict[str, Any] = {
+            "threshold": threshold,
+            "target_fpr": 0.01,
+            "realised_fpr": 0.0098,
+            "threshold_source": "test-calibration",
+            "calibration": {"n": 100},
+        }
         if windows is not None:
             decision["windows"] = windows
         if bands is not None:
@@ -233,9 +275,15 @@ class Lab:
             ids = self.chat_ids(messages)
             start = self.template_prefix(ids) if skip_prefix else 0
             s, _ = self.per_token(reference, ids)
-            doc["test_vectors"].append({"token_ids": ids, "prompt_tokens": len(ids), "messages": messages,
-                                        "score": self.score(reference, ids, start),
-                                        "per_token": [float(x) for x in s]})
+            doc["test_vectors"].append(
+                {
+                    "token_ids": ids,
+                    "prompt_tokens": len(ids),
+                    "messages": messages,
+                    "score": self.score(reference, ids, start),
+                    "per_token": [float(x) for x in s],
+                }
+            )
         return with_digests(doc) if digests else doc
 
 
@@ -265,7 +313,12 @@ def probes_server(app_factory, probe_model_dir, sae_dir):
     In-process (``AppServer``), with every installed plugin and the transformers engine;
     restarts and unloads are tested on a real server (``test_lifecycle``).
     """
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"PROBE_SAE_DIR": str(sae_dir), "MILLM_SAE_DIRS": str(sae_dir)})
+    return app_factory(
+        plugins="all",
+        models={},
+        model=str(probe_model_dir),
+        env={"PROBE_SAE_DIR": str(sae_dir), "MILLM_SAE_DIRS": str(sae_dir)},
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,13 +22,17 @@ MAX_TOKENS = 6
 
 # (name, layer, hook point, rule, k, skip_template_prefix): two batches within PROBE_MAX_ARMED.
 BATCHES = [
-    [("c-mean", 0, "resid_post", "mean", None, True),
-     ("c-max", 1, "resid_pre", "max", None, False),
-     ("c-last", 2, "resid_post", "last", None, True),
-     ("c-attention", 1, "resid_post", "attention", None, False)],
-    [("c-topk", 2, "resid_pre", "topk_mean", 3, True),
-     ("c-mean-pre", 3, "resid_pre", "mean", None, False),
-     ("c-attention-skip", 0, "resid_pre", "attention", None, True)],
+    [
+        ("c-mean", 0, "resid_post", "mean", None, True),
+        ("c-max", 1, "resid_pre", "max", None, False),
+        ("c-last", 2, "resid_post", "last", None, True),
+        ("c-attention", 1, "resid_post", "attention", None, False),
+    ],
+    [
+        ("c-topk", 2, "resid_pre", "topk_mean", 3, True),
+        ("c-mean-pre", 3, "resid_pre", "mean", None, False),
+        ("c-attention-skip", 0, "resid_pre", "attention", None, True),
+    ],
 ]
 
 
@@ -48,14 +52,25 @@ def expected_spans(lab, prompt, fed, skip):
 def test_live_and_stateless_scores_match_independent_computation(api, lab, identity, model_id, helpers, batch):
     docs = {}
     for name, layer, point, rule, k, skip in BATCHES[batch]:
-        doc = lab.definition(identity, name=name, layer=layer, point=point, rule=rule, k=k,
-                             skip_prefix=skip, windows=WINDOWS, seed=zlib.crc32(name.encode()) % 1000)
+        doc = lab.definition(
+            identity,
+            name=name,
+            layer=layer,
+            point=point,
+            rule=rule,
+            k=k,
+            skip_prefix=skip,
+            windows=WINDOWS,
+            seed=zlib.crc32(name.encode()) % 1000,
+        )
         probe = helpers.import_probe(api, doc)
         helpers.arm(api, probe["id"])
         docs[probe["id"]] = (doc, skip)
 
-    response = api.post("/v1/chat/completions", json={
-        "model": model_id, "messages": CONVERSATION, "max_tokens": MAX_TOKENS, "temperature": 0})
+    response = api.post(
+        "/v1/chat/completions",
+        json={"model": model_id, "messages": CONVERSATION, "max_tokens": MAX_TOKENS, "temperature": 0},
+    )
     assert response.status_code == 200, response.text
     body = response.json()
 
@@ -73,14 +88,22 @@ def test_live_and_stateless_scores_match_independent_computation(api, lab, ident
         assert result["outcome"] == "completed", result
         assert result["n_scored_tokens"] == end - start, result
         expected = lab.score(doc, fed, start, end)
-        assert abs(result["score"] - expected) <= TOLERANCE, (result["name"], result["window"], result["score"], expected)
+        assert abs(result["score"] - expected) <= TOLERANCE, (
+            result["name"],
+            result["window"],
+            result["score"],
+            expected,
+        )
         assert result["verdict"] == (result["score"] >= doc["decision"]["threshold"])
 
     # Stateless scoring of the same ids and of the conversation, by the same code, unsteered.
-    scored = api.post("/api/probes/score", json={
-        "probe_ids": list(docs),
-        "inputs": [{"token_ids": fed, "prompt_tokens": len(prompt)}, {"messages": CONVERSATION}],
-    })
+    scored = api.post(
+        "/api/probes/score",
+        json={
+            "probe_ids": list(docs),
+            "inputs": [{"token_ids": fed, "prompt_tokens": len(prompt)}, {"messages": CONVERSATION}],
+        },
+    )
     assert scored.status_code == 200, scored.text
     by_ids, by_messages = scored.json()["results"]
     assert by_messages["n_tokens"] == len(prompt) and by_messages["prompt_tokens"] == len(prompt)
@@ -106,16 +129,17 @@ def test_text_completions_are_monitored(api, lab, identity, model_id, helpers):
     probe = helpers.import_probe(api, doc)
     helpers.arm(api, probe["id"])
     text = "Once upon a time, in a quiet village by the sea,"
-    response = api.post("/v1/completions", json={"model": model_id, "prompt": text, "max_tokens": 4,
-                                                 "temperature": 0})
+    response = api.post("/v1/completions", json={"model": model_id, "prompt": text, "max_tokens": 4, "temperature": 0})
     assert response.status_code == 200
     assert "x-millm-probe-verdicts" in response.headers
     prompt = lab.text_ids(text)
     generated = lab.greedy(prompt, 4)
     fed = prompt + (generated[:-1] if len(generated) == 4 else generated)
     results = {r["window"]: r for r in response.json()["millm_probe_verdicts"]}
-    assert (results["last_user"]["outcome"], results["last_user"]["reason"]) == \
-        ("skipped", "text_completion_has_no_user_turn")
+    assert (results["last_user"]["outcome"], results["last_user"]["reason"]) == (
+        "skipped",
+        "text_completion_has_no_user_turn",
+    )
     start = lab.template_prefix(fed)
     spans = {"all": (start, len(fed)), "prompt": (start, len(prompt)), "response": (len(prompt), len(fed))}
     for window, (a, b) in spans.items():

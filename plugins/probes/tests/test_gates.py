@@ -53,8 +53,7 @@ def test_tokenization_drift_is_reported_and_never_gates(api, lab, identity, help
 
 
 def test_identity_gate_names_every_mismatch(api, lab, identity, helpers):
-    other = dict(identity, hf_id="someone/else", n_layers=identity["n_layers"] + 2,
-                 chat_template_sha256="0" * 64)
+    other = dict(identity, hf_id="someone/else", n_layers=identity["n_layers"] + 2, chat_template_sha256="0" * 64)
     probe = helpers.import_probe(api, lab.definition(other, name="other-model"))
     error = refusal(api, probe["id"], "PROBE_MODEL_MISMATCH")
     assert error["gate"] == "identity"
@@ -107,9 +106,13 @@ def test_gates_run_in_order(api, lab, identity, helpers):
     other = dict(identity, d_model=identity["d_model"])
     other["hf_id"] = "someone/else"
     weak_wrong = helpers.import_probe(api, lab.definition(other, name="weak-wrong", rung=0, vector_layer=2))
-    assert refusal(api, weak_wrong["id"], "PROBE_MODEL_MISMATCH")["gate"] == "identity"  # identity before evidence and parity
+    assert (
+        refusal(api, weak_wrong["id"], "PROBE_MODEL_MISMATCH")["gate"] == "identity"
+    )  # identity before evidence and parity
     weak_unequal = helpers.import_probe(api, lab.definition(identity, name="weak-unequal", rung=0, vector_layer=2))
-    assert refusal(api, weak_unequal["id"], "PROBE_ACKNOWLEDGEMENT_REQUIRED")["gate"] == "evidence"  # evidence before parity
+    assert (
+        refusal(api, weak_unequal["id"], "PROBE_ACKNOWLEDGEMENT_REQUIRED")["gate"] == "evidence"
+    )  # evidence before parity
 
 
 def test_limit_gate(api, lab, identity, helpers):
@@ -137,9 +140,15 @@ def test_recalibrate_moves_the_bar_only(api, lab, identity, helpers):
     doc = lab.definition(identity, name="recut")
     probe = helpers.import_probe(api, doc)
     helpers.arm(api, probe["id"])
-    cut = {"provenance": {"probe_id": "prb_recut"},
-           "decision": {"threshold": 1.25, "target_fpr": 0.05, "threshold_source": "traffic-2026-11",
-                        "windows": ["all", "prompt"]}}
+    cut = {
+        "provenance": {"probe_id": "prb_recut"},
+        "decision": {
+            "threshold": 1.25,
+            "target_fpr": 0.05,
+            "threshold_source": "traffic-2026-11",
+            "windows": ["all", "prompt"],
+        },
+    }
     cut_digest = helpers.canonical_digest(cut["decision"])
     moved = api.post(f"/api/probes/{probe['id']}/recalibrate", json={**cut, "decision_digest": cut_digest})
     assert moved.status_code == 200, moved.text
@@ -162,8 +171,12 @@ def test_recalibrate_moves_the_bar_only(api, lab, identity, helpers):
     inner["decision"]["read"] = {"layer": 2}
     refused(inner, 400, "invalid_parameter", "decision.read")
     refused({**cut, "provenance": {"probe_id": "prb_someone_else"}}, 409, "PROBE_PROVENANCE_MISMATCH")
-    refused({"provenance": {"probe_id": "prb_recut"}, "decision": {"threshold": 2.0}}, 400,
-            "PROBE_THRESHOLD_UNSOURCED", "decision.threshold")
+    refused(
+        {"provenance": {"probe_id": "prb_recut"}, "decision": {"threshold": 2.0}},
+        400,
+        "PROBE_THRESHOLD_UNSOURCED",
+        "decision.threshold",
+    )
     refused({**cut, "decision_digest": "sha256:" + "0" * 64}, 409, "PROBE_IDENTITY_MISMATCH", "decision_digest")
     assert api.get(f"/api/probes/{probe['id']}").json()["decision_revision"] == 2
 

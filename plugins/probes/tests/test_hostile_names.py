@@ -36,12 +36,18 @@ def test_hostile_probe_and_behaviour_names_reach_the_header(api, lab, identity, 
     assert result["name"] == name and result["behaviour"] == behaviour  # the body carries them as they are
 
 
-@pytest.mark.parametrize(("raw", "param"), [
-    ('{"inputs": [{"text": "a\\ud800"}]}', "inputs[0].text"),
-    ('{"inputs": [{"text": "fine"}, {"messages": [{"role": "user", "content": "\\udc00"}]}]}',
-     "inputs[1].messages[0].content"),
-    ('{"inputs": [{"messages": [{"role": "assistant", "content": "Hi"}]}]}', "inputs[0].messages"),
-], ids=["surrogate-text", "surrogate-message", "assistant-only"])
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ('{"inputs": [{"text": "a\\ud800"}]}', "inputs[0].text"),
+        (
+            '{"inputs": [{"text": "fine"}, {"messages": [{"role": "user", "content": "\\udc00"}]}]}',
+            "inputs[1].messages[0].content",
+        ),
+        ('{"inputs": [{"messages": [{"role": "assistant", "content": "Hi"}]}]}', "inputs[0].messages"),
+    ],
+    ids=["surrogate-text", "surrogate-message", "assistant-only"],
+)
 def test_score_refuses_what_no_model_can_take(api, raw, param):
     """Each was a 500 (TypeError from the tokenizer, ValueError from the chat template)."""
     response = api.post("/api/probes/score", content=raw.encode(), headers={"content-type": "application/json"})

@@ -47,8 +47,9 @@ def test_digest_mismatch_is_refused_naming_field_and_values(api, lab, identity):
     stated = doc["identity"]["detector_digest"]
     doc["head"]["bias"] += 1.0  # the detector changed after its digest was taken
     before = probe_count(api)
-    error = assert_error(api.post("/api/probes/import", json=doc), 409, "PROBE_IDENTITY_MISMATCH",
-                         "identity.detector_digest")
+    error = assert_error(
+        api.post("/api/probes/import", json=doc), 409, "PROBE_IDENTITY_MISMATCH", "identity.detector_digest"
+    )
     assert stated in error["message"]
     [mismatch] = error["mismatches"]
     assert mismatch["stated"] == stated and mismatch["computed"].startswith("sha256:")
@@ -97,7 +98,10 @@ def test_invalid_definitions_name_the_field(api, lab, identity):
         doc = copy.deepcopy(base)
         change(doc)
         assert_error(api.post("/api/probes/import", json=doc), 400, "invalid_probe_definition", field)
-    assert api.post("/api/probes/import", content=b"[1, 2]", headers={"content-type": "application/json"}).status_code == 400
+    assert (
+        api.post("/api/probes/import", content=b"[1, 2]", headers={"content-type": "application/json"}).status_code
+        == 400
+    )
     assert api.post("/api/probes/import", content=b"{", headers={"content-type": "application/json"}).status_code == 400
     assert probe_count(api) == before
 
@@ -122,10 +126,16 @@ def test_delete_is_refused_while_armed(api, lab, identity, helpers):
     assert api.delete(f"/api/probes/{probe['id']}").status_code == 200
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("name", "zero\u200bwidth"), ("name", "bidi\u202eevil"), ("name", "bell\x07"),
-    ("behaviour", "isolate\u2066x"), ("behaviour", "c1\x85"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "zero\u200bwidth"),
+        ("name", "bidi\u202eevil"),
+        ("name", "bell\x07"),
+        ("behaviour", "isolate\u2066x"),
+        ("behaviour", "c1\x85"),
+    ],
+)
 def test_names_with_hidden_characters_are_refused(api, lab, identity, field, value):
     doc = lab.definition(identity, name="hidden-characters", vectors=0, behaviour="shouting")
     doc[field] = value

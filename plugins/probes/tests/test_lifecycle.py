@@ -23,8 +23,9 @@ CHAT = [{"role": "user", "content": "Say something."}]
 def server(server_factory, probe_model_dir, tmp_path_factory):
     snapshot = tmp_path_factory.mktemp("hf") / "models--tests--probe-llama" / "snapshots" / REVISION
     shutil.copytree(probe_model_dir, snapshot)
-    return server_factory(snapshot, env={"PROBE_VERDICT_HEADER_MAX_BYTES": "700",
-                                         "FAULT_INJECTION": "token:4"})  # fails only requests that say FAULT
+    return server_factory(
+        snapshot, env={"PROBE_VERDICT_HEADER_MAX_BYTES": "700", "FAULT_INJECTION": "token:4"}
+    )  # fails only requests that say FAULT
 
 
 @pytest.fixture
@@ -78,9 +79,11 @@ def test_a_failed_generation_stores_interrupted_results(http, lab, helpers):
     probe = helpers.import_probe(http, lab.definition(identity, name="failing", windows=["all", "response"]))
     helpers.arm(http, probe["id"])
     trace = "6cf92f3577b34da6a3ce929d0e0e4736"
-    response = http.post("/v1/chat/completions", headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
-                         json={"model": identity["id"], "max_tokens": 20,
-                               "messages": [{"role": "user", "content": "FAULT here"}]})
+    response = http.post(
+        "/v1/chat/completions",
+        headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
+        json={"model": identity["id"], "max_tokens": 20, "messages": [{"role": "user", "content": "FAULT here"}]},
+    )
     assert response.status_code == 500
     events = {e["window"]: e for e in http.get("/api/probes/events", params={"trace_id": trace}).json()["data"]}
     assert {(e["outcome"], e["reason"]) for e in events.values()} == {("interrupted", "generation_error")}
@@ -109,8 +112,7 @@ def test_a_model_change_mid_request_fails_the_remaining_inputs(http, server, lab
 
     def scoring():
         with server.http(timeout=300) as client:
-            outcome["response"] = client.post("/api/probes/score", json={"probe_ids": [probe["id"]],
-                                                                          "inputs": inputs})
+            outcome["response"] = client.post("/api/probes/score", json={"probe_ids": [probe["id"]], "inputs": inputs})
 
     worker = threading.Thread(target=scoring)
     worker.start()

@@ -20,8 +20,10 @@ def armed_pair(probes_server, lab, identity, helpers):
     """Two armed probes for this module: one of a behaviour with a bar, one ranking only."""
     with probes_server.http() as http:
         ids = []
-        for doc in (lab.definition(identity, name="stakes-a", behaviour="high-stakes", rule="max", windows=WINDOWS),
-                    lab.definition(identity, name="ranker", layer=2, rule="mean", threshold=None, rung=3, seed=3)):
+        for doc in (
+            lab.definition(identity, name="stakes-a", behaviour="high-stakes", rule="max", windows=WINDOWS),
+            lab.definition(identity, name="ranker", layer=2, rule="mean", threshold=None, rung=3, seed=3),
+        ):
             probe = helpers.import_probe(http, doc)
             helpers.arm(http, probe["id"])
             ids.append(probe["id"])
@@ -33,7 +35,9 @@ def armed_pair(probes_server, lab, identity, helpers):
 
 def chat(http, model_id, headers=None, **extra):
     """A short greedy chat that succeeds."""
-    response = post_chat(http, model_id, headers=headers, **{"messages": CHAT, "max_tokens": 5, "temperature": 0, **extra})
+    response = post_chat(
+        http, model_id, headers=headers, **{"messages": CHAT, "max_tokens": 5, "temperature": 0, **extra}
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -43,8 +47,9 @@ def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model
     raw = client.chat.completions.with_raw_response.create(model=model_id, messages=CHAT, max_tokens=5, temperature=0)
     completion = raw.parse()
     results = completion.model_extra["millm_probe_verdicts"]
-    assert [(r["probe_id"], r["window"]) for r in results] == \
-        [(armed_pair[0], w) for w in WINDOWS] + [(armed_pair[1], "all")]  # behaviour by behaviour, then name
+    assert [(r["probe_id"], r["window"]) for r in results] == [(armed_pair[0], w) for w in WINDOWS] + [
+        (armed_pair[1], "all")
+    ]  # behaviour by behaviour, then name
     members = list(parse_list(raw.headers["x-millm-probe-verdicts"]))
     assert len(members) == len(results)
     for member, result in zip(members, results, strict=True):
@@ -66,21 +71,23 @@ def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model
 
 def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pair, model_id):
     client = probes_server.openai()
-    stream = client.chat.completions.create(model=model_id, messages=CHAT, max_tokens=5, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=model_id, messages=CHAT, max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     extras = [i for i, c in enumerate(chunks) if (c.model_extra or {}).get("millm_probe_verdicts")]
     assert len(extras) == 1
     chunk = chunks[extras[0]]
     assert chunk.choices == [] and chunk.object == "chat.completion.chunk"
     usage_at = next(i for i, c in enumerate(chunks) if c.usage is not None)
-    after = chunks[extras[0] + 1:]  # only the steering chunk (when that plugin is installed) follows
+    after = chunks[extras[0] + 1 :]  # only the steering chunk (when that plugin is installed) follows
     assert usage_at < extras[0] and all(c.choices == [] and "millm_steering" in c.model_extra for c in after)
     results = chunk.model_extra["millm_probe_verdicts"]
     assert len(results) == 4 and all(r["status"] == "final" for r in results)
     with probes_server.http() as http:
-        with http.stream("POST", "/v1/chat/completions", json={
-                "model": model_id, "messages": CHAT, "max_tokens": 3, "stream": True}) as response:
+        with http.stream(
+            "POST", "/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 3, "stream": True}
+        ) as response:
             assert "x-millm-probe-verdicts" not in response.headers  # no header before the body
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -90,8 +97,12 @@ def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pai
 def test_a_disconnected_stream_stores_interrupted_results(probes_server, armed_pair, model_id):
     trace = "0af7651916cd43dd8448eb211c80319c"
     with probes_server.http() as http:
-        with http.stream("POST", "/v1/chat/completions", headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
-                         json={"model": model_id, "messages": CHAT, "max_tokens": 3500, "stream": True}) as response:
+        with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            headers={"traceparent": f"00-{trace}-b7ad6b7169203331-01"},
+            json={"model": model_id, "messages": CHAT, "max_tokens": 3500, "stream": True},
+        ) as response:
             seen = 0
             for line in response.iter_lines():
                 if line.startswith("data: ") and '"content"' in line:
@@ -119,8 +130,9 @@ def test_batched_requests_are_recorded_as_skipped(probes_server, armed_pair, mod
             members = list(parse_list(response.headers["x-millm-probe-verdicts"]))
             assert all(m.params["scored"] is False and str(m.params["reason"]) == "batched_request" for m in members)
             results = response.json()["millm_probe_verdicts"]
-            assert {(r["outcome"], r["reason"], r["execution_mode"]) for r in results} == \
-                {("skipped", "batched_request", "batched")}
+            assert {(r["outcome"], r["reason"], r["execution_mode"]) for r in results} == {
+                ("skipped", "batched_request", "batched")
+            }
             stored = http.get("/api/probes/events", params={"result_id": results[0]["result_id"]}).json()["data"]
             assert stored == [results[0]]
         status = http.get("/api/probes/status").json()
@@ -157,8 +169,12 @@ def test_traceparent_joins_the_callers_trace(probes_server, armed_pair, model_id
     with probes_server.http() as http:
         joined = chat(http, model_id, headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"})
         assert {r["trace_id"] for r in joined.json()["millm_probe_verdicts"]} == {TRACE_ID}
-        for bad in ("00-" + "0" * 32 + "-00f067aa0ba902b7-01", "garbage", f"00-{TRACE_ID.upper()}-00f067aa0ba902b7-01",
-                    f"00-{TRACE_ID}-00f067aa0ba902b7-01,00-{TRACE_ID}-00f067aa0ba902b8-01"):
+        for bad in (
+            "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+            "garbage",
+            f"00-{TRACE_ID.upper()}-00f067aa0ba902b7-01",
+            f"00-{TRACE_ID}-00f067aa0ba902b7-01,00-{TRACE_ID}-00f067aa0ba902b8-01",
+        ):
             minted = chat(http, model_id, headers={"traceparent": bad}).json()["millm_probe_verdicts"]
             [trace] = {r["trace_id"] for r in minted}
             assert trace != TRACE_ID and re.fullmatch(r"[0-9a-f]{32}", trace)
@@ -170,8 +186,9 @@ def test_events_list_filters_pages_and_detail(probes_server, armed_pair, model_i
     with probes_server.http() as http:
         results = chat(http, model_id).json()["millm_probe_verdicts"]
         one = next(r for r in results if r["window"] == "prompt")
-        listed = http.get("/api/probes/events", params={"probe_id": armed_pair[0], "window": "prompt",
-                                                         "limit": 500}).json()["data"]
+        listed = http.get(
+            "/api/probes/events", params={"probe_id": armed_pair[0], "window": "prompt", "limit": 500}
+        ).json()["data"]
         assert all(e["probe_id"] == armed_pair[0] and e["window"] == "prompt" for e in listed)
         assert one in listed
         fired = http.get("/api/probes/events", params={"fired": "true", "limit": 500}).json()["data"]
@@ -193,8 +210,9 @@ def test_events_list_filters_pages_and_detail(probes_server, armed_pair, model_i
         assert top < len(prompt)  # the prompt window's top position
         assert (text["context_start"], text["context_end"]) == (max(0, top - 16), min(len(ids), top + 17))
         assert text["top_token"] == lab.tokenizer.decode([ids[top]])
-        assert text["context_text"] == lab.tokenizer.decode(ids[text["context_start"]:text["context_end"]],
-                                                            skip_special_tokens=True)
+        assert text["context_text"] == lab.tokenizer.decode(
+            ids[text["context_start"] : text["context_end"]], skip_special_tokens=True
+        )
         assert http.get("/api/probes/events/nope").status_code == 404
         assert http.get("/api/probes/events", params={"fired": "maybe"}).status_code == 400
         assert http.get("/api/probes/events", params={"limit": "0"}).status_code == 400
@@ -220,19 +238,23 @@ def test_verdict_fires_at_the_bar_and_length_bands_move_it(probes_server, lab, i
         try:
             helpers.arm(http, probe["id"])
             ids = lab.chat_ids(CHAT)
-            stateless = http.post("/api/probes/score", json={"probe_ids": [probe["id"]],
-                                                             "inputs": [{"token_ids": ids}]}).json()
+            stateless = http.post(
+                "/api/probes/score", json={"probe_ids": [probe["id"]], "inputs": [{"token_ids": ids}]}
+            ).json()
             score = stateless["results"][0]["results"][0]["score"]
 
             def cut(threshold, bands=None):
                 decision = {"threshold": threshold, "threshold_source": "test", "length_bands": bands}
-                response = http.post(f"/api/probes/{probe['id']}/recalibrate",
-                                     json={"provenance": {"probe_id": "prb_bar"}, "decision": decision})
+                response = http.post(
+                    f"/api/probes/{probe['id']}/recalibrate",
+                    json={"provenance": {"probe_id": "prb_bar"}, "decision": decision},
+                )
                 assert response.status_code == 200, response.text
 
             def verdict():
-                result = http.post("/api/probes/score", json={"probe_ids": [probe["id"]],
-                                                              "inputs": [{"token_ids": ids}]}).json()
+                result = http.post(
+                    "/api/probes/score", json={"probe_ids": [probe["id"]], "inputs": [{"token_ids": ids}]}
+                ).json()
                 return result["results"][0]["results"][0]
 
             cut(score)  # exactly on the bar fires
@@ -241,8 +263,13 @@ def test_verdict_fires_at_the_bar_and_length_bands_move_it(probes_server, lab, i
             assert (on_bar["decision_revision"], on_bar["threshold_revision"]) == (2, 2)
             cut(score + 1e-9)
             assert verdict()["verdict"] is False
-            cut(score + 1e-9, bands=[{"max_tokens": len(ids) - 1, "threshold": 1e9},
-                                     {"max_tokens": len(ids), "threshold": score - 1}])
+            cut(
+                score + 1e-9,
+                bands=[
+                    {"max_tokens": len(ids) - 1, "threshold": 1e9},
+                    {"max_tokens": len(ids), "threshold": score - 1},
+                ],
+            )
             banded = verdict()
             assert banded["threshold"] == score - 1 and banded["verdict"] is True
             on_prompt = chat(http, model_id, max_tokens=1).json()["millm_probe_verdicts"][0]
@@ -264,5 +291,3 @@ def test_results_of_a_deleted_probe_remain(probes_server, lab, identity, model_i
         mine = [r for r in results if r["probe_id"] == probe["id"]]
         stored = http.get("/api/probes/events", params={"probe_id": probe["id"]}).json()["data"]
         assert [r["result_id"] for r in stored] == [r["result_id"] for r in mine]
-
-

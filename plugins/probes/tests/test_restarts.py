@@ -50,8 +50,12 @@ def stream_in_thread(server, trace: str, results: dict) -> threading.Thread:
     def run() -> None:
         with server.http(timeout=120) as http:
             try:
-                with http.stream("POST", "/v1/chat/completions", headers=traceparent(trace), json={
-                        "model": server.model_id, "messages": CHAT, "max_tokens": 200, "stream": True}) as response:
+                with http.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    headers=traceparent(trace),
+                    json={"model": server.model_id, "messages": CHAT, "max_tokens": 200, "stream": True},
+                ) as response:
                     results["lines"] = [line for line in response.iter_lines() if line.startswith("data: ")]
             except httpx.HTTPError as exc:  # the server was killed mid-stream
                 results["error"] = exc
@@ -63,8 +67,9 @@ def stream_in_thread(server, trace: str, results: dict) -> threading.Thread:
 
 def test_shutdown_and_a_hung_generation_are_recorded(server_factory, probe_model_dir, lab, helpers, tmp_path):
     data_dir = tmp_path / "data"
-    first = server_factory(probe_model_dir, data_dir=data_dir, env={
-        "FAULT_INJECTION": "slow:3:120", "MILLM_SHUTDOWN_GRACE_S": "1"})
+    first = server_factory(
+        probe_model_dir, data_dir=data_dir, env={"FAULT_INJECTION": "slow:3:120", "MILLM_SHUTDOWN_GRACE_S": "1"}
+    )
     with first.http() as http:
         identity = http.get(f"/api/models/{first.model_id}").json()
         probe = helpers.import_probe(http, lab.definition(identity, name="watch", windows=["all", "response"]))
@@ -77,15 +82,21 @@ def test_shutdown_and_a_hung_generation_are_recorded(server_factory, probe_model
     thread.join(30)
     assert results["lines"][-1] == "data: [DONE]" and '"shutting_down"' in results["lines"][-2]
 
-    second = server_factory(probe_model_dir, data_dir=data_dir, env={
-        "FAULT_INJECTION": "stall:3:600", "MILLM_GENERATION_STALL_S": "1", "MILLM_SHUTDOWN_GRACE_S": "1"})
+    second = server_factory(
+        probe_model_dir,
+        data_dir=data_dir,
+        env={"FAULT_INJECTION": "stall:3:600", "MILLM_GENERATION_STALL_S": "1", "MILLM_SHUTDOWN_GRACE_S": "1"},
+    )
     with second.http(timeout=60) as http:
         cancelled = events_of(http, TRACE_CANCELLED)  # written by the first process as it stopped
         assert len(cancelled) == 2
         assert {(e["outcome"], e["reason"]) for e in cancelled} == {("interrupted", "cancelled")}
         helpers.arm(http, probe["id"])  # a restart disarms
-        hung = http.post("/v1/chat/completions", headers=traceparent(TRACE_HUNG),
-                         json={"model": second.model_id, "messages": CHAT, "max_tokens": 50})
+        hung = http.post(
+            "/v1/chat/completions",
+            headers=traceparent(TRACE_HUNG),
+            json={"model": second.model_id, "messages": CHAT, "max_tokens": 50},
+        )
         assert hung.status_code == 503 and hung.json()["error"]["code"] == "generation_stalled"
         # The engine thread stays stuck for 600 s: the host records the result itself.
         hung_events = wait_for(lambda: events_of(http, TRACE_HUNG), "the hung request's results", timeout=30)
@@ -104,13 +115,17 @@ def test_kill_9_mid_request_loses_nothing_written(server_factory, probe_model_di
         model = server.model_id
         identity = http.get(f"/api/models/{model}").json()
         http.post("/api/saes", json={"path": str(sae_path), "sae_id": "kill-sae"}).raise_for_status()
-        http.post("/api/profiles", json={"name": "calm", "sae_id": "kill-sae",
-                                         "features": [{"index": 3, "strength": 2.0}]}).raise_for_status()
+        http.post(
+            "/api/profiles", json={"name": "calm", "sae_id": "kill-sae", "features": [{"index": 3, "strength": 2.0}]}
+        ).raise_for_status()
         probe = helpers.import_probe(http, lab.definition(identity, name="kept"))
         helpers.arm(http, probe["id"])
         for _ in range(3):
-            reply = http.post("/v1/chat/completions", headers=traceparent(TRACE_KILLED), json={
-                "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3})
+            reply = http.post(
+                "/v1/chat/completions",
+                headers=traceparent(TRACE_KILLED),
+                json={"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3},
+            )
             assert reply.status_code == 200, reply.text
         before = {
             "saes": http.get("/api/saes").json()["data"],
@@ -135,7 +150,9 @@ def test_kill_9_mid_request_loses_nothing_written(server_factory, probe_model_di
         assert http.get("/api/profiles").json()["data"] == before["profiles"]
         assert [p["id"] for p in http.get("/api/probes").json()["data"]] == before["probes"]
         assert [e["result_id"] for e in events_of(http, TRACE_KILLED)] == before["events"]
-        reply = http.post("/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3})
+        reply = http.post(
+            "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3},
+        )
         assert reply.status_code == 200
     assert "Traceback" not in restarted.log()

@@ -14,8 +14,17 @@ from millm_host.api import parse_list
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "docs" / "schemas" / "probe-result-v1.json"
 CHAT = [{"role": "user", "content": "Describe the sea."}]
-HEADER_FIELDS = {"score": "score", "threshold": "threshold", "verdict": "verdict", "rung": "rung", "window": "window",
-                 "behaviour": "behaviour", "probe": "probe_id", "reason": "reason", "scored": "scored"}
+HEADER_FIELDS = {
+    "score": "score",
+    "threshold": "threshold",
+    "verdict": "verdict",
+    "rung": "rung",
+    "window": "window",
+    "behaviour": "behaviour",
+    "probe": "probe_id",
+    "reason": "reason",
+    "scored": "scored",
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +38,9 @@ def validator():
 def header_validator(validator):
     """The header carries a subset of the fields: each must still have the contract's type."""
     schema = validator.schema
-    return jsonschema.Draft202012Validator({"type": "object", "properties": schema["properties"],
-                                            "additionalProperties": False})
+    return jsonschema.Draft202012Validator(
+        {"type": "object", "properties": schema["properties"], "additionalProperties": False}
+    )
 
 
 def header_objects(value: str) -> list[dict]:
@@ -38,16 +48,27 @@ def header_objects(value: str) -> list[dict]:
     for member in parse_list(value):
         obj = {"name": member.value}
         for key, param in member.params.items():
-            obj[HEADER_FIELDS[key]] = str(param) if isinstance(param, http_sfv.Token) else (
-                float(param) if key in ("score", "threshold") else param)
+            obj[HEADER_FIELDS[key]] = (
+                str(param)
+                if isinstance(param, http_sfv.Token)
+                else (float(param) if key in ("score", "threshold") else param)
+            )
         objects.append(obj)
     return objects
 
 
 def test_every_surface_validates(api, lab, identity, model_id, helpers, validator, header_validator):
     probes = [
-        helpers.import_probe(api, lab.definition(identity, name="schema-a", behaviour="sea", rule="attention",
-                                                 windows=["all", "prompt", "response", "last_user"])),
+        helpers.import_probe(
+            api,
+            lab.definition(
+                identity,
+                name="schema-a",
+                behaviour="sea",
+                rule="attention",
+                windows=["all", "prompt", "response", "last_user"],
+            ),
+        ),
         helpers.import_probe(api, lab.definition(identity, name="schema-b", threshold=None, layer=2, seed=5)),
     ]
     for probe in probes:
@@ -63,15 +84,20 @@ def test_every_surface_validates(api, lab, identity, model_id, helpers, validato
         for obj in header_objects(response.headers["x-millm-probe-verdicts"]):
             header_validator.validate(obj)
 
-    with api.stream("POST", "/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 3,
-                                                          "stream": True}) as stream:
+    with api.stream(
+        "POST", "/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 3, "stream": True}
+    ) as stream:
         data = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
     [chunk] = [json.loads(d) for d in data[:-1] if "millm_probe_verdicts" in json.loads(d)]
     seen += chunk["millm_probe_verdicts"]
 
     trace = "5bf92f3577b34da6a3ce929d0e0e4736"
-    with api.stream("POST", "/v1/chat/completions", headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
-                    json={"model": model_id, "messages": CHAT, "max_tokens": 3000, "stream": True}) as stream:
+    with api.stream(
+        "POST",
+        "/v1/chat/completions",
+        headers={"traceparent": f"00-{trace}-00f067aa0ba902b7-01"},
+        json={"model": model_id, "messages": CHAT, "max_tokens": 3000, "stream": True},
+    ) as stream:
         for i, _ in enumerate(stream.iter_lines()):
             if i > 8:
                 break

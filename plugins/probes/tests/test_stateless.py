@@ -32,8 +32,10 @@ def test_nothing_is_persisted_and_nothing_armed(api, probe_doc):
     events = api.get("/api/probes/events", params={"limit": 1}).json()["data"]
     reports = api.get(f"/api/probes/{probe_id}/parity").json()["data"]
     result = score(api, {"probe_ids": [probe_id], "inputs": [{"text": "Hello there"}]})
-    assert all(r["persistence"] == "not_persisted" and r["execution_mode"] == "stateless"
-               for r in result["results"][0]["results"])
+    assert all(
+        r["persistence"] == "not_persisted" and r["execution_mode"] == "stateless"
+        for r in result["results"][0]["results"]
+    )
     assert api.get("/api/probes/events", params={"limit": 1}).json()["data"] == events
     assert api.get(f"/api/probes/{probe_id}/parity").json()["data"] == reports
     assert api.get("/api/probes/status").json()["armed"] == []
@@ -43,8 +45,13 @@ def test_nothing_is_persisted_and_nothing_armed(api, probe_doc):
 
 def test_text_is_one_user_turn(api, lab, probe_doc):
     probe_id, doc = probe_doc
-    result = score(api, {"probe_ids": [probe_id], "inputs": [
-        {"text": "Is this safe?"}, {"messages": [{"role": "user", "content": "Is this safe?"}]}]})
+    result = score(
+        api,
+        {
+            "probe_ids": [probe_id],
+            "inputs": [{"text": "Is this safe?"}, {"messages": [{"role": "user", "content": "Is this safe?"}]}],
+        },
+    )
     as_text, as_messages = result["results"]
     assert as_text["results"][0]["score"] == as_messages["results"][0]["score"]
     ids = lab.chat_ids([{"role": "user", "content": "Is this safe?"}])
@@ -57,14 +64,20 @@ def test_boundaries_are_never_guessed(api, lab, probe_doc):
     conversation = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue, mostly."}]
     ids = lab.chat_ids(conversation[:1]) + lab.tokenizer("Blue, mostly.", add_special_tokens=False)["input_ids"]
     prompt_len = len(lab.chat_ids(conversation[:1]))
-    result = score(api, {"probe_ids": [probe_id], "inputs": [
-        {"messages": conversation},                      # ends in an assistant turn: the boundary is derived
-        {"token_ids": ids},                              # bare ids: no boundary, no turns
-        {"token_ids": ids, "prompt_tokens": -1},
-        {"token_ids": ids, "prompt_tokens": len(ids) + 1},
-        {"messages": conversation, "prompt_tokens": prompt_len - 1},
-        {"messages": conversation, "prompt_tokens": prompt_len},
-    ]})
+    result = score(
+        api,
+        {
+            "probe_ids": [probe_id],
+            "inputs": [
+                {"messages": conversation},  # ends in an assistant turn: the boundary is derived
+                {"token_ids": ids},  # bare ids: no boundary, no turns
+                {"token_ids": ids, "prompt_tokens": -1},
+                {"token_ids": ids, "prompt_tokens": len(ids) + 1},
+                {"messages": conversation, "prompt_tokens": prompt_len - 1},
+                {"messages": conversation, "prompt_tokens": prompt_len},
+            ],
+        },
+    )
     derived, bare, negative, beyond, conflict, agreeing = result["results"]
     assert derived["n_tokens"] == len(ids) and derived["prompt_tokens"] == prompt_len
     windows = windows_of(derived)
@@ -77,16 +90,24 @@ def test_boundaries_are_never_guessed(api, lab, probe_doc):
     assert bare["response"]["reason"] == "prompt_boundary_unknown"
     assert bare["last_user"]["reason"] == "token_ids_have_no_turns"
     for failed in (negative, beyond):
-        assert (windows_of(failed)["prompt"]["outcome"], windows_of(failed)["prompt"]["reason"]) == \
-            ("failed", "prompt_boundary_invalid")
+        assert (windows_of(failed)["prompt"]["outcome"], windows_of(failed)["prompt"]["reason"]) == (
+            "failed",
+            "prompt_boundary_invalid",
+        )
     assert windows_of(conflict)["response"]["reason"] == "prompt_boundary_conflict"
     assert windows_of(agreeing)["response"]["outcome"] == "completed"
 
 
 def test_a_conversation_without_a_user_turn(api, probe_doc):
     probe_id, _ = probe_doc
-    result = score(api, {"probe_ids": [probe_id], "windows": ["last_user", "all"],
-                         "inputs": [{"messages": [{"role": "system", "content": "Only a system prompt."}]}]})
+    result = score(
+        api,
+        {
+            "probe_ids": [probe_id],
+            "windows": ["last_user", "all"],
+            "inputs": [{"messages": [{"role": "system", "content": "Only a system prompt."}]}],
+        },
+    )
     windows = windows_of(result["results"][0])
     assert (windows["last_user"]["outcome"], windows["last_user"]["reason"]) == ("skipped", "no_user_turn")
     assert windows["all"]["outcome"] == "completed"
@@ -114,8 +135,9 @@ def test_refusals(api, probe_doc, identity):
     refused({"probe_ids": [probe_id], "inputs": [{"token_ids": [1, 2], "text": "a"}]}, 400)
     refused({"probe_ids": [probe_id], "inputs": [{"text": "a", "prompt_tokens": 1}]}, 400)
     refused({"probe_ids": [probe_id], "inputs": [{"token_ids": [1, 10**7]}]}, 400, "inputs[0].token_ids")
-    refused({"probe_ids": [probe_id], "inputs": [{"token_ids": [1] * 5000}]}, 400, "inputs[0]",
-            "context_length_exceeded")
+    refused(
+        {"probe_ids": [probe_id], "inputs": [{"token_ids": [1] * 5000}]}, 400, "inputs[0]", "context_length_exceeded"
+    )
     refused({"probe_ids": [probe_id], "inputs": [{"text": "a"}], "steering": {}}, 400, "steering")
     refused({"probe_ids": [probe_id], "inputs": [{"text": "a"}], "windows": ["middle"]}, 400, "windows[0]")
     refused({"probe_ids": ["pr_000000000000"], "inputs": [{"text": "a"}]}, 404, "probe_ids[0]")
@@ -125,8 +147,9 @@ def test_refusals(api, probe_doc, identity):
 
 def test_wrong_model_refuses_named_probes_and_skips_the_rest(api, lab, identity, helpers, probe_doc):
     probe_id, _ = probe_doc
-    other = helpers.import_probe(api, lab.definition(dict(identity, hf_id="someone/else", d_model=identity["d_model"]),
-                                                     name="elsewhere"))
+    other = helpers.import_probe(
+        api, lab.definition(dict(identity, hf_id="someone/else", d_model=identity["d_model"]), name="elsewhere")
+    )
     error = score(api, {"probe_ids": [probe_id, other["id"]], "inputs": [{"text": "a"}]}, 409)["error"]
     assert error["code"] == "PROBE_MODEL_MISMATCH" and error["gate"] == "identity"
     [refused] = error["probes"]

@@ -48,12 +48,15 @@ def test_probes_read_the_residual_before_steering(api, model_id, steered):
 
 
 def test_stateless_scoring_is_unsteered(api, model_id, steered):
-    offline = lambda: api.post("/api/probes/score", json={  # noqa: E731
-        "probe_ids": [steered["after-steering"]], "inputs": [{"messages": CHAT}]}).json()
+    def offline():
+        body = {"probe_ids": [steered["after-steering"]], "inputs": [{"messages": CHAT}]}
+        return api.post("/api/probes/score", json=body).json()
+
     before = offline()["results"][0]["results"][0]["score"]
     live_values = api.put("/api/steering", json={"sae_id": SAE_ID, "features": [{"index": 3, "strength": 150.0}]})
     assert live_values.status_code == 200, live_values.text
-    live = prompt_scores(api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT,
-                                                                "max_tokens": 2, "temperature": 0}))
+    live = prompt_scores(
+        api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 2, "temperature": 0})
+    )
     assert abs(live["after-steering"] - before) > 1e-2  # live traffic is steered
     assert offline()["results"][0]["results"][0]["score"] == before  # scoring stored text is not

@@ -18,8 +18,10 @@ def plain_server(app_factory, probe_model_dir):
 def exchange(server, model_id: str, **extra) -> tuple[str, dict[str, str]]:
     """A response's body and headers, with what differs between any two responses taken out."""
     with server.http() as http:
-        response = http.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 5,
-                                                           "temperature": 0, **extra})
+        response = http.post(
+            "/v1/chat/completions",
+            json={"model": model_id, "messages": CHAT, "max_tokens": 5, "temperature": 0, **extra},
+        )
         assert response.status_code == 200, response.text
         text = response.text
     text = re.sub(r'"(chatcmpl-)[0-9a-f]+"', r'"\1"', text)
@@ -35,7 +37,8 @@ def test_an_unarmed_response_is_byte_identical(probes_server, plain_server, mode
     assert exchange(probes_server, model_id) == exchange(plain_server, model_id)
     streamed = exchange(probes_server, model_id, stream=True)
     assert "millm_probe_verdicts" not in streamed[0]
-    assert re.sub(r'"id":"chatcmpl-[0-9a-f]+"', "", streamed[0]) == \
-        re.sub(r'"id":"chatcmpl-[0-9a-f]+"', "", exchange(plain_server, model_id, stream=True)[0])
+    assert re.sub(r'"id":"chatcmpl-[0-9a-f]+"', "", streamed[0]) == re.sub(
+        r'"id":"chatcmpl-[0-9a-f]+"', "", exchange(plain_server, model_id, stream=True)[0]
+    )
     with probes_server.http() as http:
         assert http.get("/api/probes/events", params={"limit": 1}).json()["data"] == before  # nothing recorded

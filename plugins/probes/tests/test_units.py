@@ -28,22 +28,40 @@ def test_window_spans():
     assert window_span(unknown, "last_user", False) == NotScored("skipped", "token_ids_have_no_turns")
     failed = Layout(positions=20, boundary_failure="prompt_boundary_conflict")
     assert window_span(failed, "response", False) == NotScored("failed", "prompt_boundary_conflict")
-    assert window_span(Layout(positions=12, prompt_len=12), "response", False) == NotScored("skipped", "no_scored_tokens")
+    assert window_span(Layout(positions=12, prompt_len=12), "response", False) == NotScored(
+        "skipped", "no_scored_tokens"
+    )
 
 
 def test_traceparent_parsing():
     good = "4bf92f3577b34da6a3ce929d0e0e4736"
     assert trace_id_from(f"00-{good}-00f067aa0ba902b7-01") == good
     assert trace_id_from(f"01-{good}-00f067aa0ba902b7-01-future") == good  # a later version may add fields
-    for bad in (None, "", f"ff-{good}-00f067aa0ba902b7-01", f"00-{good}-0000000000000000-01",
-                f"00-{good}-00f067aa0ba902b7-01-extra", f"00-{good[:-1]}-00f067aa0ba902b7-01",
-                f"00-{good}-00f067aa0ba902b7-01, 00-{good}-00f067aa0ba902b7-01"):
+    for bad in (
+        None,
+        "",
+        f"ff-{good}-00f067aa0ba902b7-01",
+        f"00-{good}-0000000000000000-01",
+        f"00-{good}-00f067aa0ba902b7-01-extra",
+        f"00-{good[:-1]}-00f067aa0ba902b7-01",
+        f"00-{good}-00f067aa0ba902b7-01, 00-{good}-00f067aa0ba902b7-01",
+    ):
         assert trace_id_from(bad) is None, bad
 
 
 def _result(i: int, behaviour: str | None) -> dict:
-    return {"name": f"probe-{i}", "score": 1.23456, "threshold": 1.0, "verdict": True, "status": "final",
-            "reason": None, "rung": 2, "window": "all", "behaviour": behaviour, "probe_id": f"pr_{i:012x}"}
+    return {
+        "name": f"probe-{i}",
+        "score": 1.23456,
+        "threshold": 1.0,
+        "verdict": True,
+        "status": "final",
+        "reason": None,
+        "rung": 2,
+        "window": "all",
+        "behaviour": behaviour,
+        "probe_id": f"pr_{i:012x}",
+    }
 
 
 def test_header_truncates_whole_behaviours():
@@ -78,8 +96,15 @@ def test_a_model_without_a_template_has_no_measurable_prefix(templateless_engine
     ids = engine.tokenize("user: hello\nassistant:")
     assert template_prefix_ids(engine) is None
     assert last_user_span(engine, [{"role": "user", "content": "hello"}], ids) == "no_chat_template"
-    layout = measure(engine, ids, len(ids), prompt_len=len(ids), prefix_ids=template_prefix_ids(engine),
-                     conversation=[{"role": "user", "content": "hello"}], need_last_user=True)
+    layout = measure(
+        engine,
+        ids,
+        len(ids),
+        prompt_len=len(ids),
+        prefix_ids=template_prefix_ids(engine),
+        conversation=[{"role": "user", "content": "hello"}],
+        need_last_user=True,
+    )
     assert window_span(layout, "all", True) == NotScored("skipped", "template_prefix_unknown")
     assert window_span(layout, "all", False) == Span(0, len(ids))
     assert window_span(layout, "last_user", False) == NotScored("skipped", "no_chat_template")
@@ -100,32 +125,61 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
     try:
         runtime = host.state[STATE_KEY]
         engine = templateless_engine
-        identity = {"hf_id": engine.info.id, "revision": None, "d_model": engine.info.d_model,
-                    "n_layers": engine.info.n_layers, "chat_template_sha256": None}
+        identity = {
+            "hf_id": engine.info.id,
+            "revision": None,
+            "d_model": engine.info.d_model,
+            "n_layers": engine.info.n_layers,
+            "chat_template_sha256": None,
+        }
         doc = lab.definition(identity, name="hookless", layer=0, vectors=0)
-        row = store.insert_probe(host.db, store.Probe(
-            id=store.new_probe_id(), name="hookless", behaviour=None, version="1", provenance_probe_id=None,
-            definition=json.dumps(doc), detector_digest="sha256:" + "0" * 64,
-            detector_digest_source="computed", decision=doc["decision"], decision_digest="sha256:" + "0" * 64,
-            decision_digest_source="computed", decision_revision=1, threshold_revision=1, armed=False,
-            created_at=store.now()), "fail")
+        row = store.insert_probe(
+            host.db,
+            store.Probe(
+                id=store.new_probe_id(),
+                name="hookless",
+                behaviour=None,
+                version="1",
+                provenance_probe_id=None,
+                definition=json.dumps(doc),
+                detector_digest="sha256:" + "0" * 64,
+                detector_digest_source="computed",
+                decision=doc["decision"],
+                decision_digest="sha256:" + "0" * 64,
+                decision_digest_source="computed",
+                decision_revision=1,
+                threshold_revision=1,
+                armed=False,
+                created_at=store.now(),
+            ),
+            "fail",
+        )
         view = runtime.view(row)
         runtime.arm(Armed(view, compile_probe(row.id, view.definition, engine, None), "in-process", now_iso()))
 
         class Hookless:  # the engine's identity, without a module tree to hook
             name, info, hook_points = "gguf", engine.info, ()
 
-        ctx = RequestContext(endpoint="completions", body={}, params=None, headers={}, model=None,
-                             engine_name="gguf", settings=settings, engine=Hookless(), prompts=[[1, 2, 3]])
+        ctx = RequestContext(
+            endpoint="completions",
+            body={},
+            params=None,
+            headers={},
+            model=None,
+            engine_name="gguf",
+            settings=settings,
+            engine=Hookless(),
+            prompts=[[1, 2, 3]],
+        )
         assert live.begin(runtime, ctx) is None  # no hook for an engine that has none
         ctx.finished = True
         live.finish(runtime, ctx)
         [result] = ctx.state["probes"].results
         assert (result["outcome"], result["reason"], result["engine"]) == ("skipped", "engine_unsupported", "gguf")
         assert header.HEADER in live.headers(runtime, ctx)
-        stored = store.list_events(host.db, probe_id=row.id, result_id=None, trace_id=None, fired=None,
-                                   window=None, limit=10, after=None)["data"]
+        stored = store.list_events(
+            host.db, probe_id=row.id, result_id=None, trace_id=None, fired=None, window=None, limit=10, after=None
+        )["data"]
         assert stored == [result]
     finally:
         host.stop()
-

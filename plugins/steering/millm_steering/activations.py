@@ -90,8 +90,14 @@ def parse(value: Any, max_top_k: int) -> ActivationsRequest | None:
         raise InvalidParameter("top_k must be a positive integer", param=_field("top_k"))
     elif top_k > max_top_k:
         raise InvalidParameter(f"top_k {top_k} is over SAE_ACTIVATIONS_MAX_TOP_K ({max_top_k})", param=_field("top_k"))
-    return ActivationsRequest(sae_id, layer, features, top_k, _positions(value.get("positions", "completion")),
-                              _read_point(value.get("read_point", "post_steering")))
+    return ActivationsRequest(
+        sae_id,
+        layer,
+        features,
+        top_k,
+        _positions(value.get("positions", "completion")),
+        _read_point(value.get("read_point", "post_steering")),
+    )
 
 
 def _positions(value: Any) -> str | tuple[int, int]:
@@ -101,10 +107,12 @@ def _positions(value: Any) -> str | tuple[int, int]:
         start, end = value.get("start"), value.get("end")
         if is_int(start) and is_int(end) and 0 <= start < end:
             return (start, end)
-        raise InvalidParameter("positions {start, end} needs integers with 0 <= start < end (end exclusive)",
-                               param=_field("positions"))
-    raise InvalidParameter(f"positions must be one of {', '.join(POSITIONS)} or {{start, end}}",
-                           param=_field("positions"))
+        raise InvalidParameter(
+            "positions {start, end} needs integers with 0 <= start < end (end exclusive)", param=_field("positions")
+        )
+    raise InvalidParameter(
+        f"positions must be one of {', '.join(POSITIONS)} or {{start, end}}", param=_field("positions")
+    )
 
 
 def _read_point(value: Any) -> str:
@@ -118,8 +126,9 @@ def check_request_shape(ctx: RequestContext) -> None:
     if ctx.n > 1:
         raise InvalidParameter(f"{PARAM} needs n = 1 (one position axis)", param="n")
     if ctx.body.get("extra_messages"):
-        raise InvalidParameter(f"{PARAM} cannot be combined with extra_messages (one position axis)",
-                               param="extra_messages")
+        raise InvalidParameter(
+            f"{PARAM} cannot be combined with extra_messages (one position axis)", param="extra_messages"
+        )
     if ctx.endpoint == "completions" and len(ctx.params.prompts) > 1:
         raise InvalidParameter(f"{PARAM} needs a single prompt (one position axis)", param="prompt")
 
@@ -128,8 +137,9 @@ def select(snap: Snapshot, request: ActivationsRequest) -> Attachment:
     """The attachment to read (400 when none or several match, or a feature is past its width)."""
     attachment = select_attachment(snap, request.sae_id, request.layer, PARAM)
     if request.features is not None:
-        check_indices(request.features, attachment.sae.cfg.d_sae, attachment.sae_id,
-                      lambda j: f"{_field('features')}[{j}]")
+        check_indices(
+            request.features, attachment.sae.cfg.d_sae, attachment.sae_id, lambda j: f"{_field('features')}[{j}]"
+        )
     return attachment
 
 
@@ -176,8 +186,9 @@ class ActivationReader:
         lo, hi = self._window(start, start + hidden.shape[1])
         if lo >= hi:
             return None
-        rows = self.attachment.sae.top_features(hidden[0, lo - start:hi - start], self._candidates,
-                                                self.request.top_k)
+        rows = self.attachment.sae.top_features(
+            hidden[0, lo - start : hi - start], self._candidates, self.request.top_k
+        )
         if self._last:
             self.records.clear()
         for offset, top in enumerate(rows):
@@ -194,14 +205,19 @@ class ActivationReader:
         ``read_point`` overrides the requested one (a scoring request reports ``unsteered``).
         """
         read_point = read_point or self.request.read_point
-        return {"sae_activations": {
-            "sae_id": self.attachment.sae_id,
-            "layer": self.attachment.layer,
-            "read_point": read_point,
-            "positions": [
-                {"position": p, "token_id": token_ids[p],
-                 "features": [{"index": i, "value": v} for i, v in self.records[p]]}
-                for p in sorted(self.records)
-            ],
-            "note": NOTES[read_point],
-        }}
+        return {
+            "sae_activations": {
+                "sae_id": self.attachment.sae_id,
+                "layer": self.attachment.layer,
+                "read_point": read_point,
+                "positions": [
+                    {
+                        "position": p,
+                        "token_id": token_ids[p],
+                        "features": [{"index": i, "value": v} for i, v in self.records[p]],
+                    }
+                    for p in sorted(self.records)
+                ],
+                "note": NOTES[read_point],
+            }
+        }

@@ -51,8 +51,9 @@ def parse_features(value: Any, param: str, *, strict_keys: bool, max_abs: float 
             )
         strength = item.get("strength")
         if isinstance(strength, bool) or not isinstance(strength, (int, float)) or not math.isfinite(strength):
-            raise InvalidParameter(f"{where}.strength must be a finite number, not {strength!r}",
-                                   param=f"{where}.strength")
+            raise InvalidParameter(
+                f"{where}.strength must be a finite number, not {strength!r}", param=f"{where}.strength"
+            )
         if max_abs is not None and abs(strength) > max_abs:
             raise InvalidParameter(f"{where}.strength {strength} is outside ±{max_abs:g}", param=f"{where}.strength")
         seen[index] = j

@@ -21,11 +21,20 @@ MIGRATIONS = Path(__file__).parent / "migrations" / "versions"
 REQUEST_FIELDS = (
     "profile",
     "steering_intensity",
-    "steering", "steering.sae_id", "steering.layer", "steering.features",
-    "steering.features[].index", "steering.features[].strength",
-    "return_sae_activations", "return_sae_activations.sae_id", "return_sae_activations.layer",
-    "return_sae_activations.features", "return_sae_activations.top_k", "return_sae_activations.positions",
-    "return_sae_activations.positions.start", "return_sae_activations.positions.end",
+    "steering",
+    "steering.sae_id",
+    "steering.layer",
+    "steering.features",
+    "steering.features[].index",
+    "steering.features[].strength",
+    "return_sae_activations",
+    "return_sae_activations.sae_id",
+    "return_sae_activations.layer",
+    "return_sae_activations.features",
+    "return_sae_activations.top_k",
+    "return_sae_activations.positions",
+    "return_sae_activations.positions.start",
+    "return_sae_activations.positions.end",
     "return_sae_activations.read_point",
 )
 
@@ -45,12 +54,30 @@ def service(host) -> SteeringService:
 def register_settings(register) -> None:
     """The activation limits and the intensity bounds."""
     register(Setting("SAE_ACTIVATIONS_MAX_TOP_K", int, 64, "Largest top_k of return_sae_activations"))
-    register(Setting("SAE_ACTIVATIONS_MAX_ENTRIES", int, 65536,
-                     "Largest worst case (positions × top_k) of return_sae_activations"))
-    register(Setting("CLUSTER_INTENSITY_MIN", float, 0.5,
-                     'What steering_intensity "min" means for a base with no declared intensity range'))
-    register(Setting("CLUSTER_INTENSITY_MAX", float, 2.0,
-                     'What "max" means, and the cap of a numeric steering_intensity, without a declared range'))
+    register(
+        Setting(
+            "SAE_ACTIVATIONS_MAX_ENTRIES",
+            int,
+            65536,
+            "Largest worst case (positions × top_k) of return_sae_activations",
+        )
+    )
+    register(
+        Setting(
+            "CLUSTER_INTENSITY_MIN",
+            float,
+            0.5,
+            'What steering_intensity "min" means for a base with no declared intensity range',
+        )
+    )
+    register(
+        Setting(
+            "CLUSTER_INTENSITY_MAX",
+            float,
+            2.0,
+            'What "max" means, and the cap of a numeric steering_intensity, without a declared range',
+        )
+    )
 
 
 @hookimpl

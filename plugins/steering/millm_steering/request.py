@@ -67,8 +67,9 @@ def parse_inline(value: Any) -> InlineSet:
     if not isinstance(value, dict):
         raise InvalidParameter("steering must be an object with features (and optionally sae_id)", param="steering")
     if value.get("features") is None:
-        raise InvalidParameter("steering.features is required ([] means explicitly unsteered)",
-                               param="steering.features")
+        raise InvalidParameter(
+            "steering.features is required ([] means explicitly unsteered)", param="steering.features"
+        )
     features = parse_features(value["features"], "steering.features", strict_keys=False)
     sae_id, layer = value.get("sae_id"), value.get("layer")
     if sae_id is not None and not isinstance(sae_id, str):
@@ -76,8 +77,10 @@ def parse_inline(value: Any) -> InlineSet:
     if layer is not None:
         non_negative_int(layer, "steering.layer")
     if not features and (sae_id is not None or layer is not None):
-        raise InvalidParameter("steering.features is empty (explicitly unsteered): it takes no sae_id or layer",
-                               param="steering.sae_id" if sae_id is not None else "steering.layer")
+        raise InvalidParameter(
+            "steering.features is empty (explicitly unsteered): it takes no sae_id or layer",
+            param="steering.sae_id" if sae_id is not None else "steering.layer",
+        )
     return InlineSet(sae_id, layer, features)
 
 
@@ -94,13 +97,16 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
         return
     steering_sent = [f for f in sent if f != activations.PARAM]
     if ctx.scoring and steering_sent:  # activations are read on scoring requests, unsteered
-        raise FieldNotHonoured(f"{steering_sent[0]} cannot be used on a scoring request: scoring is always unsteered",
-                               param=steering_sent[0])
+        raise FieldNotHonoured(
+            f"{steering_sent[0]} cannot be used on a scoring request: scoring is always unsteered",
+            param=steering_sent[0],
+        )
     body = ctx.body
     for other in ("profile", "steering_intensity"):
         if "steering" in sent and other in sent:
-            raise InvalidParameter(f"steering and {other} are mutually exclusive: send one of them",
-                                   param=f"steering, {other}")
+            raise InvalidParameter(
+                f"steering and {other} are mutually exclusive: send one of them", param=f"steering, {other}"
+            )
     dial = parse_dial(body.get("steering_intensity"))
     req = RequestSteering(dial=dial, lam=service.lam(dial))
     if "profile" in sent:
@@ -110,15 +116,17 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
         req.profile = to_profile(service.store.profile(name))
     if "steering" in sent:
         req.inline = parse_inline(body["steering"])
-    req.activations = activations.parse(body.get("return_sae_activations"),
-                                        ctx.settings["SAE_ACTIVATIONS_MAX_TOP_K"])
+    req.activations = activations.parse(body.get("return_sae_activations"), ctx.settings["SAE_ACTIVATIONS_MAX_TOP_K"])
     if req.activations is not None:
         activations.check_request_shape(ctx)
     if service.is_resident(ctx.model.id):
         _check(service.state.snapshot(), req)
     else:  # SAEs only ever attach to the resident model: refuse before an auto-load would evict it
-        needs_sae = "steering" if req.inline is not None and req.inline.features else (
-            activations.PARAM if req.activations is not None else None)
+        needs_sae = (
+            "steering"
+            if req.inline is not None and req.inline.features
+            else (activations.PARAM if req.activations is not None else None)
+        )
         if needs_sae is not None:
             raise SAENotAttached(f"no SAE is attached to model {ctx.model.id!r}: it is not resident", param=needs_sae)
     ctx.state[STATE_KEY] = req
@@ -136,8 +144,12 @@ def _check(snap: Snapshot, req: RequestSteering) -> None:
 
 def _inline_attachment(snap: Snapshot, inline: InlineSet):
     attachment = select_attachment(snap, inline.sae_id, inline.layer, "steering")
-    check_indices([i for i, _ in inline.features], attachment.sae.cfg.d_sae, attachment.sae_id,
-                  lambda j: f"steering.features[{j}].index")
+    check_indices(
+        [i for i, _ in inline.features],
+        attachment.sae.cfg.d_sae,
+        attachment.sae_id,
+        lambda j: f"steering.features[{j}].index",
+    )
     return attachment
 
 
@@ -156,7 +168,8 @@ def recheck(ctx: RequestContext, service: SteeringService) -> None:
             raise InvalidParameter(
                 f"return_sae_activations could return up to {worst} entries (positions × top_k, counting "
                 f"max_tokens in full); SAE_ACTIVATIONS_MAX_ENTRIES is {limit}: narrow positions or lower top_k",
-                param=activations.PARAM)
+                param=activations.PARAM,
+            )
     if req.dial is not None:
         base = (req.profile.key in snap.attachments) if req.profile is not None else bool(global_entries(snap, 1.0))
         req.echo = intensity_value(req.lam) if base else None
@@ -176,8 +189,9 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
     dtype = model_dtype(ctx.engine.info.dtype)
     refresh = None
     if req.inline is not None:
-        entries = inline_entries(_inline_attachment(snap, req.inline), req.inline.features) \
-            if req.inline.features else []
+        entries = (
+            inline_entries(_inline_attachment(snap, req.inline), req.inline.features) if req.inline.features else []
+        )
     elif req.profile is not None:
         if req.lam != 0.0:
             check_profile(snap, req.profile)
@@ -189,8 +203,7 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
     req.plan = Plan(service.state, snap, entries, dtype, refresh)
     installed = req.plan.hooks()
     if req.activations is not None:
-        req.reader = ActivationReader(activations.select(snap, req.activations), req.activations,
-                                      len(ctx.prompts[0]))
+        req.reader = ActivationReader(activations.select(snap, req.activations), req.activations, len(ctx.prompts[0]))
         installed.append(req.reader.hook())
     return installed or None
 

@@ -47,8 +47,18 @@ def profile_entries(snap: Snapshot, profile: Profile, lam: float, source: str) -
     attachment = snap.attachments.get(profile.key)
     if attachment is None or lam == 0.0:
         return []
-    return _kept([Entry("profile", attachment, applied_set(profile.features, lam), name=profile.name,
-                        source=source, intensity=lam)])
+    return _kept(
+        [
+            Entry(
+                "profile",
+                attachment,
+                applied_set(profile.features, lam),
+                name=profile.name,
+                source=source,
+                intensity=lam,
+            )
+        ]
+    )
 
 
 def global_entries(snap: Snapshot, lam: float) -> list[Entry]:

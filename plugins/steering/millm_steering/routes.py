@@ -58,7 +58,6 @@ async def _features(value: Any, max_abs: float | None = None) -> Features:
     return await asyncio.to_thread(parse_features, value, "features", strict_keys=True, max_abs=max_abs)
 
 
-
 class _Resource(JsonResource):
     """A steering route: the host's body reading, and the plugin's service."""
 
@@ -138,7 +137,8 @@ class Profiles(_Resource):
         if not features:
             raise InvalidParameter("features must list at least one feature", param="features")
         resp.media = await self.service.create_profile(
-            _profile_name(_string(body, "name")), _string(body, "sae_id"), _layer(body), features)
+            _profile_name(_string(body, "name")), _string(body, "sae_id"), _layer(body), features
+        )
 
     async def on_post_deactivate(self, req, resp) -> None:
         resp.media = self.service.deactivate()

@@ -124,7 +124,9 @@ class SteeringService:
         if not SAE_ID.match(sae_id):
             raise InvalidParameter(
                 f"sae_id {sae_id!r} must be 1-200 characters of letters, digits and . _ ~ - (starting with a "
-                "letter or digit)", param="sae_id")
+                "letter or digit)",
+                param="sae_id",
+            )
 
         def register() -> SAERecord:
             return self.store.add_sae(sae_id, directory, describe_sae_dir(directory))
@@ -155,31 +157,42 @@ class SteeringService:
         engine, entry = self.host.registry.current()
         record = await asyncio.to_thread(self.store.sae, sae_id)
         if not engine.hook_points:
-            raise FieldNotHonoured(f"the {engine.name} engine has no hook points: SAEs cannot be attached to "
-                                   f"model {entry.id!r}", param="sae_id")
+            raise FieldNotHonoured(
+                f"the {engine.name} engine has no hook points: SAEs cannot be attached to model {entry.id!r}",
+                param="sae_id",
+            )
         d_model = engine.info.d_model
         if record.d_in != d_model:
             raise InvalidParameter(
                 f"SAE {sae_id!r} has d_in {record.d_in}, but model {entry.id!r} has hidden size {d_model}",
-                param="sae_id", code="sae_incompatible")
+                param="sae_id",
+                code="sae_incompatible",
+            )
         layer = record.layer if layer is None else layer
         point = record.hook_point.rsplit("hook_", 1)[1]
         if HookPoint(layer, point) not in engine.hook_points:  # type: ignore[arg-type]
-            raise InvalidParameter(f"model {entry.id!r} has no layer {layer} (it has {engine.info.n_layers})",
-                                   param="layer")
+            raise InvalidParameter(
+                f"model {entry.id!r} has no layer {layer} (it has {engine.info.n_layers})", param="layer"
+            )
         snap = self.state.snapshot()
         existing = snap.attachments.get((sae_id, layer))
         if existing is not None:
             return self.attachment_view(existing, entry.id, snap)
         loaded = next((a.sae for a in snap.attached(sae_id)), None)
         if loaded is None:
+
             def load() -> Any:  # the weights' shapes are checked as they load
                 self.check_still_allowed(record)
                 cfg = read_config(Path(record.path))
                 if (cfg.d_in, cfg.d_sae, cfg.hook_name, cfg.architecture) != (
-                        record.d_in, record.d_sae, record.hook_point, record.architecture):
-                    raise SAEUnreadable(f"{record.path} changed since it was registered; register it again",
-                                        param="sae_id")
+                    record.d_in,
+                    record.d_sae,
+                    record.hook_point,
+                    record.architecture,
+                ):
+                    raise SAEUnreadable(
+                        f"{record.path} changed since it was registered; register it again", param="sae_id"
+                    )
                 return sae_weights.load(sae_id, Path(record.path), cfg, engine.info.device)
 
             loaded = await asyncio.to_thread(load)
@@ -194,12 +207,20 @@ class SteeringService:
         try:
             confined_path(record.path, self.host.settings.sae_dirs, param="path", setting="MILLM_SAE_DIRS")
         except InvalidParameter as exc:
-            raise SAEUnreadable(f"SAE {record.sae_id!r} was registered from outside the directories "
-                                f"MILLM_SAE_DIRS now allows; {exc.message}", param="sae_id") from None
+            raise SAEUnreadable(
+                f"SAE {record.sae_id!r} was registered from outside the directories "
+                f"MILLM_SAE_DIRS now allows; {exc.message}",
+                param="sae_id",
+            ) from None
 
     def attachment_view(self, attachment: Attachment, model_id: str, snap: Snapshot) -> dict[str, Any]:
-        return {"sae_id": attachment.sae_id, "layer": attachment.layer, "hook_point": attachment.hook_name,
-                "model": model_id, "epoch": snap.epoch}
+        return {
+            "sae_id": attachment.sae_id,
+            "layer": attachment.layer,
+            "hook_point": attachment.hook_name,
+            "model": model_id,
+            "epoch": snap.epoch,
+        }
 
     async def detach(self, sae_id: str, layer: int | None) -> dict[str, Any]:
         """Detach an SAE (at ``layer``, or everywhere it is attached); its live values go too."""
@@ -209,15 +230,17 @@ class SteeringService:
             where = "" if layer is None else f" at layer {layer}"
             raise SAENotAttached(f"SAE {sae_id!r} is not attached{where}", param="sae_id")
         snap = self.state.detach([a.key for a in found])
-        return {"sae_id": sae_id, "detached": [{"layer": a.layer, "hook_point": a.hook_name} for a in found],
-                "epoch": snap.epoch}
+        return {
+            "sae_id": sae_id,
+            "detached": [{"layer": a.layer, "hook_point": a.hook_name} for a in found],
+            "epoch": snap.epoch,
+        }
 
     # --- live values ----------------------------------------------------------------------
     def set_manual(self, sae_id: str, layer: int | None, features: Features) -> dict[str, Any]:
         """Replace the live values on one attachment (``features: []`` clears them)."""
         attachment = select_attachment(self.state.snapshot(), sae_id, layer, "")
-        check_indices([i for i, _ in features], attachment.sae.cfg.d_sae, sae_id,
-                      lambda j: f"features[{j}].index")
+        check_indices([i for i, _ in features], attachment.sae.cfg.d_sae, sae_id, lambda j: f"features[{j}].index")
         snap = self.state.set_manual(attachment.key, features)
         return {**self.manual_view(snap, attachment.key), "epoch": snap.epoch}
 
@@ -231,7 +254,8 @@ class SteeringService:
         record = await asyncio.to_thread(self.store.sae, sae_id)
         check_indices([i for i, _ in features], record.d_sae, sae_id, lambda j: f"features[{j}].index")
         profile = await asyncio.to_thread(
-            self.store.add_profile, name, sae_id, record.layer if layer is None else layer, features)
+            self.store.add_profile, name, sae_id, record.layer if layer is None else layer, features
+        )
         return self.profile_view(profile, self.state.touch())
 
     async def list_profiles(self) -> list[dict[str, Any]]:
@@ -274,4 +298,3 @@ class SteeringService:
                 raise InvalidParameter("no model is resident; name the model to lock", param="model")
             return resident.id
         return self.host.registry.resolve(model_id).id
-

@@ -169,4 +169,3 @@ class SteeringState:
             self._attachments.clear()
             self._manual.clear()
             return self._commit()
-

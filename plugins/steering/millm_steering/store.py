@@ -43,8 +43,15 @@ class Store:
 
     def add_sae(self, sae_id: str, path: Path, cfg: SAEConfig) -> SAERecord:
         record = SAERecord(
-            sae_id=sae_id, path=str(path), d_in=cfg.d_in, d_sae=cfg.d_sae, layer=cfg.layer,
-            hook_point=cfg.hook_name, architecture=cfg.architecture, cfg=cfg.raw, created=int(time.time()),
+            sae_id=sae_id,
+            path=str(path),
+            d_in=cfg.d_in,
+            d_sae=cfg.d_sae,
+            layer=cfg.layer,
+            hook_point=cfg.hook_name,
+            architecture=cfg.architecture,
+            cfg=cfg.raw,
+            created=int(time.time()),
         )
         try:
             with self.db.session() as session, session.begin():
@@ -61,8 +68,11 @@ class Store:
                 raise SAENotFound(f"no SAE is registered as {sae_id!r}", param="sae_id")
             users = list(session.scalars(sa.select(ProfileRecord.name).where(ProfileRecord.sae_id == sae_id)))
             if users:
-                raise Conflict(f"SAE {sae_id!r} is used by profiles {', '.join(sorted(users))}; delete them first",
-                               param="sae_id", code="sae_in_use")
+                raise Conflict(
+                    f"SAE {sae_id!r} is used by profiles {', '.join(sorted(users))}; delete them first",
+                    param="sae_id",
+                    code="sae_in_use",
+                )
             session.delete(record)
 
     # --- profiles -----------------------------------------------------------------------
@@ -78,8 +88,9 @@ class Store:
         return record
 
     def add_profile(self, name: str, sae_id: str, layer: int, features: Features) -> ProfileRecord:
-        record = ProfileRecord(name=name, sae_id=sae_id, layer=layer, features=[list(f) for f in features],
-                               created=int(time.time()))
+        record = ProfileRecord(
+            name=name, sae_id=sae_id, layer=layer, features=[list(f) for f in features], created=int(time.time())
+        )
         try:
             with self.db.session() as session, session.begin():
                 if session.get(SAERecord, sae_id) is None:

@@ -45,9 +45,12 @@ def steering_server(app_factory, tiny_model_dir, sae_root):
     In-process (``AppServer``), with every installed plugin and the transformers
     engine; a restart is tested on a real server (``test_management``).
     """
-    return app_factory(plugins="all", models={}, model=str(tiny_model_dir),
-                       env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES),
-                            "MILLM_SAE_DIRS": str(sae_root)})
+    return app_factory(
+        plugins="all",
+        models={},
+        model=str(tiny_model_dir),
+        env={"SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES), "MILLM_SAE_DIRS": str(sae_root)},
+    )
 
 
 def reset(client: httpx.Client) -> None:

@@ -30,8 +30,12 @@ def hidden_after_layer0(model, ids):
 
 def identity_tensors():
     eye = np.eye(D, dtype=np.float32)
-    return {"W_enc": np.concatenate([eye, -eye], axis=1), "b_enc": np.zeros(2 * D, np.float32),
-            "W_dec": np.concatenate([eye, -eye], axis=0), "b_dec": np.zeros(D, np.float32)}
+    return {
+        "W_enc": np.concatenate([eye, -eye], axis=1),
+        "b_enc": np.zeros(2 * D, np.float32),
+        "W_dec": np.concatenate([eye, -eye], axis=0),
+        "b_dec": np.zeros(D, np.float32),
+    }
 
 
 def residuals(response_json):
@@ -54,13 +58,22 @@ def test_the_residual_is_shifted_by_the_decoder_rows(client, attach, sae_dir, mo
     delta = sum(s * w_dec[i] for i, s in features)
 
     for read_point, expected_shift in (("pre_steering", 0.0), ("post_steering", delta)):
-        response = client.post("/v1/chat/completions", json={
-            "model": model_id, "max_tokens": 6, "temperature": 0,
-            "messages": [{"role": "user", "content": "Tell me about the sea"}],
-            "steering": {"sae_id": "steer", "features": [{"index": i, "strength": s} for i, s in features]},
-            "return_sae_activations": {"sae_id": "identity", "top_k": D, "positions": "all",
-                                       "read_point": read_point},
-        })
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model_id,
+                "max_tokens": 6,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "Tell me about the sea"}],
+                "steering": {"sae_id": "steer", "features": [{"index": i, "strength": s} for i, s in features]},
+                "return_sae_activations": {
+                    "sae_id": "identity",
+                    "top_k": D,
+                    "positions": "all",
+                    "read_point": read_point,
+                },
+            },
+        )
         assert response.status_code == 200, response.text
         ids, served = residuals(response.json())
         assert len(ids) == response.json()["usage"]["total_tokens"] - 1  # the last token is never fed back
@@ -70,10 +83,19 @@ def test_the_residual_is_shifted_by_the_decoder_rows(client, attach, sae_dir, mo
 
 def test_sae_activations_match_an_independent_encoding(client, attach, sae_dir, model_id, reference_model):
     attach("reader", d_sae=96, seed=5)
-    weights = {k: v.astype(np.float64) for k, v in load_file(str(sae_dir("reader") / "sae_weights.safetensors")).items()}
-    response = client.post("/v1/completions", json={
-        "model": model_id, "prompt": "A quiet harbour at dawn", "max_tokens": 3, "temperature": 0,
-        "return_sae_activations": {"positions": "prompt", "top_k": 5, "features": list(range(0, 96, 2))}})
+    weights = {
+        k: v.astype(np.float64) for k, v in load_file(str(sae_dir("reader") / "sae_weights.safetensors")).items()
+    }
+    response = client.post(
+        "/v1/completions",
+        json={
+            "model": model_id,
+            "prompt": "A quiet harbour at dawn",
+            "max_tokens": 3,
+            "temperature": 0,
+            "return_sae_activations": {"positions": "prompt", "top_k": 5, "features": list(range(0, 96, 2))},
+        },
+    )
     activations = response.json()["millm"]["sae_activations"]
     ids = [p["token_id"] for p in activations["positions"]]
     acts = np.maximum(hidden_after_layer0(reference_model, ids) @ weights["W_enc"] + weights["b_enc"], 0)
@@ -87,8 +109,9 @@ def test_a_strong_feature_changes_greedy_output(client, attach, model_id):
     body = {"model": model_id, "max_tokens": 12, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
     plain = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
     attach("steer", d_sae=256, seed=3)
-    steered = client.post("/v1/chat/completions", json={
-        **body, "steering": {"features": [{"index": 11, "strength": 60.0}]}}).json()
+    steered = client.post(
+        "/v1/chat/completions", json={**body, "steering": {"features": [{"index": 11, "strength": 60.0}]}}
+    ).json()
     assert steered["choices"][0]["message"]["content"] != plain
 
 
@@ -99,8 +122,10 @@ def test_attached_but_unsteered_is_byte_identical(client, attach, model_id):
     attach("steer", layer=1)
     after = client.post("/v1/chat/completions", json=body)
     empty = client.post("/v1/chat/completions", json={**body, "steering": {"features": []}})
-    zero = client.post("/v1/chat/completions", json={**body, "steering": {"features": [{"index": 2, "strength": 0.0}],
-                                                                          "sae_id": "steer", "layer": 1}})
+    zero = client.post(
+        "/v1/chat/completions",
+        json={**body, "steering": {"features": [{"index": 2, "strength": 0.0}], "sae_id": "steer", "layer": 1}},
+    )
 
     def content(response):
         choice = response.json()["choices"][0]

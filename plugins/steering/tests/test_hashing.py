@@ -14,23 +14,44 @@ LFM = "LiquidAI--LFM2.5-1.2B-Instruct-sae--layer_11"
 GEMMA = "jbloom--gemma-2-2b-res-jb--layer_20--width_16k--average_l0_71"
 
 VECTORS = [
-    ("TV-1", LFM, [(1234, 8.0)],
-     f"millm.steering-set/v1\nsae={LFM}\n1234:4020000000000000\n",
-     "sha256:a4eae730e5105f422b93abeece7e03bda3c29b096c07aa9cee6f247e12844105", 0),
-    ("TV-2", LFM, [(1234, -8.0)],
-     f"millm.steering-set/v1\nsae={LFM}\n1234:c020000000000000\n",
-     "sha256:cc6c48faa720096e5c65fc1b2afab1b9b87659fb4465f20db421a2ed7fed78a7", 0),
-    ("TV-3", GEMMA, [(77, -2.5), (5, 0.1), (900, 0.0), (12, -0.0)],
-     f"millm.steering-set/v1\nsae={GEMMA}\n5:3fb999999999999a\n77:c004000000000000\n",
-     "sha256:b843912201c5c18f872976e35af288e5f484d81e31a03a1dc16c3b9dbd82e710", 0),
-    ("TV-4", GEMMA, [(3, 500.0)],
-     f"millm.steering-set/v1\nsae={GEMMA}\n3:4069000000000000\n",
-     "sha256:3f51779e6e33ee248acf6f520cb9475b4ef62f68275060bb69d2e228033b78df", 1),
+    (
+        "TV-1",
+        LFM,
+        [(1234, 8.0)],
+        f"millm.steering-set/v1\nsae={LFM}\n1234:4020000000000000\n",
+        "sha256:a4eae730e5105f422b93abeece7e03bda3c29b096c07aa9cee6f247e12844105",
+        0,
+    ),
+    (
+        "TV-2",
+        LFM,
+        [(1234, -8.0)],
+        f"millm.steering-set/v1\nsae={LFM}\n1234:c020000000000000\n",
+        "sha256:cc6c48faa720096e5c65fc1b2afab1b9b87659fb4465f20db421a2ed7fed78a7",
+        0,
+    ),
+    (
+        "TV-3",
+        GEMMA,
+        [(77, -2.5), (5, 0.1), (900, 0.0), (12, -0.0)],
+        f"millm.steering-set/v1\nsae={GEMMA}\n5:3fb999999999999a\n77:c004000000000000\n",
+        "sha256:b843912201c5c18f872976e35af288e5f484d81e31a03a1dc16c3b9dbd82e710",
+        0,
+    ),
+    (
+        "TV-4",
+        GEMMA,
+        [(3, 500.0)],
+        f"millm.steering-set/v1\nsae={GEMMA}\n3:4069000000000000\n",
+        "sha256:3f51779e6e33ee248acf6f520cb9475b4ef62f68275060bb69d2e228033b78df",
+        1,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "sae_id", "features", "canonical", "digest", "clamped"), VECTORS,
-                         ids=[v[0] for v in VECTORS])
+@pytest.mark.parametrize(
+    ("name", "sae_id", "features", "canonical", "digest", "clamped"), VECTORS, ids=[v[0] for v in VECTORS]
+)
 def test_vectors(name, sae_id, features, canonical, digest, clamped):
     applied = applied_set(features)
     assert canonical_form(sae_id, applied.values) == canonical.encode()

@@ -37,14 +37,23 @@ def test_inline_member_is_the_spec_example():
 
 
 def test_members_in_order_with_their_parameters_in_order():
-    profile = Entry("profile", attachment("b-sae", 11), applied_set([(1, 300.0), (2, 0.0), (3, -1.0)], 1.5),
-                    name='humör "x" 100%', source="active", intensity=1.5)
+    profile = Entry(
+        "profile",
+        attachment("b-sae", 11),
+        applied_set([(1, 300.0), (2, 0.0), (3, -1.0)], 1.5),
+        name='humör "x" 100%',
+        source="active",
+        intensity=1.5,
+    )
     manual_low = Entry("manual", attachment("z-sae", 2), applied_set([(9, 250.0)]))
     manual_same_layer = Entry("manual", attachment("a-sae", 11), applied_set([(4, 1.0)]))
     value = steering_value([profile, manual_low, manual_same_layer], True)
     members = parse(value)
     assert [(kind, params["sae"], params["layer"]) for kind, params in members] == [
-        ("manual", "z-sae", 2), ("manual", "a-sae", 11), ("profile", "b-sae", 11)]
+        ("manual", "z-sae", 2),
+        ("manual", "a-sae", 11),
+        ("profile", "b-sae", 11),
+    ]
     kind, params = members[2]
     assert list(params) == ["name", "source", "intensity", "sae", "layer", "features", "hash", "clamped", "changed"]
     assert params["name"] == "hum%C3%B6r %22x%22 100%25"

@@ -31,8 +31,9 @@ def assert_4xx(response):
 @pytest.mark.parametrize("name", PROFILE_NAMES, ids=["accents", "quotes", "cjk-emoji", "astral-200"])
 def test_profile_names_reach_the_header_losslessly(client, attach, model_id, name):
     attach("sae-a")
-    created = client.post("/api/profiles", json={"name": name, "sae_id": "sae-a",
-                                                 "features": [{"index": 3, "strength": 2.0}]})
+    created = client.post(
+        "/api/profiles", json={"name": name, "sae_id": "sae-a", "features": [{"index": 3, "strength": 2.0}]}
+    )
     assert created.status_code == 200, created.text
     path = f"/api/profiles/{quote(name, safe='')}"
     try:
@@ -42,7 +43,9 @@ def test_profile_names_reach_the_header_losslessly(client, attach, model_id, nam
 
         assert client.get(path).json()["name"] == name
         client.post(f"{path}/activate").raise_for_status()
-        kind, params = steering(client.post("/v1/completions", json={"model": model_id, "max_tokens": 2, "prompt": "Hi"}))
+        kind, params = steering(
+            client.post("/v1/completions", json={"model": model_id, "max_tokens": 2, "prompt": "Hi"})
+        )
         assert (kind, str(params["source"]), unquote(params["name"])) == ("profile", "active", name)
         [member] = list(parse_list(client.get("/api/steering").json()["applied"]))
         assert unquote(member.params["name"]) == name
@@ -59,10 +62,15 @@ def test_hostile_sae_ids_are_refused_not_500(client, sae_dir, model_id, sae_id):
     assert_4xx(client.get(f"/api/saes/{quoted}"))
     assert_4xx(client.post(f"/api/saes/{quoted}/attach", json={}))
     assert_4xx(client.put("/api/steering", json={"sae_id": sae_id, "features": [{"index": 1, "strength": 1.0}]}))
-    assert_4xx(client.post("/api/profiles", json={"name": "p", "sae_id": sae_id,
-                                                  "features": [{"index": 1, "strength": 1.0}]}))
-    body = {"model": model_id, "max_tokens": 2, "messages": [{"role": "user", "content": "Hello"}],
-            "steering": {"sae_id": sae_id, "features": [{"index": 1, "strength": 1.0}]}}
+    assert_4xx(
+        client.post("/api/profiles", json={"name": "p", "sae_id": sae_id, "features": [{"index": 1, "strength": 1.0}]})
+    )
+    body = {
+        "model": model_id,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "steering": {"sae_id": sae_id, "features": [{"index": 1, "strength": 1.0}]},
+    }
     assert_4xx(client.post("/v1/chat/completions", json=body))
     assert client.get("/api/saes").json()["data"] == []
 
@@ -80,8 +88,10 @@ def test_a_profile_name_that_is_a_lone_surrogate_is_a_400(client, attach, model_
     response = client.post("/api/profiles", content=create.encode(), headers=headers)
     assert_4xx(response)
     assert (response.status_code, response.json()["error"]["param"]) == (400, "name")
-    inline = (f'{{"model": "{model_id}", "max_tokens": 1, "messages": [{{"role": "user", "content": "Hi"}}], '
-              '"profile": "x\\udfff"}')
+    inline = (
+        f'{{"model": "{model_id}", "max_tokens": 1, "messages": [{{"role": "user", "content": "Hi"}}], '
+        '"profile": "x\\udfff"}'
+    )
     response = client.post("/v1/chat/completions", content=inline.encode(), headers=headers)
     assert (response.status_code, response.json()["error"]["param"]) == (400, "profile")
     assert client.get("/api/profiles").json()["data"] == []

@@ -16,9 +16,19 @@ def test_invalid_dials_are_refused(value):
     assert err.value.code == "invalid_parameter"
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (None, 1.0), (0, 0.0), ("off", 0.0), (0.25, 0.25), (1, 1.0), (2, 1.5), ("min", 0.5), ("max", 1.5),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, 1.0),
+        (0, 0.0),
+        ("off", 0.0),
+        (0.25, 0.25),
+        (1, 1.0),
+        (2, 1.5),
+        ("min", 0.5),
+        ("max", 1.5),
+    ],
+)
 def test_resolution(value, expected):
     assert resolve(parse_dial(value), 0.5, 1.5) == expected
 

@@ -16,9 +16,18 @@ def test_register_list_show_delete(client, sae_dir):
     path = sae_dir("res-jb--layer_1", d_sae=300, layer=1, point="pre")
     registered = client.post("/api/saes", json={"path": str(path)}).json()
     assert registered == {
-        "sae_id": "res-jb--layer_1", "path": str(path), "d_in": 64, "d_sae": 300, "layer": 1,
-        "hook_point": "blocks.1.hook_resid_pre", "architecture": "standard", "k": None,
-        "apply_b_dec_to_input": False, "model_name": "test", "created": registered["created"], "attached": [],
+        "sae_id": "res-jb--layer_1",
+        "path": str(path),
+        "d_in": 64,
+        "d_sae": 300,
+        "layer": 1,
+        "hook_point": "blocks.1.hook_resid_pre",
+        "architecture": "standard",
+        "k": None,
+        "apply_b_dec_to_input": False,
+        "model_name": "test",
+        "created": registered["created"],
+        "attached": [],
     }
     assert client.get("/api/saes/res-jb--layer_1").json() == registered
     assert [s["sae_id"] for s in client.get("/api/saes").json()["data"]] == ["res-jb--layer_1"]
@@ -28,18 +37,21 @@ def test_register_list_show_delete(client, sae_dir):
     assert_error(client.delete("/api/saes/res-jb--layer_1"), 404, "sae_not_found")
 
 
-@pytest.mark.parametrize(("body", "status", "code", "param"), [
-    ({}, 400, "invalid_parameter", "path"),
-    ({"path": "relative/dir"}, 400, "sae_unreadable", "path"),  # inside MILLM_SAE_DIRS, absent
-    ({"path": "/nonexistent/sae"}, 400, "invalid_parameter", "path"),  # outside MILLM_SAE_DIRS
-    ({"path": "x", "sae_id": "has space"}, 400, "invalid_parameter", "sae_id"),
-    ({"path": "x", "sae_id": 5}, 400, "invalid_parameter", "sae_id"),
-    ({"path": "x", "colour": "red"}, 400, "invalid_parameter", "colour"),
-    ({"path": "/tmp/" + "a" * 256}, 400, "invalid_parameter", "path"),  # was OSError ENAMETOOLONG: a 500
-    ({"path": "/tmp/" + "é" * 128 + "/x"}, 400, "invalid_parameter", "path"),  # 256 bytes in UTF-8
-    ({"path": "/tmp/" + "a/" * 2100}, 400, "invalid_parameter", "path"),
-    ({"path": "/tmp/a\u0000b"}, 400, "invalid_parameter", "path"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({}, 400, "invalid_parameter", "path"),
+        ({"path": "relative/dir"}, 400, "sae_unreadable", "path"),  # inside MILLM_SAE_DIRS, absent
+        ({"path": "/nonexistent/sae"}, 400, "invalid_parameter", "path"),  # outside MILLM_SAE_DIRS
+        ({"path": "x", "sae_id": "has space"}, 400, "invalid_parameter", "sae_id"),
+        ({"path": "x", "sae_id": 5}, 400, "invalid_parameter", "sae_id"),
+        ({"path": "x", "colour": "red"}, 400, "invalid_parameter", "colour"),
+        ({"path": "/tmp/" + "a" * 256}, 400, "invalid_parameter", "path"),  # was OSError ENAMETOOLONG: a 500
+        ({"path": "/tmp/" + "é" * 128 + "/x"}, 400, "invalid_parameter", "path"),  # 256 bytes in UTF-8
+        ({"path": "/tmp/" + "a/" * 2100}, 400, "invalid_parameter", "path"),
+        ({"path": "/tmp/a\u0000b"}, 400, "invalid_parameter", "path"),
+    ],
+)
 def test_bad_registrations(client, body, status, code, param):
     assert_error(client.post("/api/saes", json=body), status, code, param)
     assert client.get("/api/saes").json()["data"] == []
@@ -59,7 +71,9 @@ def test_attach_and_detach(client, attach, model_id):
     second = attach("sae-a", layer=1)  # one SAE at two layers
     assert second["hook_point"] == "blocks.1.hook_resid_post" and second["epoch"] == first["epoch"] + 1
     assert client.get("/api/saes/sae-a").json()["attached"] == [
-        {"layer": 0, "hook_point": "blocks.0.hook_resid_post"}, {"layer": 1, "hook_point": "blocks.1.hook_resid_post"}]
+        {"layer": 0, "hook_point": "blocks.0.hook_resid_post"},
+        {"layer": 1, "hook_point": "blocks.1.hook_resid_post"},
+    ]
     assert_error(client.delete("/api/saes/sae-a"), 409, "sae_attached")
     detached = client.post("/api/saes/sae-a/detach", json={"layer": 1}).json()
     assert detached["detached"] == [{"layer": 1, "hook_point": "blocks.1.hook_resid_post"}]
@@ -97,20 +111,46 @@ def test_live_values(client, attach):
     attach("sae-a")
     start = epoch(client)
     put = client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 5, "strength": 3.0}]})
-    assert put.json() == {"sae_id": "sae-a", "layer": 0, "features": [{"index": 5, "strength": 3.0}],
-                          "live": True, "reason": None, "epoch": start + 1}
+    assert put.json() == {
+        "sae_id": "sae-a",
+        "layer": 0,
+        "features": [{"index": 5, "strength": 3.0}],
+        "live": True,
+        "reason": None,
+        "epoch": start + 1,
+    }
     state = client.get("/api/steering").json()
     assert state["manual"][0]["live"] and state["applied"].startswith('manual;sae="sae-a";layer=0;features=1;')
-    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 256, "strength": 1}]}),
-          400, "INVALID_FEATURE_INDEX", "features[0].index")
-    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 201}]}),
-          400, "invalid_parameter", "features[0].strength")
-    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": True}]}),
-          400, "invalid_parameter", "features[0].strength")
-    assert_error(client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1},
-                                                                            {"index": 1, "strength": 2}]}),
-          400, "invalid_parameter", "features[1].index")
-    assert_error(client.put("/api/steering", json={"sae_id": "other", "features": []}), 400, "SAE_NOT_ATTACHED", "sae_id")
+    assert_error(
+        client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 256, "strength": 1}]}),
+        400,
+        "INVALID_FEATURE_INDEX",
+        "features[0].index",
+    )
+    assert_error(
+        client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 201}]}),
+        400,
+        "invalid_parameter",
+        "features[0].strength",
+    )
+    assert_error(
+        client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 1, "strength": True}]}),
+        400,
+        "invalid_parameter",
+        "features[0].strength",
+    )
+    assert_error(
+        client.put(
+            "/api/steering",
+            json={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1}, {"index": 1, "strength": 2}]},
+        ),
+        400,
+        "invalid_parameter",
+        "features[1].index",
+    )
+    assert_error(
+        client.put("/api/steering", json={"sae_id": "other", "features": []}), 400, "SAE_NOT_ATTACHED", "sae_id"
+    )
     assert epoch(client) == start + 1  # refusals change nothing
 
     client.post("/api/profiles", json={"name": "p", "sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]})
@@ -123,32 +163,73 @@ def test_live_values(client, attach):
 
 def test_profiles(client, attach, sae_dir):
     client.post("/api/saes", json={"path": str(sae_dir("sae-b")), "sae_id": "sae-b"}).raise_for_status()
-    created = client.post("/api/profiles", json={
-        "name": "humör", "sae_id": "sae-b", "features": [{"index": 12, "strength": 8.0}]}).json()
-    assert created == {"name": "humör", "sae_id": "sae-b", "layer": 0,
-                       "features": [{"index": 12, "strength": 8.0}], "created": created["created"],
-                       "active": False, "live": False}
+    created = client.post(
+        "/api/profiles", json={"name": "humör", "sae_id": "sae-b", "features": [{"index": 12, "strength": 8.0}]}
+    ).json()
+    assert created == {
+        "name": "humör",
+        "sae_id": "sae-b",
+        "layer": 0,
+        "features": [{"index": 12, "strength": 8.0}],
+        "created": created["created"],
+        "active": False,
+        "live": False,
+    }
     assert client.get("/api/profiles/humör").json() == created
     assert [p["name"] for p in client.get("/api/profiles").json()["data"]] == ["humör"]
-    assert_error(client.post("/api/profiles", json={"name": "humör", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}),
-          409, "profile_exists")
-    assert_error(client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": [{"index": 256, "strength": 1}]}),
-          400, "INVALID_FEATURE_INDEX", "features[0].index")
-    assert_error(client.post("/api/profiles", json={"name": "x", "sae_id": "nope", "features": [{"index": 1, "strength": 1}]}),
-          404, "sae_not_found")
-    assert_error(client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": []}), 400, "invalid_parameter", "features")
-    assert_error(client.post("/api/profiles", json={"name": "a/b", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}),
-          400, "invalid_parameter", "name")
-    assert_error(client.post("/api/profiles", json={"name": "deactivate", "sae_id": "sae-b",
-                                             "features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter", "name")
+    assert_error(
+        client.post(
+            "/api/profiles", json={"name": "humör", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}
+        ),
+        409,
+        "profile_exists",
+    )
+    assert_error(
+        client.post(
+            "/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": [{"index": 256, "strength": 1}]}
+        ),
+        400,
+        "INVALID_FEATURE_INDEX",
+        "features[0].index",
+    )
+    assert_error(
+        client.post("/api/profiles", json={"name": "x", "sae_id": "nope", "features": [{"index": 1, "strength": 1}]}),
+        404,
+        "sae_not_found",
+    )
+    assert_error(
+        client.post("/api/profiles", json={"name": "x", "sae_id": "sae-b", "features": []}),
+        400,
+        "invalid_parameter",
+        "features",
+    )
+    assert_error(
+        client.post(
+            "/api/profiles", json={"name": "a/b", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}
+        ),
+        400,
+        "invalid_parameter",
+        "name",
+    )
+    assert_error(
+        client.post(
+            "/api/profiles", json={"name": "deactivate", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}
+        ),
+        400,
+        "invalid_parameter",
+        "name",
+    )
     assert_error(client.delete("/api/saes/sae-b"), 409, "sae_in_use")
 
     activated = client.post("/api/profiles/humör/activate").json()
     assert activated["active"] and not activated["live"]  # its SAE is not attached yet
     attach("sae-b")
     assert client.get("/api/profiles/humör").json()["live"]
-    assert client.get("/api/steering").json()["applied"].startswith(
-        'profile;name="hum%C3%B6r";source=active;intensity="1.0";sae="sae-b";layer=0;features=1;')
+    assert (
+        client.get("/api/steering")
+        .json()["applied"]
+        .startswith('profile;name="hum%C3%B6r";source=active;intensity="1.0";sae="sae-b";layer=0;features=1;')
+    )
     before = epoch(client)
     assert client.post("/api/profiles/deactivate").json() == {"active_profile": None, "epoch": before + 1}
     client.post("/api/profiles/humör/activate").raise_for_status()
@@ -196,8 +277,10 @@ def test_saes_profiles_and_the_lock_survive_a_restart(server_factory, tiny_model
     server = server_factory(tiny_model_dir, env={"MILLM_SAE_DIRS": str(sae_root)})
     with server.http() as client:
         client.post("/api/saes", json={"path": str(sae_dir("kept")), "sae_id": "kept"}).raise_for_status()
-        client.post("/api/profiles", json={"name": "kept-profile", "sae_id": "kept", "layer": 1,
-                                           "features": [{"index": 3, "strength": 0.1}]}).raise_for_status()
+        client.post(
+            "/api/profiles",
+            json={"name": "kept-profile", "sae_id": "kept", "layer": 1, "features": [{"index": 3, "strength": 0.1}]},
+        ).raise_for_status()
         client.post("/api/steering/lock").raise_for_status()
         saes, profiles = client.get("/api/saes").json(), client.get("/api/profiles").json()
     server.restart()
@@ -221,7 +304,13 @@ def test_unloading_the_model_detaches_its_saes(client, attach, model_id):
     finally:
         client.post(f"/api/models/{model_id}/load").raise_for_status()
     attach("sae-a")
-    response = client.post("/v1/chat/completions", json={
-        "model": model_id, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
-        "steering": {"features": [{"index": 5, "strength": 3.0}]}})
+    response = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": model_id,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "steering": {"features": [{"index": 5, "strength": 3.0}]},
+        },
+    )
     assert response.headers["x-millm-steering"].startswith('inline;sae="sae-a";layer=0;features=1;')

@@ -41,13 +41,21 @@ def chat(client, model_id):
     return send
 
 
-@pytest.mark.parametrize(("sae_id", "features", "digest", "clamped"), [
-    (LFM, [(1234, 8.0)], "sha256:a4eae730e5105f422b93abeece7e03bda3c29b096c07aa9cee6f247e12844105", None),
-    (LFM, [(1234, -8.0)], "sha256:cc6c48faa720096e5c65fc1b2afab1b9b87659fb4465f20db421a2ed7fed78a7", None),
-    (GEMMA, [(77, -2.5), (5, 0.1), (900, 0.0), (12, -0.0)],
-     "sha256:b843912201c5c18f872976e35af288e5f484d81e31a03a1dc16c3b9dbd82e710", None),
-    (GEMMA, [(3, 500.0)], "sha256:3f51779e6e33ee248acf6f520cb9475b4ef62f68275060bb69d2e228033b78df", 1),
-], ids=["TV-1", "TV-2", "TV-3", "TV-4"])
+@pytest.mark.parametrize(
+    ("sae_id", "features", "digest", "clamped"),
+    [
+        (LFM, [(1234, 8.0)], "sha256:a4eae730e5105f422b93abeece7e03bda3c29b096c07aa9cee6f247e12844105", None),
+        (LFM, [(1234, -8.0)], "sha256:cc6c48faa720096e5c65fc1b2afab1b9b87659fb4465f20db421a2ed7fed78a7", None),
+        (
+            GEMMA,
+            [(77, -2.5), (5, 0.1), (900, 0.0), (12, -0.0)],
+            "sha256:b843912201c5c18f872976e35af288e5f484d81e31a03a1dc16c3b9dbd82e710",
+            None,
+        ),
+        (GEMMA, [(3, 500.0)], "sha256:3f51779e6e33ee248acf6f520cb9475b4ef62f68275060bb69d2e228033b78df", 1),
+    ],
+    ids=["TV-1", "TV-2", "TV-3", "TV-4"],
+)
 def test_the_test_vectors_through_a_live_request(attach, chat, sae_id, features, digest, clamped):
     attach(sae_id, d_sae=2048, layer=1)
     response = chat(steering={"sae_id": sae_id, "features": [{"index": i, "strength": s} for i, s in features]})
@@ -55,8 +63,13 @@ def test_the_test_vectors_through_a_live_request(attach, chat, sae_id, features,
     [(kind, params)] = members(response.headers["x-millm-steering"])
     applied = sum(1 for _, s in features if s != 0)
     assert kind == "inline"
-    assert params == {"sae": sae_id, "layer": 1, "features": applied, "hash": digest,
-                      **({"clamped": clamped} if clamped else {})}
+    assert params == {
+        "sae": sae_id,
+        "layer": 1,
+        "features": applied,
+        "hash": digest,
+        **({"clamped": clamped} if clamped else {}),
+    }
 
 
 def test_no_steering_says_none(chat, attach):
@@ -75,8 +88,14 @@ def test_manual_active_and_request_profiles(client, attach, chat):
     assert kind == "manual" and params["hash"] == spec_hash("sae-a", [(7, 2.0)])
     assert list(params) == ["sae", "layer", "features", "hash"]
 
-    client.post("/api/profiles", json={"name": "calm", "sae_id": "sae-a",
-                                       "features": [{"index": 1, "strength": 150.0}, {"index": 2, "strength": -3}]})
+    client.post(
+        "/api/profiles",
+        json={
+            "name": "calm",
+            "sae_id": "sae-a",
+            "features": [{"index": 1, "strength": 150.0}, {"index": 2, "strength": -3}],
+        },
+    )
     client.post("/api/profiles", json={"name": "loud", "sae_id": "sae-a", "features": [{"index": 9, "strength": 5}]})
     client.post("/api/profiles/calm/activate").raise_for_status()
     [(kind, params)] = members(chat().headers["x-millm-steering"])
@@ -113,7 +132,9 @@ def test_off_disables_steering_without_validating_the_base(client, attach, chat,
     assert response.headers["x-millm-steering"] == "none"
     assert response.headers["x-millm-steering-intensity"] == '"0.0"'
     client.post("/api/saes", json={"path": str(sae_dir("sae-b")), "sae_id": "sae-b"})
-    client.post("/api/profiles", json={"name": "elsewhere", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]})
+    client.post(
+        "/api/profiles", json={"name": "elsewhere", "sae_id": "sae-b", "features": [{"index": 1, "strength": 1}]}
+    )
     assert_error(chat(profile="elsewhere", steering_intensity=0.01), 400, "SAE_NOT_ATTACHED", "profile")
     response = chat(profile="elsewhere", steering_intensity=0)
     assert response.status_code == 200 and response.headers["x-millm-steering"] == "none"
@@ -132,25 +153,51 @@ def test_profile_refusals_and_no_sae(client, chat, attach, sae_dir):
     assert "sae-b" in message and "(sae-a, layer 0)" in message
 
 
-@pytest.mark.parametrize(("fields", "code", "param"), [
-    ({"steering_intensity": 2.5}, "invalid_parameter", "steering_intensity"),
-    ({"steering_intensity": "high"}, "invalid_parameter", "steering_intensity"),
-    ({"steering_intensity": True}, "invalid_parameter", "steering_intensity"),
-    ({"steering": {"features": []}, "profile": "p"}, "invalid_parameter", "steering, profile"),
-    ({"steering": {"features": []}, "steering_intensity": 1}, "invalid_parameter", "steering, steering_intensity"),
-    ({"steering": [1]}, "invalid_parameter", "steering"),
-    ({"steering": {}}, "invalid_parameter", "steering.features"),
-    ({"steering": {"features": [], "sae_id": "sae-a"}}, "invalid_parameter", "steering.sae_id"),
-    ({"steering": {"features": [{"index": 256, "strength": 1}]}}, "INVALID_FEATURE_INDEX", "steering.features[0].index"),
-    ({"steering": {"features": [{"index": -1, "strength": 1}]}}, "invalid_parameter", "steering.features[0].index"),
-    ({"steering": {"features": [{"index": 1.5, "strength": 1}]}}, "invalid_parameter", "steering.features[0].index"),
-    ({"steering": {"features": [{"index": 1, "strength": 1}, {"index": 1, "strength": 2}]}},
-     "invalid_parameter", "steering.features[1].index"),
-    ({"steering": {"features": [{"index": 1, "strength": True}]}}, "invalid_parameter", "steering.features[0].strength"),
-    ({"steering": {"features": [{"index": 1, "strength": "8"}]}}, "invalid_parameter", "steering.features[0].strength"),
-    ({"steering": {"features": [{"index": 1}]}}, "invalid_parameter", "steering.features[0].strength"),
-    ({"steering": {"sae_id": "other", "features": [{"index": 1, "strength": 1}]}}, "SAE_NOT_ATTACHED", "steering.sae_id"),
-])
+@pytest.mark.parametrize(
+    ("fields", "code", "param"),
+    [
+        ({"steering_intensity": 2.5}, "invalid_parameter", "steering_intensity"),
+        ({"steering_intensity": "high"}, "invalid_parameter", "steering_intensity"),
+        ({"steering_intensity": True}, "invalid_parameter", "steering_intensity"),
+        ({"steering": {"features": []}, "profile": "p"}, "invalid_parameter", "steering, profile"),
+        ({"steering": {"features": []}, "steering_intensity": 1}, "invalid_parameter", "steering, steering_intensity"),
+        ({"steering": [1]}, "invalid_parameter", "steering"),
+        ({"steering": {}}, "invalid_parameter", "steering.features"),
+        ({"steering": {"features": [], "sae_id": "sae-a"}}, "invalid_parameter", "steering.sae_id"),
+        (
+            {"steering": {"features": [{"index": 256, "strength": 1}]}},
+            "INVALID_FEATURE_INDEX",
+            "steering.features[0].index",
+        ),
+        ({"steering": {"features": [{"index": -1, "strength": 1}]}}, "invalid_parameter", "steering.features[0].index"),
+        (
+            {"steering": {"features": [{"index": 1.5, "strength": 1}]}},
+            "invalid_parameter",
+            "steering.features[0].index",
+        ),
+        (
+            {"steering": {"features": [{"index": 1, "strength": 1}, {"index": 1, "strength": 2}]}},
+            "invalid_parameter",
+            "steering.features[1].index",
+        ),
+        (
+            {"steering": {"features": [{"index": 1, "strength": True}]}},
+            "invalid_parameter",
+            "steering.features[0].strength",
+        ),
+        (
+            {"steering": {"features": [{"index": 1, "strength": "8"}]}},
+            "invalid_parameter",
+            "steering.features[0].strength",
+        ),
+        ({"steering": {"features": [{"index": 1}]}}, "invalid_parameter", "steering.features[0].strength"),
+        (
+            {"steering": {"sae_id": "other", "features": [{"index": 1, "strength": 1}]}},
+            "SAE_NOT_ATTACHED",
+            "steering.sae_id",
+        ),
+    ],
+)
 def test_inline_refusals(attach, chat, fields, code, param):
     attach("sae-a")
     assert_error(chat(**fields), 400, code, param)
@@ -169,10 +216,13 @@ def test_inline_needs_an_attached_sae_and_a_resident_model(client, chat, attach)
 def test_inline_selection_names_each_candidate(attach, chat):
     attach("sae-a")
     attach("sae-a", layer=1)
-    message = assert_error(chat(steering={"features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter",
-                           "steering.sae_id")["message"]
+    message = assert_error(
+        chat(steering={"features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter", "steering.sae_id"
+    )["message"]
     assert "(sae-a, layer 0)" in message and "(sae-a, layer 1)" in message
-    assert_error(chat(steering={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter")
+    assert_error(
+        chat(steering={"sae_id": "sae-a", "features": [{"index": 1, "strength": 1}]}), 400, "invalid_parameter"
+    )
     response = chat(steering={"sae_id": "sae-a", "layer": 1, "features": [{"index": 1, "strength": 1}]})
     assert members(response.headers["x-millm-steering"])[0][1]["layer"] == 1
 
@@ -183,8 +233,9 @@ def test_inline_replaces_everything_live_and_the_empty_set_unsteers(client, atta
     client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 7, "strength": 2.0}]})
     client.put("/api/steering", json={"sae_id": "sae-b", "features": [{"index": 8, "strength": 2.0}]})
     assert [k for k, _ in members(chat().headers["x-millm-steering"])] == ["manual", "manual"]
-    inline = members(chat(steering={"sae_id": "sae-b", "features": [{"index": 3, "strength": 1}]})
-                     .headers["x-millm-steering"])
+    inline = members(
+        chat(steering={"sae_id": "sae-b", "features": [{"index": 3, "strength": 1}]}).headers["x-millm-steering"]
+    )
     assert [(k, p["sae"]) for k, p in inline] == [("inline", "sae-b")]
     assert chat(steering={"features": []}).headers["x-millm-steering"] == "none"
     epoch = client.get("/api/steering").json()["epoch"]
@@ -198,13 +249,16 @@ def test_unknown_nested_fields_are_reported(attach, chat):
     response = chat(steering={"features": [{"index": 1, "strength": 1, "note": "x"}], "why": 1})
     assert response.status_code == 200
     assert {name for name, _ in members(response.headers["x-millm-ignored-fields"])} == {
-        "steering.features[0].note", "steering.why"}
+        "steering.features[0].note",
+        "steering.why",
+    }
 
 
 def test_text_completions_and_several_prompts(attach, chat):
     attach("sae-a")
-    response = chat("/v1/completions", prompt=["One", "Two", "Three"],
-                    steering={"features": [{"index": 4, "strength": 6.0}]})
+    response = chat(
+        "/v1/completions", prompt=["One", "Two", "Three"], steering={"features": [{"index": 4, "strength": 6.0}]}
+    )
     assert response.status_code == 200 and len(response.json()["choices"]) == 3
     [(kind, params)] = members(response.headers["x-millm-steering"])
     assert kind == "inline" and params["hash"] == spec_hash("sae-a", [(4, 6.0)])
@@ -212,8 +266,14 @@ def test_text_completions_and_several_prompts(attach, chat):
 
 def test_a_stream_ends_with_the_steering_chunk(client, attach, model_id):
     def stream(**fields):
-        body = {"model": model_id, "max_tokens": 3, "temperature": 0, "stream": True,
-                "messages": [{"role": "user", "content": "Hi"}], **fields}
+        body = {
+            "model": model_id,
+            "max_tokens": 3,
+            "temperature": 0,
+            "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}],
+            **fields,
+        }
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
             lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
             return response.headers, lines
@@ -235,8 +295,7 @@ def test_a_stream_ends_with_the_steering_chunk(client, attach, model_id):
 
 def _long_stream(client, model_id, change, **fields):
     """Stream a long greedy completion (hundreds of forward passes); run ``change()`` once the first token arrived."""
-    body = {"model": model_id, "max_tokens": 400, "temperature": 0, "stream": True,
-            "prompt": "The", **fields}
+    body = {"model": model_id, "max_tokens": 400, "temperature": 0, "stream": True, "prompt": "The", **fields}
     with client.stream("POST", "/v1/completions", json=body) as response:
         lines = []
         for line in response.iter_lines():
@@ -255,15 +314,17 @@ def test_an_operator_change_mid_request_wins_and_is_flagged(server, attach):
         operator.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 7, "strength": 2.0}]})
 
         def put(strength):
-            return lambda: operator.put("/api/steering", json={
-                "sae_id": "sae-a", "features": [{"index": 7, "strength": strength}]}).raise_for_status()
+            return lambda: operator.put(
+                "/api/steering", json={"sae_id": "sae-a", "features": [{"index": 7, "strength": strength}]}
+            ).raise_for_status()
 
         [(kind, params)] = _long_stream(client, model_id, put(3.0))
         assert kind == "manual" and params["changed"] is True
         assert params["hash"] == spec_hash("sae-a", [(7, 3.0)])  # the state at the end, as applied
 
-        [(kind, params)] = _long_stream(client, model_id, put(4.0),
-                                        steering={"features": [{"index": 1, "strength": 1.0}]})
+        [(kind, params)] = _long_stream(
+            client, model_id, put(4.0), steering={"features": [{"index": 1, "strength": 1.0}]}
+        )
         assert kind == "inline" and params["changed"] is True
         assert params["hash"] == spec_hash("sae-a", [(1, 1.0)])
         live = operator.get("/api/steering").json()["manual"][0]

@@ -30,12 +30,15 @@ def reference_encode(x, w, cfg):
     return acts
 
 
-@pytest.mark.parametrize("cfg", [
-    {"architecture": "standard"},
-    {"architecture": "standard", "apply_b_dec_to_input": True},
-    {"architecture": "jumprelu"},
-    {"architecture": "topk", "k": 5},
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"architecture": "standard"},
+        {"architecture": "standard", "apply_b_dec_to_input": True},
+        {"architecture": "jumprelu"},
+        {"architecture": "topk", "k": 5},
+    ],
+)
 def test_encode_matches_the_reference(tmp_path, cfg):
     directory = write_sae(tmp_path / "sae", d_in=16, d_sae=40, layer=3, seed=7, **cfg)
     config = describe(directory)
@@ -68,17 +71,20 @@ def _broken(tmp_path, change):
     return directory
 
 
-@pytest.mark.parametrize(("change", "says"), [
-    (lambda d, c: c.update(hook_name="blocks.1.hook_mlp_out"), "hook_name"),
-    (lambda d, c: c.update(architecture="gated"), "architecture"),
-    (lambda d, c: c.update(architecture="topk"), "k must be"),
-    (lambda d, c: c.update(d_sae=13), "W_enc has shape"),
-    (lambda d, c: c.update(d_in=True), "d_in must be"),
-    (lambda d, c: c.update(apply_b_dec_to_input="yes"), "apply_b_dec_to_input"),
-    (lambda d, c: (d / "sae_weights.safetensors").unlink(), "no sae_weights.safetensors"),
-    (lambda d, c: (d / "sae_weights.safetensors").write_bytes(b"not safetensors"), "cannot be read"),
-    (lambda d, c: c.update(architecture="jumprelu"), "no tensor threshold"),
-])
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda d, c: c.update(hook_name="blocks.1.hook_mlp_out"), "hook_name"),
+        (lambda d, c: c.update(architecture="gated"), "architecture"),
+        (lambda d, c: c.update(architecture="topk"), "k must be"),
+        (lambda d, c: c.update(d_sae=13), "W_enc has shape"),
+        (lambda d, c: c.update(d_in=True), "d_in must be"),
+        (lambda d, c: c.update(apply_b_dec_to_input="yes"), "apply_b_dec_to_input"),
+        (lambda d, c: (d / "sae_weights.safetensors").unlink(), "no sae_weights.safetensors"),
+        (lambda d, c: (d / "sae_weights.safetensors").write_bytes(b"not safetensors"), "cannot be read"),
+        (lambda d, c: c.update(architecture="jumprelu"), "no tensor threshold"),
+    ],
+)
 def test_unusable_directories_are_refused(tmp_path, change, says):
     with pytest.raises(SAEUnreadable) as err:
         describe(_broken(tmp_path, change))

@@ -122,15 +122,14 @@ def llm_tokenizer(engine: Engine) -> llguidance.LLTokenizer:
 
     hf_tokenizer = getattr(engine, "tokenizer", None)
     if hf_tokenizer is None:
-        raise ResponseFormatUnsupported(
-            f"the {engine.name} engine exposes no tokenizer to constrain with", param=PARAM
-        )
+        raise ResponseFormatUnsupported(f"the {engine.name} engine exposes no tokenizer to constrain with", param=PARAM)
     eos = sorted(engine.info.eos_token_ids)
     try:
         return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=engine.info.vocab_size, eos_token=eos)
     except ValueError as exc:  # e.g. a slow (Python) tokenizer, which llguidance cannot read
-        raise ResponseFormatUnsupported(f"{engine.info.id}'s tokenizer cannot be constrained: {exc}",
-                                        param=PARAM) from None
+        raise ResponseFormatUnsupported(
+            f"{engine.info.id}'s tokenizer cannot be constrained: {exc}", param=PARAM
+        ) from None
 
 
 class JsonConstraint:
@@ -154,7 +153,7 @@ class JsonConstraint:
         self._mask_bytes = self._mask.numpy().view(np.uint8)
 
     def __call__(self, generated: Sequence[int], logits: Any) -> Any:
-        for token in generated[self._consumed:]:
+        for token in generated[self._consumed :]:
             self.matcher.consume_token(token)
         self._consumed = len(generated)
         allowed = self._allowed()

@@ -37,20 +37,36 @@ log = logging.getLogger("millm.structured_output")
 NAME = "structured_output"
 
 _RESPONSE_FORMAT_FIELDS = (
-    "response_format", "response_format.type", "response_format.json_schema",
-    "response_format.json_schema.name", "response_format.json_schema.description",
-    "response_format.json_schema.schema", "response_format.json_schema.strict",
+    "response_format",
+    "response_format.type",
+    "response_format.json_schema",
+    "response_format.json_schema.name",
+    "response_format.json_schema.description",
+    "response_format.json_schema.schema",
+    "response_format.json_schema.strict",
 )
 # tools[].function.strict is not claimed: tool arguments are parsed, not constrained.
 _TOOL_FIELDS = (
-    "tools", "tools[].type", "tools[].function", "tools[].function.name",
-    "tools[].function.description", "tools[].function.parameters",
-    "tool_choice", "tool_choice.type", "tool_choice.function", "tool_choice.function.name",
+    "tools",
+    "tools[].type",
+    "tools[].function",
+    "tools[].function.name",
+    "tools[].function.description",
+    "tools[].function.parameters",
+    "tool_choice",
+    "tool_choice.type",
+    "tool_choice.function",
+    "tool_choice.function.name",
     "parallel_tool_calls",
 )
 _HISTORY_FIELDS = (
-    "tool_calls", "tool_calls[].id", "tool_calls[].type", "tool_calls[].function",
-    "tool_calls[].function.name", "tool_calls[].function.arguments", "tool_call_id",
+    "tool_calls",
+    "tool_calls[].id",
+    "tool_calls[].type",
+    "tool_calls[].function",
+    "tool_calls[].function.name",
+    "tool_calls[].function.arguments",
+    "tool_call_id",
 )
 
 #: Compiled grammars and matchers, shared by every request of this process (bounded).
@@ -125,16 +141,20 @@ def before_tokenize(ctx) -> None:
         if traits.call_format is None:
             raise FieldNotHonoured(
                 f"{info.id} writes tool calls in a format this server cannot read "
-                "(recognised: LFM2 pythonic, Hermes/Qwen2.5 <tool_call>, Llama 3 JSON)", param="tools")
+                "(recognised: LFM2 pythonic, Hermes/Qwen2.5 <tool_call>, Llama 3 JSON)",
+                param="tools",
+            )
         plan.call_format = traits.call_format
     if plan.history:
         if traits is None:
-            raise NoChatTemplate(f"{info.id} has no chat template to render tool-call history with",
-                                 param=plan.history[0])
+            raise NoChatTemplate(
+                f"{info.id} has no chat template to render tool-call history with", param=plan.history[0]
+            )
         if not traits.renders_tool_calls:
             if traits.call_format is None:
-                raise FieldNotHonoured(f"the chat template of {info.id} cannot render tool calls",
-                                       param=plan.history[0])
+                raise FieldNotHonoured(
+                    f"the chat template of {info.id} cannot render tool calls", param=plan.history[0]
+                )
             write_calls_into_content(ctx.conversations, traits.call_format, ctx.messages)
     if tools is not None and tools.opens_call:  # opens_call implies shown, so call_format is set
         plan.opening = plan.call_format.opening(tools.forced)
@@ -163,12 +183,18 @@ def before_forward(ctx) -> list[Any] | None:
     if fmt is not None:
         ready = COMPILER.prepare(engine, fmt)
         vocab_size, eos_ids = engine.info.vocab_size, sorted(engine.info.eos_token_ids)
-        installed.append(LogitsProcessorFactory(
-            make=lambda index: JsonConstraint(ready.deep_copy(), vocab_size, eos_ids), owner=NAME))
+        installed.append(
+            LogitsProcessorFactory(
+                make=lambda index: JsonConstraint(ready.deep_copy(), vocab_size, eos_ids), owner=NAME
+            )
+        )
     if plan.call_format is not None:  # set exactly when the tools are shown
         tools, call_format, opening = plan.tools, plan.call_format, plan.opening
-        installed.append(OutputFilterFactory(
-            make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening), owner=NAME))
+        installed.append(
+            OutputFilterFactory(
+                make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening), owner=NAME
+            )
+        )
     return installed or None
 
 

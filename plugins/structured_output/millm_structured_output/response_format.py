@@ -64,12 +64,14 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         )
     for field, kinds in (("strict", bool), ("description", str)):
         if spec.get(field) is not None and not isinstance(spec[field], kinds):
-            raise InvalidParameter(f"response_format.json_schema.{field} has the wrong type",
-                                   param=f"{PARAM}.json_schema.{field}")
+            raise InvalidParameter(
+                f"response_format.json_schema.{field} has the wrong type", param=f"{PARAM}.json_schema.{field}"
+            )
     schema = spec.get("schema")
     if not isinstance(schema, (dict, bool)):
-        raise InvalidParameter("response_format.json_schema.schema must be a JSON Schema object",
-                               param=f"{PARAM}.json_schema.schema")
+        raise InvalidParameter(
+            "response_format.json_schema.schema must be a JSON Schema object", param=f"{PARAM}.json_schema.schema"
+        )
     check_schema(schema)
     return ResponseFormat("json_schema", name, schema)
 
@@ -79,11 +81,9 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
     problems = check_subset(schema)
     if problems:
         raise ResponseFormatUnsupported(
-            "response_format.json_schema.schema cannot be enforced: "
-            + "; ".join(p.describe() for p in problems),
+            "response_format.json_schema.schema cannot be enforced: " + "; ".join(p.describe() for p in problems),
             param=PARAM,
-            extra={"unsupported": [{"keyword": p.keyword, "pointer": p.pointer, "reason": p.reason}
-                                   for p in problems]},
+            extra={"unsupported": [{"keyword": p.keyword, "pointer": p.pointer, "reason": p.reason} for p in problems]},
         )
     try:
         jsonschema.Draft202012Validator.check_schema(schema)

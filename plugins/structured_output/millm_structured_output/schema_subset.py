@@ -13,11 +13,27 @@ from dataclasses import dataclass
 from typing import Any
 
 #: Keywords the constraint enforces.
-SUPPORTED = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf",
-    "$ref", "$defs",
-})
+SUPPORTED = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "minItems",
+        "maxItems",
+        "enum",
+        "const",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "anyOf",
+        "$ref",
+        "$defs",
+    }
+)
 #: Annotations: accepted and ignored.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
 
@@ -98,7 +114,7 @@ def _check_ref(root: Any, ref: Any, pointer: str) -> Iterator[Problem]:
         yield Problem(pointer, "$ref", "only local references into $defs are supported")
         return
     target: Any = root
-    for token in ["$defs", *ref[len(_DEFS_PREFIX):].split("/")]:
+    for token in ["$defs", *ref[len(_DEFS_PREFIX) :].split("/")]:
         token = token.replace("~1", "/").replace("~0", "~")
         if not isinstance(target, dict) or token not in target:
             yield Problem(pointer, None, f"$ref {ref!r} does not resolve")
@@ -109,7 +125,7 @@ def _check_ref(root: Any, ref: Any, pointer: str) -> Iterator[Problem]:
 def _resolve(root: Any, ref: str) -> Any:
     """The node a ``#/$defs/...`` reference names (None when it does not resolve)."""
     target: Any = root
-    for token in ["$defs", *ref[len(_DEFS_PREFIX):].split("/")]:
+    for token in ["$defs", *ref[len(_DEFS_PREFIX) :].split("/")]:
         token = token.replace("~1", "/").replace("~0", "~")
         if not isinstance(target, dict) or token not in target:
             return None
@@ -181,6 +197,10 @@ def _ref_loops(root: Any) -> Iterator[Problem]:
                 ready.append(ref)
     for ref, pointer in uses:
         if ref not in productive and targets[ref] is not None:
-            yield Problem(pointer, "$ref", f"{ref} cannot produce a finite document without reaching itself "
-                          "again first (a reference loop with nothing in between)")
+            yield Problem(
+                pointer,
+                "$ref",
+                f"{ref} cannot produce a finite document without reaching itself "
+                "again first (a reference loop with nothing in between)",
+            )
             return

@@ -32,5 +32,9 @@ def family_server(app_factory, family_models):
 
     In-process (``AppServer``), with every installed plugin and the transformers engine.
     """
-    return app_factory(plugins="all", models={}, model="tiny-qwen25",
-                       env={"MILLM_MODELS_DIR": str(family_models), "SCRIPTED_OUTPUT_ENABLED": "true"})
+    return app_factory(
+        plugins="all",
+        models={},
+        model="tiny-qwen25",
+        env={"MILLM_MODELS_DIR": str(family_models), "SCRIPTED_OUTPUT_ENABLED": "true"},
+    )

@@ -21,8 +21,11 @@ from .family import WEATHER_TOOL
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 HISTORY = [
     {"role": "user", "content": "hi"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+    },
     {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
 ]
 
@@ -42,12 +45,15 @@ def fields() -> FieldRegistry:
     return registry
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [WEATHER_TOOL]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [WEATHER_TOOL]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ],
+)
 def test_gguf_refuses_before_loading(fields, extra, param):
     with pytest.raises(FieldNotHonoured) as raised:
         check_fields(fields, "chat.completions", "gguf", {**CHAT, **extra}, strict=False)
@@ -56,11 +62,19 @@ def test_gguf_refuses_before_loading(fields, extra, param):
 
 def test_embeddings_refuse_response_format(fields):
     with pytest.raises(FieldNotHonoured):
-        check_fields(fields, "embeddings", "transformers", {"model": "m", "response_format": {"type": "json_object"}}, False)
+        check_fields(
+            fields, "embeddings", "transformers", {"model": "m", "response_format": {"type": "json_object"}}, False
+        )
 
 
 def test_no_change_values_pass_everywhere(fields):
-    body = {**CHAT, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "parallel_tool_calls": True}
+    body = {
+        **CHAT,
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "none",
+        "parallel_tool_calls": True,
+    }
     assert check_fields(fields, "chat.completions", "gguf", body, strict=False) == []
 
 
@@ -72,8 +86,13 @@ def test_gguf_reports_tool_history(fields):
 def test_transformers_honours_everything(fields):
     body = {**CHAT, "messages": HISTORY, "tools": [WEATHER_TOOL], "tool_choice": "auto", "parallel_tool_calls": False}
     assert check_fields(fields, "chat.completions", "transformers", body, strict=True) == []
-    schema_body = {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "n", "description": "d", "strict": True, "schema": {"type": "object"}}}}
+    schema_body = {
+        **CHAT,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "n", "description": "d", "strict": True, "schema": {"type": "object"}},
+        },
+    }
     assert check_fields(fields, "chat.completions", "transformers", schema_body, strict=True) == []
 
 
@@ -85,9 +104,14 @@ def test_tool_strict_is_reported_not_claimed(fields):
 
 def context(body: dict, *, scoring: bool) -> RequestContext:
     ctx = RequestContext(
-        endpoint="chat.completions", body=body, params=validate(ChatCompletionRequest, body), headers={},
+        endpoint="chat.completions",
+        body=body,
+        params=validate(ChatCompletionRequest, body),
+        headers={},
         model=ModelDescriptor(id="m", path="/nowhere", format="hf", engine="transformers"),
-        engine_name="transformers", settings=Settings(environ={}), scoring=scoring,
+        engine_name="transformers",
+        settings=Settings(environ={}),
+        scoring=scoring,
         engine_capabilities=frozenset({LOGITS_PROCESSORS}),
     )
     ctx.conversations = [[{"role": m["role"], "content": m["content"]} for m in body["messages"]]]

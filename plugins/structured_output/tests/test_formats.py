@@ -29,62 +29,85 @@ def test_formats_are_read_off_the_templates():
     assert not template_traits("{{ 'I have no tools' }}").takes_tools
 
 
-@pytest.mark.parametrize("text, calls, trailing", [
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', [PARIS], ""),
-    ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call> ok', [PARIS], " ok"),
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-     '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>',
-     [PARIS, ParsedCall("get_time", {"city": "Oslo"})], ""),
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}', [PARIS], ""),  # EOS before the close
-])
+@pytest.mark.parametrize(
+    "text, calls, trailing",
+    [
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', [PARIS], ""),
+        ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call> ok', [PARIS], " ok"),
+        (
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>',
+            [PARIS, ParsedCall("get_time", {"city": "Oslo"})],
+            "",
+        ),
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}', [PARIS], ""),  # EOS before the close
+    ],
+)
 def test_hermes_parses(text, calls, trailing):
     reply = HERMES.parse(text)
     assert reply.calls == calls and reply.trailing == trailing
 
 
-@pytest.mark.parametrize("text", [
-    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
-    "<tool_call>\nnot json\n</tool_call>",
-    '<tool_call>{"arguments": {}}</tool_call>',
-    '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>',
-    "no call at all",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+        "<tool_call>\nnot json\n</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>',
+        "no call at all",
+    ],
+)
 def test_hermes_malformed_is_none(text):
     assert HERMES.parse(text) is None
 
 
-@pytest.mark.parametrize("text, calls, trailing", [
-    ("<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>", [PARIS], ""),
-    ('<|tool_call_start|>[get_weather(city="Paris"), get_time(city="Oslo")]<|tool_call_end|>Checking.',
-     [PARIS, ParsedCall("get_time", {"city": "Oslo"})], "Checking."),
-    ("[get_weather(city='Paris')]", [PARIS], ""),  # the markers as special tokens, left out of the text
-    ("<|tool_call_start|>[f(a=true, b=null, c=[1, {'k': False}], d=-2.5)]<|tool_call_end|>",
-     [ParsedCall("f", {"a": True, "b": None, "c": [1, {"k": False}], "d": -2.5})], ""),
-    ('<|tool_call_start|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tool_call_end|>', [PARIS], ""),
-    # LFM2's tokenizer makes the markers special tokens, which decoded text leaves out:
-    ("<|tool_call_start|>[get_weather(city='Paris')]Checking [now].", [PARIS], "Checking [now]."),
-    ("[get_weather(city='Pa]ris')] ok", [ParsedCall("get_weather", {"city": "Pa]ris"})], " ok"),
-    ("get_weather(city='Paris')", [PARIS], ""),
-])
+@pytest.mark.parametrize(
+    "text, calls, trailing",
+    [
+        ("<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>", [PARIS], ""),
+        (
+            '<|tool_call_start|>[get_weather(city="Paris"), get_time(city="Oslo")]<|tool_call_end|>Checking.',
+            [PARIS, ParsedCall("get_time", {"city": "Oslo"})],
+            "Checking.",
+        ),
+        ("[get_weather(city='Paris')]", [PARIS], ""),  # the markers as special tokens, left out of the text
+        (
+            "<|tool_call_start|>[f(a=true, b=null, c=[1, {'k': False}], d=-2.5)]<|tool_call_end|>",
+            [ParsedCall("f", {"a": True, "b": None, "c": [1, {"k": False}], "d": -2.5})],
+            "",
+        ),
+        ('<|tool_call_start|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]<|tool_call_end|>', [PARIS], ""),
+        # LFM2's tokenizer makes the markers special tokens, which decoded text leaves out:
+        ("<|tool_call_start|>[get_weather(city='Paris')]Checking [now].", [PARIS], "Checking [now]."),
+        ("[get_weather(city='Pa]ris')] ok", [ParsedCall("get_weather", {"city": "Pa]ris"})], " ok"),
+        ("get_weather(city='Paris')", [PARIS], ""),
+    ],
+)
 def test_pythonic_parses(text, calls, trailing):
     reply = PYTHONIC.parse(text)
     assert reply.calls == calls and reply.trailing == trailing
 
 
-@pytest.mark.parametrize("text", [
-    "<|tool_call_start|>[get_weather('Paris')]<|tool_call_end|>",  # positional: no parameter name
-    "<|tool_call_start|>[get_weather(city=open('x'))]<|tool_call_end|>",  # not a literal
-    "<|tool_call_start|>[os.system(cmd='x')]<|tool_call_end|>",
-    "[1, 2, 3]",
-    "<|tool_call_start|>[get_weather(city='Par",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<|tool_call_start|>[get_weather('Paris')]<|tool_call_end|>",  # positional: no parameter name
+        "<|tool_call_start|>[get_weather(city=open('x'))]<|tool_call_end|>",  # not a literal
+        "<|tool_call_start|>[os.system(cmd='x')]<|tool_call_end|>",
+        "[1, 2, 3]",
+        "<|tool_call_start|>[get_weather(city='Par",
+    ],
+)
 def test_pythonic_malformed_is_none(text):
     assert PYTHONIC.parse(text) is None
 
 
 def test_llama3_parses_the_whole_reply():
     assert LLAMA3_JSON.parse(' {"name": "get_weather", "parameters": {"city": "Paris"}} ').calls == [PARIS]
-    two = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {"city": "Oslo"}}'
+    two = (
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {"city": "Oslo"}}'
+    )
     assert [c.name for c in LLAMA3_JSON.parse(two).calls] == ["get_weather", "get_time"]
     assert LLAMA3_JSON.parse('{"name": "get_weather", "parameters": {"city": "Paris"}} and more') is None
     assert LLAMA3_JSON.parse('{"city": "Paris"}') is None
@@ -107,7 +130,14 @@ def feed_all(flt: ToolCallFilter, pieces: list[str]) -> str:
 
 def test_filter_streams_text_before_a_call_and_holds_the_call():
     flt = ToolCallFilter(HERMES, NAMES, parallel=True)
-    pieces = ["Let me ", "check.", "<tool", "_call>\n{\"name\": \"get_weather\", ", '"arguments": {"city": "Paris"}}', "\n</tool_call>"]
+    pieces = [
+        "Let me ",
+        "check.",
+        "<tool",
+        '_call>\n{"name": "get_weather", ',
+        '"arguments": {"city": "Paris"}}',
+        "\n</tool_call>",
+    ]
     assert feed_all(flt, pieces) == "Let me check."
     result = flt.finish("stop")
     assert result.finish_reason == "tool_calls" and result.text == ""

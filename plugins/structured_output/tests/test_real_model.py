@@ -36,7 +36,11 @@ PROMPT = [
 def test_json_schema_outputs_validate(default_server, seed):
     client = default_server.openai()
     completion = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", messages=PROMPT, max_tokens=200, temperature=0.8, seed=seed,
+        model="SmolLM2-135M-Instruct",
+        messages=PROMPT,
+        max_tokens=200,
+        temperature=0.8,
+        seed=seed,
         response_format={"type": "json_schema", "json_schema": {"name": "review", "schema": REVIEW}},
     )
     choice = completion.choices[0]

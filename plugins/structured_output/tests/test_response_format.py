@@ -58,7 +58,9 @@ def test_strict_false_is_still_enforced(http):
 
 
 def test_json_object(http):
-    response = http.post("/v1/chat/completions", json=judge_body(response_format={"type": "json_object"}, max_tokens=60, seed=1))
+    response = http.post(
+        "/v1/chat/completions", json=judge_body(response_format={"type": "json_object"}, max_tokens=60, seed=1)
+    )
     assert response.status_code == 200, response.text
     assert constrained_header(response).value == http_sfv.Token("json_object")
     choice = response.json()["choices"][0]
@@ -77,8 +79,13 @@ def test_max_tokens_cut_is_length_not_validated(http):
 
 
 def test_every_choice_and_row_is_constrained(http):
-    body = judge_body(response_format=JUDGE_FORMAT, n=3, temperature=1.0, seed=11,
-                extra_messages=[[{"role": "user", "content": "And this one?"}]])
+    body = judge_body(
+        response_format=JUDGE_FORMAT,
+        n=3,
+        temperature=1.0,
+        seed=11,
+        extra_messages=[[{"role": "user", "content": "And this one?"}]],
+    )
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
     choices = response.json()["choices"]
@@ -103,17 +110,47 @@ def resident(http) -> str:
     return http.get("/api/health").json()["model"]
 
 
-@pytest.mark.parametrize("extra, code, param", [
-    ({"stream": True}, "response_format_unsupported", "response_format"),
-    ({"stop": ["}"]}, "response_format_unsupported", "response_format"),
-    ({"tools": [WEATHER_TOOL]}, "field_not_honoured", "tools"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 3}}}},
-     "response_format_unsupported", "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a(?=b)"}}}},
-     "response_format_unsupported", "response_format"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}}, "response_format_unsupported", "response_format"),
-])
+@pytest.mark.parametrize(
+    "extra, code, param",
+    [
+        ({"stream": True}, "response_format_unsupported", "response_format"),
+        ({"stop": ["}"]}, "response_format_unsupported", "response_format"),
+        ({"tools": [WEATHER_TOOL]}, "field_not_honoured", "tools"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 3}},
+                }
+            },
+            "response_format_unsupported",
+            "response_format",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a(?=b)"}},
+                }
+            },
+            "response_format_unsupported",
+            "response_format",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+                    },
+                }
+            },
+            "response_format_unsupported",
+            "response_format",
+        ),
+    ],
+)
 def test_refused_before_loading(http, extra, code, param):
     before = resident(http)
     other = "tiny-llama31" if before != "tiny-llama31" else "tiny-lfm2"
@@ -155,6 +192,7 @@ def test_openai_sdk_parse_helper(family_server):
 
     client = family_server.openai()
     completion = client.chat.completions.parse(
-        model=MODEL, messages=[{"role": "user", "content": "Funny?"}], response_format=Judge, max_tokens=40, seed=5)
+        model=MODEL, messages=[{"role": "user", "content": "Funny?"}], response_format=Judge, max_tokens=40, seed=5
+    )
     parsed = completion.choices[0].message.parsed
     assert isinstance(parsed, Judge)

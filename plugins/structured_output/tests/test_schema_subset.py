@@ -47,12 +47,26 @@ def test_text_and_json_object():
     assert parse_response_format({"type": "json_object"}).schema == {"type": "object"}
 
 
-@pytest.mark.parametrize("keyword, value", [
-    ("multipleOf", 2), ("not", {}), ("uniqueItems", True), ("allOf", [{}]), ("oneOf", [{}]),
-    ("if", {}), ("then", {}), ("else", {}), ("format", "date"), ("patternProperties", {}),
-    ("dependentRequired", {}), ("$schema", "https://json-schema.org/draft/2020-12/schema"),
-    ("exclusiveMinimum", 1), ("prefixItems", []), ("definitions", {}),
-])
+@pytest.mark.parametrize(
+    "keyword, value",
+    [
+        ("multipleOf", 2),
+        ("not", {}),
+        ("uniqueItems", True),
+        ("allOf", [{}]),
+        ("oneOf", [{}]),
+        ("if", {}),
+        ("then", {}),
+        ("else", {}),
+        ("format", "date"),
+        ("patternProperties", {}),
+        ("dependentRequired", {}),
+        ("$schema", "https://json-schema.org/draft/2020-12/schema"),
+        ("exclusiveMinimum", 1),
+        ("prefixItems", []),
+        ("definitions", {}),
+    ],
+)
 def test_each_unsupported_keyword_is_named_with_its_pointer(keyword, value):
     schema = {"type": "object", "properties": {"a/b": {"type": "integer", keyword: value}}}
     with pytest.raises(ResponseFormatUnsupported) as raised:
@@ -61,17 +75,24 @@ def test_each_unsupported_keyword_is_named_with_its_pointer(keyword, value):
     assert error.code == "response_format_unsupported" and error.status == 400 and error.param == "response_format"
     assert f"{keyword} at /properties/a~1b/{keyword}" in error.message
     assert error.extra["unsupported"] == [
-        {"keyword": keyword, "pointer": f"/properties/a~1b/{keyword}", "reason": "unsupported keyword"}]
+        {"keyword": keyword, "pointer": f"/properties/a~1b/{keyword}", "reason": "unsupported keyword"}
+    ]
 
 
 def test_every_problem_is_reported_at_once():
-    schema = {"type": "array", "uniqueItems": True, "items": [{"type": "string", "format": "email"}],
-              "anyOf": [{"not": {}}]}
+    schema = {
+        "type": "array",
+        "uniqueItems": True,
+        "items": [{"type": "string", "format": "email"}],
+        "anyOf": [{"not": {}}],
+    }
     problems = {(p.keyword, p.pointer) for p in check_subset(schema)}
     assert problems == {("uniqueItems", "/uniqueItems"), ("items", "/items"), ("not", "/anyOf/0/not")}
 
 
-@pytest.mark.parametrize("ref", ["https://example.com/s.json", "#/definitions/x", "#", "#/properties/a", "#/$defs/missing"])
+@pytest.mark.parametrize(
+    "ref", ["https://example.com/s.json", "#/definitions/x", "#", "#/properties/a", "#/$defs/missing"]
+)
 def test_only_local_refs_into_defs(ref):
     schema = {"type": "object", "properties": {"a": {"$ref": ref}}, "$defs": {"x": {}}}
     with pytest.raises(ResponseFormatUnsupported) as raised:
@@ -100,27 +121,52 @@ def test_size_depth_and_property_limits():
         parse_response_format(fmt(big))
 
 
-@pytest.mark.parametrize("value, param", [
-    ("json", "response_format"),
-    ({"type": "yaml"}, "response_format.type"),
-    ({"type": "json_schema"}, "response_format.json_schema"),
-    ({"type": "json_schema", "json_schema": {"name": "has space", "schema": {}}}, "response_format.json_schema.name"),
-    ({"type": "json_schema", "json_schema": {"name": "n"}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "strict": "yes", "schema": {}}}, "response_format.json_schema.strict"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "strnig"}}}, "response_format.json_schema.schema"),
-    ({"type": "json_schema", "json_schema": {"name": "n", "schema": {"minItems": -1}}}, "response_format.json_schema.schema"),
-])
+@pytest.mark.parametrize(
+    "value, param",
+    [
+        ("json", "response_format"),
+        ({"type": "yaml"}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "has space", "schema": {}}},
+            "response_format.json_schema.name",
+        ),
+        ({"type": "json_schema", "json_schema": {"name": "n"}}, "response_format.json_schema.schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "strict": "yes", "schema": {}}},
+            "response_format.json_schema.strict",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "strnig"}}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "n", "schema": {"minItems": -1}}},
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
 def test_malformed_values_are_invalid_parameters(value, param):
     with pytest.raises(InvalidParameter) as raised:
         parse_response_format(value)
     assert raised.value.param == param
 
 
-@pytest.mark.parametrize("schema, pointer", [
-    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "/$defs/a/$ref"),
-    ({"type": "object", "properties": {"p": {"$ref": "#/$defs/a"}},
-      "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}}}, "/properties/p/$ref"),
-], ids=["itself", "through-another-and-anyOf"])
+@pytest.mark.parametrize(
+    "schema, pointer",
+    [
+        ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "/$defs/a/$ref"),
+        (
+            {
+                "type": "object",
+                "properties": {"p": {"$ref": "#/$defs/a"}},
+                "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+            },
+            "/properties/p/$ref",
+        ),
+    ],
+    ids=["itself", "through-another-and-anyOf"],
+)
 def test_a_ref_that_reaches_itself_before_any_input_is_refused(schema, pointer):
     """Such a schema describes no finite document: the constraint accepted nothing and every reply was a 500."""
     with pytest.raises(ResponseFormatUnsupported) as raised:
@@ -129,12 +175,21 @@ def test_a_ref_that_reaches_itself_before_any_input_is_refused(schema, pointer):
     assert raised.value.extra["unsupported"][0]["pointer"] == pointer
 
 
-@pytest.mark.parametrize("schema", [
-    {"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"},
-    {"$defs": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}},
-     "$ref": "#/$defs/a"},
-    {"$defs": {"list": {"type": "array", "items": {"$ref": "#/$defs/list"}}}, "$ref": "#/$defs/list"},
-], ids=["recursive-object", "loop-with-a-way-out", "nested-arrays"])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}},
+            "$ref": "#/$defs/node",
+        },
+        {
+            "$defs": {"a": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}},
+            "$ref": "#/$defs/a",
+        },
+        {"$defs": {"list": {"type": "array", "items": {"$ref": "#/$defs/list"}}}, "$ref": "#/$defs/list"},
+    ],
+    ids=["recursive-object", "loop-with-a-way-out", "nested-arrays"],
+)
 def test_recursion_through_input_is_served(schema):
     assert check_subset(schema) == []
     parse_response_format(fmt(schema))

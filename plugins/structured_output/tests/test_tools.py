@@ -109,7 +109,10 @@ def test_hermes_stream_sends_content_then_one_call_delta(http):
 def test_sdk_stream_helper_runs_to_completion(family_server):
     client = family_server.openai()
     with client.chat.completions.stream(
-        model="tiny-qwen25", messages=QUESTION, tools=[WEATHER_TOOL, TIME_TOOL], max_tokens=80,
+        model="tiny-qwen25",
+        messages=QUESTION,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        max_tokens=80,
         extra_headers=scripted("One moment. " + HERMES_CALL),
     ) as stream:
         kinds = [event.type for event in stream]
@@ -124,8 +127,8 @@ def test_sdk_stream_helper_runs_to_completion(family_server):
 
 def test_sdk_non_streaming_client(family_server):
     completion = family_server.openai().chat.completions.create(
-        model="tiny-qwen25", messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=80,
-        extra_headers=scripted(HERMES_CALL))
+        model="tiny-qwen25", messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=80, extra_headers=scripted(HERMES_CALL)
+    )
     message = completion.choices[0].message
     assert completion.choices[0].finish_reason == "tool_calls" and message.content is None
     assert message.tool_calls[0].function.name == "get_weather"
@@ -140,11 +143,14 @@ def test_parallel_calls_and_parallel_false(http):
     assert [c["function"]["name"] for c in one] == ["get_weather"]
 
 
-@pytest.mark.parametrize("reply", [
-    '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',  # not offered
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>',  # malformed
-    "It is sunny in Paris.",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',  # not offered
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>',  # malformed
+        "It is sunny in Paris.",
+    ],
+)
 def test_unparsed_replies_are_plain_content(http, reply):
     choice = only_choice(ask(http, "tiny-qwen25", reply))
     assert choice["finish_reason"] == "stop"
@@ -161,11 +167,13 @@ def test_named_tool_choice_opens_the_call_in_the_prompt(http, tokenizers):
 
 
 def test_required_opens_a_call_without_a_name(http, tokenizers):
-    response = ask(http, "tiny-qwen25", 'get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-                   tool_choice="required")
+    response = ask(
+        http, "tiny-qwen25", 'get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', tool_choice="required"
+    )
     assert_weather_call(only_choice(response))
-    expected = expected_prompt_tokens(tokenizers("tiny-qwen25"), QUESTION, [WEATHER_TOOL, TIME_TOOL],
-                                      '<tool_call>\n{"name": "')
+    expected = expected_prompt_tokens(
+        tokenizers("tiny-qwen25"), QUESTION, [WEATHER_TOOL, TIME_TOOL], '<tool_call>\n{"name": "'
+    )
     assert response.json()["usage"]["prompt_tokens"] == expected
 
 
@@ -177,14 +185,24 @@ def test_tool_choice_none_shows_no_tools_and_parses_nothing(http, tokenizers):
 
 HISTORY = [
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
 ]
 HISTORY_AS_TEMPLATE_SEES_IT = [
     HISTORY[0],
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ],
+    },
     HISTORY[2],
 ]
 
@@ -216,8 +234,13 @@ def test_llama_plain_reply_and_json_that_is_not_a_call(http):
 
 def test_llama_named_choice_and_stream(http, tokenizers):
     forced = {"type": "function", "function": {"name": "get_weather"}}
-    body = {"model": "tiny-llama31", "messages": QUESTION, "tools": [WEATHER_TOOL], "max_tokens": 40,
-            "tool_choice": forced}
+    body = {
+        "model": "tiny-llama31",
+        "messages": QUESTION,
+        "tools": [WEATHER_TOOL],
+        "max_tokens": 40,
+        "tool_choice": forced,
+    }
     chunks = sse_chunks(http, body, scripted('{"city": "Paris"}}'))
     deltas = [c["choices"][0]["delta"] for c in chunks[:-1] if c["choices"]]
     assert not any(d.get("content") for d in deltas)
@@ -251,7 +274,11 @@ def test_lfm2_history_is_written_in_its_syntax(http, tokenizers):
 def test_lfm2_required_and_stream_helper(family_server):
     client = family_server.openai()
     with client.chat.completions.stream(
-        model="tiny-lfm2", messages=QUESTION, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=40,
+        model="tiny-lfm2",
+        messages=QUESTION,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=40,
         extra_headers=scripted('get_weather(city="Paris")]<|tool_call_end|>'),
     ) as stream:
         for _ in stream:
@@ -264,11 +291,14 @@ def test_lfm2_required_and_stream_helper(family_server):
 # --- refusals ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model, why", [
-    ("tiny-smollm2", "takes no tools"),
-    ("tiny-no-template", "takes no tools"),
-    ("tiny-unknown-calls", "format"),
-])
+@pytest.mark.parametrize(
+    "model, why",
+    [
+        ("tiny-smollm2", "takes no tools"),
+        ("tiny-no-template", "takes no tools"),
+        ("tiny-unknown-calls", "format"),
+    ],
+)
 def test_templates_that_cannot_call_are_refused_before_the_stream(http, model, why):
     body = {"model": model, "messages": QUESTION, "tools": [WEATHER_TOOL], "max_tokens": 4}
     error = assert_error(http.post("/v1/chat/completions", json=body), 400, "field_not_honoured", "tools")
@@ -283,14 +313,19 @@ def test_tool_history_without_a_template_is_refused(http):
     assert_error(http.post("/v1/chat/completions", json=body), 400, "no_chat_template", "messages[1].tool_calls")
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-     "tool_choice.function.name"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
-    ({"tools": [WEATHER_TOOL], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+            "tool_choice.function.name",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+        ({"tools": [WEATHER_TOOL], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ],
+)
 def test_invalid_tool_requests(http, extra, param):
     body = {"model": "tiny-qwen25", "messages": QUESTION, "max_tokens": 4, **extra}
     response = http.post("/v1/chat/completions", json=body)
@@ -305,11 +340,22 @@ def test_completions_refuse_tools(http):
 
 def test_a_template_refusing_the_history_is_a_400(http):
     """Llama 3.1's template takes one call per assistant turn and says so with raise_exception."""
-    two_calls = [HISTORY[0], {"role": "assistant", "content": None, "tool_calls": [
-        HISTORY[1]["tool_calls"][0], {**HISTORY[1]["tool_calls"][0], "id": "call_2"}]}, HISTORY[2]]
+    two_calls = [
+        HISTORY[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [HISTORY[1]["tool_calls"][0], {**HISTORY[1]["tool_calls"][0], "id": "call_2"}],
+        },
+        HISTORY[2],
+    ]
     response = http.post("/v1/chat/completions", json={"model": "tiny-llama31", "messages": two_calls, "max_tokens": 4})
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "messages" and "single tool-calls" in error["message"]
-    assert http.post("/v1/chat/completions", json={"model": "tiny-llama31", "messages": QUESTION,
-                                                   "max_tokens": 2}).status_code == 200
+    assert (
+        http.post(
+            "/v1/chat/completions", json={"model": "tiny-llama31", "messages": QUESTION, "max_tokens": 2}
+        ).status_code
+        == 200
+    )

@@ -43,23 +43,26 @@ class ToolCallFilter:
         if self.opening:
             return ""
         hold = max(self.released, self.fmt.hold_from(self.text))
-        delta, self.released = self.text[self.released:hold], hold
+        delta, self.released = self.text[self.released : hold], hold
         return delta
 
     def finish(self, finish_reason: str) -> FilterResult:
-        held = self.text[self.released:]
+        held = self.text[self.released :]
         reply = self.fmt.parse(self.opening + held) if (held or self.opening) else None
         if reply is None or not self._offered(reply):
             return FilterResult(text=held)
         calls = reply.calls if self.parallel else reply.calls[:1]
         tool_calls = [
-            {"id": call_id(), "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            {
+                "id": call_id(),
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+            }
             for c in calls
         ]
         trailing = reply.trailing if reply.trailing.strip() else ""
         extras: dict[str, Any] = {"tool_calls": tool_calls}
-        if not (self.text[:self.released] + trailing).strip():
+        if not (self.text[: self.released] + trailing).strip():
             extras["content"] = None
         return FilterResult(
             text=trailing,

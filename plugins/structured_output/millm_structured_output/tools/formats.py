@@ -150,11 +150,11 @@ class PythonicFormat(CallFormat):
 
     def parse(self, text: str) -> ParsedReply | None:
         stripped = text.lstrip()
-        body = stripped[len(self.start):] if stripped.startswith(self.start) else stripped
+        body = stripped[len(self.start) :] if stripped.startswith(self.start) else stripped
         close = body.find(self.end)
         if close >= 0:
             calls = _pythonic_calls(body[:close]) or _json_calls(body[:close])
-            return ParsedReply(calls, body[close + len(self.end):]) if calls else None
+            return ParsedReply(calls, body[close + len(self.end) :]) if calls else None
         # No end marker (left out of the decoded text, or EOS came first): the
         # calls are the shortest prefix that is a whole list; the rest is content.
         for end in (i + 1 for i, ch in enumerate(body) if ch == "]"):
@@ -181,9 +181,7 @@ class Llama3JsonFormat(CallFormat):
         return '{"name": "' + (f'{function}", "parameters": ' if function else "")
 
     def render(self, calls: list[ParsedCall]) -> str:
-        return "; ".join(
-            json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls
-        )
+        return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
 
     def parse(self, text: str) -> ParsedReply | None:
         decoder = json.JSONDecoder()

@@ -38,7 +38,9 @@ def add_tool_history(messages: list[list[dict[str, Any]]], conversations: list[l
             if calls is not None and calls != []:
                 if message.get("role") != "assistant":
                     raise InvalidParameter("only assistant messages carry tool_calls", param=f"{here}.tool_calls")
-                rendered["tool_calls"] = [_call(call, f"{here}.tool_calls[{k}]") for k, call in enumerate(_list(calls, here))]
+                rendered["tool_calls"] = [
+                    _call(call, f"{here}.tool_calls[{k}]") for k, call in enumerate(_list(calls, here))
+                ]
                 found.append(f"{here}.tool_calls")
             call_id = message.get("tool_call_id")
             if call_id is not None:
@@ -70,16 +72,18 @@ def _call(call: Any, where: str) -> dict[str, Any]:
             parsed = None
         arguments = parsed if isinstance(parsed, dict) else arguments  # templates get an object when there is one
     elif not isinstance(arguments, dict):
-        raise InvalidParameter("function.arguments must be a JSON string or an object",
-                               param=f"{where}.function.arguments")
+        raise InvalidParameter(
+            "function.arguments must be a JSON string or an object", param=f"{where}.function.arguments"
+        )
     rendered: dict[str, Any] = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
     if call.get("id") is not None:
         rendered["id"] = call["id"]
     return rendered
 
 
-def write_calls_into_content(conversations: list[list[dict[str, Any]]], fmt: CallFormat,
-                             messages: list[list[dict[str, Any]]]) -> None:
+def write_calls_into_content(
+    conversations: list[list[dict[str, Any]]], fmt: CallFormat, messages: list[list[dict[str, Any]]]
+) -> None:
     """For a template that renders only content: calls become text in the family's syntax."""
     for conversation, (where, _) in zip(conversations, sources(messages), strict=False):
         for j, message in enumerate(conversation):

@@ -63,7 +63,9 @@ def _tools(value: Any) -> list[dict[str, Any]]:
     for i, tool in enumerate(value):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise InvalidParameter(f'{where} must be {{"type": "function", "function": {{...}}}}', param=f"{where}.type")
+            raise InvalidParameter(
+                f'{where} must be {{"type": "function", "function": {{...}}}}', param=f"{where}.type"
+            )
         function = tool.get("function")
         if not isinstance(function, dict):
             raise InvalidParameter(f"{where}.function must be an object", param=f"{where}.function")
@@ -76,10 +78,13 @@ def _tools(value: Any) -> list[dict[str, Any]]:
             raise InvalidParameter(f"the function {name!r} is defined twice", param=f"{where}.function.name")
         seen.add(name)
         if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
-            raise InvalidParameter(f"{where}.function.parameters must be a JSON Schema object",
-                                   param=f"{where}.function.parameters")
+            raise InvalidParameter(
+                f"{where}.function.parameters must be a JSON Schema object", param=f"{where}.function.parameters"
+            )
         if function.get("description") is not None and not isinstance(function["description"], str):
-            raise InvalidParameter(f"{where}.function.description must be a string", param=f"{where}.function.description")
+            raise InvalidParameter(
+                f"{where}.function.description must be a string", param=f"{where}.function.description"
+            )
     return value
 
 
@@ -88,8 +93,12 @@ def _choice(value: Any, has_tools: bool) -> tuple[str, str | None]:
         return ("auto" if has_tools else "none"), None
     if value in ("none", "auto", "required"):
         choice, forced = value, None
-    elif isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict) \
-            and isinstance(value["function"].get("name"), str):
+    elif (
+        isinstance(value, dict)
+        and value.get("type") == "function"
+        and isinstance(value.get("function"), dict)
+        and isinstance(value["function"].get("name"), str)
+    ):
         choice, forced = "function", value["function"]["name"]
     else:
         raise InvalidParameter(

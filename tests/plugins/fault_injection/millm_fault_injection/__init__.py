@@ -42,8 +42,9 @@ def before_forward(ctx):
     if not fault or fault == "rendering" or not _targeted(ctx):
         return None
     if fault == "before_forward":
-        raise MillmError("injected failure before the forward pass", code="injected_fault", status=500,
-                         type="server_error")
+        raise MillmError(
+            "injected failure before the forward pass", code="injected_fault", status=500, type="server_error"
+        )
     kind, count, *rest = fault.split(":")
     limit = int(count)
     seconds = float(rest[0]) if rest else 0.0
@@ -57,9 +58,11 @@ def before_forward(ctx):
             elif len(generated) >= limit and kind == "oom":
                 raise InsufficientMemory("cpu ran out of memory (injected)", type="invalid_request_error")
             elif len(generated) >= limit and kind == "token":
-                raise MillmError("injected failure while generating", code="injected_fault", status=500,
-                                 type="server_error")
+                raise MillmError(
+                    "injected failure while generating", code="injected_fault", status=500, type="server_error"
+                )
             return logits
+
         return process
 
     return [LogitsProcessorFactory(make, owner="fault_injection")]

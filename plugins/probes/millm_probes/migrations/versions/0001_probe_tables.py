@@ -41,7 +41,9 @@ def upgrade() -> None:
     op.create_table(
         "probe_acknowledgements",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("probe_id", sa.String(32), sa.ForeignKey("probes.id", ondelete="CASCADE"), nullable=False, index=True),
+        sa.Column(
+            "probe_id", sa.String(32), sa.ForeignKey("probes.id", ondelete="CASCADE"), nullable=False, index=True
+        ),
         sa.Column("text", sa.Text, nullable=False),
         sa.Column("rung", sa.Integer, nullable=False),
         sa.Column("model_load_id", sa.String(32)),
@@ -50,7 +52,9 @@ def upgrade() -> None:
     op.create_table(
         "probe_parity_reports",
         sa.Column("id", sa.String(40), primary_key=True),
-        sa.Column("probe_id", sa.String(32), sa.ForeignKey("probes.id", ondelete="CASCADE"), nullable=False, index=True),
+        sa.Column(
+            "probe_id", sa.String(32), sa.ForeignKey("probes.id", ondelete="CASCADE"), nullable=False, index=True
+        ),
         sa.Column("status", sa.String(24), nullable=False),
         sa.Column("model_id", sa.String(200)),
         sa.Column("model_load_id", sa.String(32)),
@@ -60,7 +64,9 @@ def upgrade() -> None:
     op.create_table(
         "probe_recalibrations",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("probe_id", sa.String(32), sa.ForeignKey("probes.id", ondelete="CASCADE"), nullable=False, index=True),
+        sa.Column(
+            "probe_id", sa.String(32), sa.ForeignKey("probes.id", ondelete="CASCADE"), nullable=False, index=True
+        ),
         sa.Column("previous", sa.JSON),
         sa.Column("decision", sa.JSON),
         sa.Column("decision_digest", sa.String(80), nullable=False),
