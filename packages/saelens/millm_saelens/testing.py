@@ -53,3 +53,20 @@ def write_sae(
     }
     (directory / CONFIG_FILE).write_text(json.dumps(config))
     return directory
+
+
+def reference_encode(x: np.ndarray, w: dict[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
+    """What an SAE's encoder gives for ``x``, in plain numpy (float64): the independent reference tests compare with."""
+    if cfg.get("apply_b_dec_to_input"):
+        x = x - w["b_dec"]
+    pre = x @ w["W_enc"] + w["b_enc"]
+    arch = cfg["architecture"]
+    if arch == "jumprelu":
+        return pre * (pre > w["threshold"])
+    acts = np.maximum(pre, 0)
+    if arch == "topk":
+        keep = np.argsort(-acts, axis=-1)[:, : cfg["k"]]
+        mask = np.zeros_like(acts, dtype=bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        acts = np.where(mask, acts, 0)
+    return acts

@@ -8,25 +8,8 @@ import torch
 from safetensors.numpy import load_file
 
 from millm_saelens import SAEUnreadable, describe, read_config
-from millm_saelens.testing import write_sae
+from millm_saelens.testing import reference_encode, write_sae
 from millm_saelens.weights import load, load_tensors
-
-
-def reference_encode(x, w, cfg):
-    if cfg.get("apply_b_dec_to_input"):
-        x = x - w["b_dec"]
-    pre = x @ w["W_enc"] + w["b_enc"]
-    arch = cfg["architecture"]
-    if arch == "jumprelu":
-        return pre * (pre > w["threshold"])
-    acts = np.maximum(pre, 0)
-    if arch == "topk":
-        keep = np.argsort(-acts, axis=-1)[:, : cfg["k"]]
-        mask = np.zeros_like(acts, dtype=bool)
-        np.put_along_axis(mask, keep, True, axis=-1)
-        acts = np.where(mask, acts, 0)
-    return acts
-
 
 ARCHITECTURES = [
     {"architecture": "standard"},
