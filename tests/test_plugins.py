@@ -17,7 +17,7 @@ import pytest
 
 from millm_host.cli import main
 from millm_host.testing import chat, chat_body, stream_post
-from millm_host.testing.extra_plugins import with_test_plugins
+from millm_host.testing.extra_plugins import in_process_environ, with_test_plugins
 
 
 def _millm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -37,19 +37,26 @@ def test_millm_plugins_lists_names_versions_and_status():
     assert rows["detector_example"][:2] == ["0.1.0", "loaded"]
 
 
+@pytest.fixture
+def test_plugins_named(monkeypatch):
+    """The test-only plugins (not installed) named for a plugin manager built in this process."""
+    for name, value in in_process_environ().items():
+        monkeypatch.setenv(name, value)
+
+
 def cli(capsys, *args: str) -> str:
     """``millm *args`` in this process; its standard output."""
     assert main(list(args)) == 0
     return capsys.readouterr().out
 
 
-def test_disabled_plugin_is_not_loaded(capsys, monkeypatch):
+def test_disabled_plugin_is_not_loaded(capsys, monkeypatch, test_plugins_named):
     monkeypatch.setenv("MILLM_DISABLE_PLUGINS", "detector_example")
     out = cli(capsys, "plugins")
     assert "detector_example" in out and "disabled" in out.split("detector_example")[1].splitlines()[0]
 
 
-def test_millm_settings_lists_declared_settings(capsys):
+def test_millm_settings_lists_declared_settings(capsys, test_plugins_named):
     out = cli(capsys, "settings")
     assert "MILLM_QUEUE_MAX=" in out and "DETECTOR_EXAMPLE_ENABLED=" in out
 
