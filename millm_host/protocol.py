@@ -237,7 +237,7 @@ def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
         with _gc_paused():
             body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
-        raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} (character {exc.pos})") from None
     except RecursionError:
         raise InvalidParameter(f"the request body nests deeper than {max_depth} levels") from None
     if not isinstance(body, dict):
