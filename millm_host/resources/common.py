@@ -11,15 +11,12 @@ from typing import Any
 import falcon
 import falcon.asgi
 
+from ..access import check_media_type
 from ..errors import InternalError, MillmError
 from ..protocol import parse_json_body
 from ..settings import Settings
 
 log = logging.getLogger("millm.http")
-
-
-class UnsupportedMediaType(MillmError):
-    status, code = 415, "unsupported_media_type"
 
 
 class BodyTooLarge(MillmError):
@@ -56,9 +53,7 @@ async def read_body(req: falcon.asgi.Request, settings: Settings, *, required: b
         if not required:
             return b""
         raise MillmError("the request body is empty; send a JSON object", code="invalid_request")
-    media = (req.content_type or "application/json").split(";")[0].strip().lower()
-    if media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(f"the request body must be application/json, not {media}")
+    check_media_type(req)  # the access middleware's check, for a route it did not see as state-changing
     return raw
 
 
