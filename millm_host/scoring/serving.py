@@ -357,32 +357,23 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
     def key(token: dict[str, Any]) -> str:
         return f"token_id:{token['id']}" if request.token_ids_as_keys else token["text"]
 
+    # What both response models carry, set once (each scored output holds its one token).
+    envelope: dict[str, Any] = dict(
+        id=response_id(ctx),
+        created=ctx.created,
+        model=ctx.model.id,
+        system_fingerprint=ctx.engine.info.system_fingerprint,
+        usage=Usage(**count_usage(ctx)),
+    )
     response: ScoringChatResponse | ScoringCompletionResponse
-    usage = Usage(**count_usage(ctx))  # each scored output holds its one token
     if ctx.is_chat:
-        response = ScoringChatResponse(
-            id=response_id(ctx),
-            object="chat.completion",
-            created=ctx.created,
-            model=ctx.model.id,
-            system_fingerprint=ctx.engine.info.system_fingerprint,
-            choices=[_chat_choice(index, score, request, key) for index, score in enumerate(scores)],
-            usage=usage,
-        )
+        choices = [_chat_choice(index, score, request, key) for index, score in enumerate(scores)]
+        response = ScoringChatResponse(object="chat.completion", choices=choices, **envelope)
     else:
-        fields: dict[str, Any] = {}
         if request.precision_sent is not None:
-            fields["scoring_precision"] = request.precision_sent
-        response = ScoringCompletionResponse(
-            id=response_id(ctx),
-            object="text_completion",
-            created=ctx.created,
-            model=ctx.model.id,
-            system_fingerprint=ctx.engine.info.system_fingerprint,
-            choices=[_completion_choice(index, score, request, key) for index, score in enumerate(scores)],
-            usage=usage,
-            **fields,
-        )
+            envelope["scoring_precision"] = request.precision_sent
+        completions = [_completion_choice(index, score, request, key) for index, score in enumerate(scores)]
+        response = ScoringCompletionResponse(object="text_completion", choices=completions, **envelope)
     return response.model_dump(mode="json", exclude_unset=True)
 
 
