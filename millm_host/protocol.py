@@ -16,10 +16,11 @@ import json
 import math
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .errors import InvalidParameter, MillmError
 
@@ -339,13 +340,84 @@ def _gc_paused() -> Iterator[None]:
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
     """Validate ``body`` against ``model``; the first error names its parameter."""
     try:
-        return model.model_validate(body)
+        with _gc_paused():  # a long chat builds a model a message: collector passes would hold the GIL
+            return model.model_validate(_messages_validated_in_slices(model, body))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = loc_to_param(err["loc"])
-        if err["type"] == "missing":
-            raise InvalidParameter(f"{param} is required", param=param) from None
-        raise InvalidParameter(f"{param}: {err['msg']}", param=param) from None
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError, offset: tuple[Any, ...] = ()) -> InvalidParameter:
+    """The first error of ``exc`` as a 400 naming its parameter (``offset``: where the validated part sits)."""
+    err = exc.errors()[0]
+    return _named(err["type"], err["msg"], loc_to_param(offset + tuple(err["loc"])))
+
+
+def _named(kind: str, message: str, param: str) -> InvalidParameter:
+    if kind == "missing":
+        return InvalidParameter(f"{param} is required", param=param)
+    return InvalidParameter(f"{param}: {message}", param=param)
+
+
+#: Items pydantic validates in one call. pydantic-core holds the GIL for a whole call,
+#: so a 4 MiB chat of 150,000 tiny messages validated at once stalled the event loop
+#: (its worker thread's) for half a second; in slices the loop runs between them.
+VALIDATION_SLICE = 1024
+_messages_adapter = TypeAdapter(list[ChatMessage])
+_parts_adapter = TypeAdapter(list[ContentPart])
+
+
+def _messages_validated_in_slices(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with a long ``messages`` list already validated, slice by slice (messages and content parts)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or "messages" not in model.model_fields:
+        return body
+    weight = len(messages) + sum(len(m["content"]) for m in messages if isinstance(m, dict) and _has_parts(m))
+    if weight <= VALIDATION_SLICE:
+        return body
+    done: list[ChatMessage] = []
+    start = 0
+    while start < len(messages):
+        end, budget = start, 0
+        while end < len(messages) and (end == start or budget < VALIDATION_SLICE):
+            message = messages[end]
+            budget += 1 + (len(message["content"]) if isinstance(message, dict) and _has_parts(message) else 0)
+            end += 1
+        if end - start == 1 and budget > VALIDATION_SLICE:  # one message of many parts: its parts in slices
+            done.append(_message_with_many_parts(messages[start], start))
+        else:
+            done.extend(_validated_slice(_messages_adapter, messages, start, end, ("messages",)))
+        start = end
+        time.sleep(0)  # hand the GIL to the event loop between slices
+    return {**body, "messages": done}
+
+
+def _has_parts(message: dict[str, Any]) -> bool:
+    return isinstance(message.get("content"), list)
+
+
+def _validated_slice(adapter: TypeAdapter, items: list[Any], start: int, end: int, where: tuple[Any, ...]) -> list[Any]:
+    """``items[start:end]`` validated; an error names the item by its index in the whole list."""
+    try:
+        return adapter.validate_python(items[start:end], strict=True)
+    except ValidationError as exc:
+        loc = tuple(exc.errors()[0]["loc"])
+        shifted = (loc[0] + start, *loc[1:]) if loc and isinstance(loc[0], int) else loc
+        error = exc.errors()[0]
+        raise _named(error["type"], error["msg"], loc_to_param(where + shifted)) from None
+
+
+def _message_with_many_parts(message: dict[str, Any], index: int) -> ChatMessage:
+    """One message whose content parts are validated slice by slice, then the message around them."""
+    parts = message["content"]
+    validated: list[ContentPart] = []
+    for start in range(0, len(parts), VALIDATION_SLICE):
+        end = min(start + VALIDATION_SLICE, len(parts))
+        validated.extend(_validated_slice(_parts_adapter, parts, start, end, ("messages", index, "content")))
+        time.sleep(0)
+    try:
+        return ChatMessage.model_validate({**message, "content": validated}, strict=True)
+    except ValidationError as exc:
+        raise _invalid(exc, ("messages", index)) from None
 
 
 def loc_to_param(loc: tuple[Any, ...]) -> str:

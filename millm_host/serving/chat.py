@@ -6,7 +6,7 @@ from typing import Any
 
 from ..context import RequestContext
 from ..errors import InvalidParameter
-from ..protocol import ChatCompletionRequest, ChatMessage, message_text
+from ..protocol import VALIDATION_SLICE, ChatCompletionRequest, ChatMessage, message_text
 from .prompts import chat_prompts
 from .run import ServingGeneration
 
@@ -45,7 +45,16 @@ def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def _full_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as sent, every field kept (``tool_calls``, ``tool_call_id``, ``name``)."""
-    return [message.model_dump(exclude_unset=True) for message in messages]
+    return [_dumped(message) for message in messages]
+
+
+def _dumped(message: ChatMessage) -> dict[str, Any]:
+    """One message as a dict; a long list of content parts part by part (one call would hold the GIL throughout)."""
+    if isinstance(message.content, list) and len(message.content) > VALIDATION_SLICE:
+        out = message.model_dump(exclude_unset=True, exclude={"content"})
+        out["content"] = [part.model_dump(exclude_unset=True) for part in message.content]
+        return out
+    return message.model_dump(exclude_unset=True)
 
 
 def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:
