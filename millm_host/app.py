@@ -85,7 +85,7 @@ class Host:
         """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
         entry = self.registry.entries.get(model_id)
         if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+            raise ModelNotFound(f"the model {model_id!r} does not exist; {self.registry.known_models()}", param="model")
         return self.registry.detail(entry)
 
     def listed_models(self) -> list[Any]:
