@@ -27,6 +27,7 @@ from .serving.base import Serving
 from .serving.chat import ServingChat
 from .serving.completion import ServingCompletion
 from .serving.embeddings import ServingEmbeddings
+from .serving.tokens import ServingDetokenize, ServingTokenize
 from .settings import Settings
 
 log = logging.getLogger("millm")
@@ -55,7 +56,13 @@ class Host:
         #: (chat and completions hand scoring-mode bodies to their ``.scoring``).
         self.serving: dict[str, Serving] = {
             serving.endpoint: serving
-            for serving in (ServingChat(self), ServingCompletion(self), ServingEmbeddings(self))
+            for serving in (
+                ServingChat(self),
+                ServingCompletion(self),
+                ServingEmbeddings(self),
+                ServingTokenize(self),
+                ServingDetokenize(self),
+            )
         }
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
@@ -85,7 +92,7 @@ class Host:
         """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
         entry = self.registry.entries.get(model_id)
         if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+            raise ModelNotFound(f"the model {model_id!r} does not exist; {self.registry.known_models()}", param="model")
         return self.registry.detail(entry)
 
     def listed_models(self) -> list[Any]:

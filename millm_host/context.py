@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .errors import MillmError
     from .settings import Settings
 
-Endpoint = Literal["chat.completions", "completions", "embeddings"]
+Endpoint = Literal["chat.completions", "completions", "embeddings", "tokenize", "detokenize"]
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 

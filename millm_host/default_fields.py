@@ -36,6 +36,16 @@ CHAT_FIELDS = (
 )
 COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens")
 EMBEDDINGS_FIELDS = ("model", "input", "encoding_format", "normalize")
+TOKENIZE_FIELDS = (
+    "model",
+    "prompt",
+    "add_special_tokens",
+    "messages",
+    *(f"messages[].{f}" for f in _MESSAGE),
+    "add_generation_prompt",
+    "return_token_strs",
+)
+DETOKENIZE_FIELDS = ("model", "tokens")
 
 
 @hookimpl(trylast=True)
@@ -55,6 +65,8 @@ def register_request_fields(register) -> None:
     register("chat.completions", CHAT_FIELDS)
     register("completions", COMPLETION_FIELDS)
     register("embeddings", EMBEDDINGS_FIELDS)
+    register("tokenize", TOKENIZE_FIELDS)
+    register("detokenize", DETOKENIZE_FIELDS)
 
 
 @hookimpl(trylast=True)

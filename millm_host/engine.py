@@ -187,6 +187,10 @@ class Engine(abc.ABC):
         """The UTF-8 bytes a token stands for (partial characters included)."""
         return self.decode([token_id]).encode("utf-8")
 
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept (``POST /detokenize``): tokenizing it gives them back."""
+        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],

@@ -113,7 +113,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST]
 
 
-PromptIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1), FAIL_FAST]
+TokenId = Annotated[int, Field(ge=0)]
+PromptIds = Annotated[list[TokenId], Field(min_length=1), FAIL_FAST]
 
 
 class CompletionRequest(SamplingFields):
@@ -141,7 +142,15 @@ class EmbeddingRequest(_Strict):
     """``POST /v1/embeddings``: one vector per input, pooled from the last hidden layer."""
 
     model: str
-    input: str | Annotated[list[str], FAIL_FAST] = Field(description="A string or a list of strings; none may be empty")
+    input: (
+        str
+        | Annotated[list[str], FAIL_FAST]
+        | Annotated[list[TokenId], FAIL_FAST]
+        | Annotated[list[Annotated[list[TokenId], FAIL_FAST]], FAIL_FAST]
+    ) = Field(
+        description="A string, a list of strings, token ids (the model's own, as POST /tokenize gives them) "
+        "or a list of token-id lists; none may be empty"
+    )
     encoding_format: Literal["float", "base64"] | None = Field(
         default=None, description='"float" (default) or "base64" (little-endian float32)'
     )
@@ -149,6 +158,42 @@ class EmbeddingRequest(_Strict):
         default=None, description="How the last hidden layer becomes one vector (default mean)"
     )
     normalize: bool | None = Field(default=None, description="L2-normalise each vector")
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's shape): a text prompt, or a chat rendered as chat completions render it."""
+
+    model: str
+    prompt: str | None = Field(default=None, description="Text, tokenized as /v1/completions tokenizes a prompt")
+    add_special_tokens: bool | None = Field(default=True, description="For prompt: add the tokenizer's special tokens")
+    messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST] | None = Field(
+        default=None, description="A chat, rendered and tokenized exactly as /v1/chat/completions does (one BOS)"
+    )
+    add_generation_prompt: bool | None = Field(
+        default=True, description="Must be true: generation always ends the render with the assistant's turn"
+    )
+    return_token_strs: bool | None = Field(default=False, description="Also return each token's text")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if self.prompt is None and self.messages is None:
+            raise InvalidParameter("prompt or messages is required", param="prompt")
+        if self.prompt is not None and self.messages is not None:
+            raise InvalidParameter("send prompt or messages, not both", param="messages")
+        if self.add_generation_prompt is False:
+            raise InvalidParameter(
+                "add_generation_prompt false is not served: /tokenize counts what generation sends, "
+                "which always ends with the assistant's turn",
+                param="add_generation_prompt",
+            )
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's shape): token ids back to text, special tokens kept."""
+
+    model: str
+    tokens: Annotated[list[TokenId], FAIL_FAST]
 
 
 # --- responses: built from these models, so what is sent is what is published ------------
@@ -176,6 +221,17 @@ class EmbeddingResponse(ResponseModel):
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int | None = Field(description="The model's context window (null: not stated)")
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
 
 
 def message_text(message: ChatMessage, index: int) -> str | None:

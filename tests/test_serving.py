@@ -22,7 +22,7 @@ def handle(app, endpoint: str, body: dict[str, Any], **kwargs: Any) -> Result:
 
 
 def test_every_endpoint_has_one_serving(echo_app):
-    assert set(echo_app.host.serving) == {"chat.completions", "completions", "embeddings"}
+    assert set(echo_app.host.serving) == {"chat.completions", "completions", "embeddings", "tokenize", "detokenize"}
     assert all(serving.endpoint == name for name, serving in echo_app.host.serving.items())
 
 

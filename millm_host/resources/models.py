@@ -33,8 +33,8 @@ class OpenAIModel:
         self.host = host
 
     async def on_get(self, req, resp, model_id: str) -> None:
-        entry = self.host.registry.entries.get(model_id)
-        if entry is None or entry not in self.host.listed_models():
+        entry = self.host.registry.resolve(model_id)  # an alias answers with the id it stands for
+        if entry not in self.host.listed_models():
             raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
         resp.media = openai_model(entry)
 
@@ -57,9 +57,10 @@ class ManagedModel:
         self.host = host
 
     def _entry(self, model_id: str) -> ModelEntry:
-        entry = self.host.registry.entries.get(model_id)
+        registry = self.host.registry
+        entry = registry.entries.get(model_id)  # management names models by id only
         if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+            raise ModelNotFound(f"the model {model_id!r} does not exist; {registry.known_models()}", param="model")
         return entry
 
     async def on_get(self, req, resp, model_id: str) -> None:

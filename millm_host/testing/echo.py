@@ -40,14 +40,20 @@ SPEC = EngineSpec(
 
 
 def echo_model_dir(
-    path: Path, *, context_window: int | None = 512, reply: str | None = None, load_error: str | None = None
+    path: Path,
+    *,
+    context_window: int | None = 512,
+    reply: str | None = None,
+    load_error: str | None = None,
+    hf_id: str | None = None,
 ) -> Path:
     """Write an echo model directory at ``path`` (its name is the model id).
 
-    ``reply`` fixes the answer; ``load_error`` makes loading the model fail with that message.
+    ``reply`` fixes the answer; ``load_error`` makes loading the model fail with that message;
+    ``hf_id`` is the repository the model says it was made from (an alias of its id).
     """
     path.mkdir(parents=True, exist_ok=True)
-    config = {CONFIG_KEY: {"context_window": context_window, "reply": reply, "load_error": load_error}}
+    config = {CONFIG_KEY: {"context_window": context_window, "reply": reply, "load_error": load_error, "hf_id": hf_id}}
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -63,9 +69,12 @@ def _config(path: str | Path) -> dict[str, Any] | None:
 
 def describe(path: str) -> ModelDescriptor | None:
     """An echo model directory as this engine serves it; None for anything else."""
-    if _config(path) is None:
+    config = _config(path)
+    if config is None:
         return None
-    return ModelDescriptor(id=Path(path).name, path=str(path), format="hf", engine=ENGINE_NAME)
+    return ModelDescriptor(
+        id=Path(path).name, path=str(path), format="hf", engine=ENGINE_NAME, hf_id=config.get("hf_id")
+    )
 
 
 class EchoEngine(Engine):

@@ -141,6 +141,9 @@ class TransformersEngine(Engine):
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)  # spaces a word-piece joins are kept
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
