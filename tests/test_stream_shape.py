@@ -83,7 +83,9 @@ def test_include_usage_sends_the_usage_chunk_last(extras_app):
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_every_chunk_carries_the_system_fingerprint(extras_app, path):
-    body = chat_body("echo", max_tokens=3) if "chat" in path else {"model": "echo", "prompt": "Hi there", "max_tokens": 3}
+    body = (
+        chat_body("echo", max_tokens=3) if "chat" in path else {"model": "echo", "prompt": "Hi there", "max_tokens": 3}
+    )
     with extras_app.http() as http:
         whole = http.post(path, json=body).json()
         _, events = stream_post(http, path, {**body, "stream": True, "stream_options": {"include_usage": True}})

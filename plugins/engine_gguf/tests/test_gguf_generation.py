@@ -91,9 +91,7 @@ def test_the_plain_completion_stream_loop_reads_choices_0_of_every_chunk(gguf_se
     client = gguf_server.openai()
     whole = client.completions.create(model=DEFAULT_ID, prompt="One, two, three,", temperature=0, max_tokens=8)
     chunks = list(
-        client.completions.create(
-            model=DEFAULT_ID, prompt="One, two, three,", temperature=0, max_tokens=8, stream=True
-        )
+        client.completions.create(model=DEFAULT_ID, prompt="One, two, three,", temperature=0, max_tokens=8, stream=True)
     )
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
