@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from millm_host.api import ResponseExtra, hookimpl
+from millm_host.api import MillmError, ResponseExtra, hookimpl
 from millm_host.testing import chat_body, stream_post
 
 
@@ -91,6 +91,24 @@ def test_every_chunk_carries_the_system_fingerprint(extras_app, path):
         _, events = stream_post(http, path, {**body, "stream": True, "stream_options": {"include_usage": True}})
     assert whole["system_fingerprint"].startswith("millm:")
     assert {e["system_fingerprint"] for e in events[:-1]} == {whole["system_fingerprint"]}
+
+
+class FailAfterGenerate:
+    """A test plugin: fails every request that says FAULT once its generation has ended."""
+
+    @hookimpl
+    def after_generate(self, ctx) -> None:
+        if any("FAULT" in (m.get("content") or "") for conv in ctx.conversations for m in conv):
+            raise MillmError("the output broke its contract", code="after_fault", status=500, type="server_error")
+
+
+def test_a_failure_after_generation_sends_the_finish_chunk_then_the_error_event(app_factory):
+    app = app_factory(register=[TwoExtras(), FailAfterGenerate()])
+    chunks = _stream(app, "/v1/chat/completions", chat_body("echo", "FAULT here", max_tokens=3, stream=True))
+    *rest, error = chunks
+    assert error == {"error": error["error"]} and error["error"]["code"] == "after_fault"  # as before: unchanged
+    assert rest[-1]["choices"][0]["finish_reason"] == "length" and "early" not in rest[-1]
+    assert all(c["choices"] for c in rest)
 
 
 # --- the openai SDK against a real server (the steering plugin's millm_steering is an extra) ---------
