@@ -24,7 +24,7 @@ What is here:
   ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
   ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
-  ``FilterResult`` (and the ``ORDER_*`` of terminal stream chunks).
+  ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,

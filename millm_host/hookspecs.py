@@ -297,7 +297,7 @@ def render_headers(ctx: RequestContext) -> dict[str, str] | None:
 
     Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
     the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
-    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
+    Errors`` (on a stream, also in ``millm_plugin_errors`` on the last finish chunk).
     """
 
 
@@ -308,10 +308,11 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
     Called once after generation completes, on the event loop; not for a stream
     whose client went away (nothing can reach it: record such a request in
     ``after_generate``). Non-streaming: each extra's fields are merged into the body.
-    Streaming: each extra becomes one terminal chunk with ``choices: []``, sent in
-    ascending ``order`` after the usage chunk and before ``[DONE]``.
+    Streaming: the fields are merged, in ascending ``order``, into the stream's last
+    ``finish_reason`` chunk (held back until generation ends), never a chunk of
+    their own: every chunk but the usage chunk has a choice.
 
     Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
     the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
-    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
+    Errors`` (on a stream, also in ``millm_plugin_errors`` on the last finish chunk).
     """

@@ -43,16 +43,26 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
 
 
 def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """One streamed chunk."""
-    body = {
+    """One streamed chunk; with ``include_usage``, ``usage`` is null on all but the last (as OpenAI sends it)."""
+    assert ctx.engine is not None
+    body: dict[str, Any] = {
         "id": response_id(ctx),
         "object": "chat.completion.chunk" if ctx.is_chat else "text_completion",
         "created": ctx.created,
         "model": ctx.model.id,
+        "system_fingerprint": ctx.engine.info.system_fingerprint,
         "choices": choices,
     }
+    if wants_usage(ctx):
+        body["usage"] = None
     body.update(extra)
     return body
+
+
+def wants_usage(ctx: RequestContext) -> bool:
+    """The client asked for a usage chunk (``stream_options.include_usage``)."""
+    options = ctx.params.stream_options
+    return bool(options and options.include_usage)
 
 
 def delta_choice(

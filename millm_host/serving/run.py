@@ -45,7 +45,7 @@ from ..scheduler import TICK
 from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring_only_fields
 from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
 from .generation import GenerationJob
-from .responses import chunk, completion_body, delta_choice, usage
+from .responses import chunk, completion_body, delta_choice, usage, wants_usage
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -264,9 +264,16 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
     the client goes away the stream ends at once, the generation is cancelled at
     its next token and its place is freed; plugins still hear ``after_generate``.
     A request the host ends (stall, shutdown) gets an error event, then ``[DONE]``.
+
+    Every chunk has a choice, so ``chunk.choices[0]`` always works: the last
+    ``finish_reason`` chunk is held back until the generation has finished and
+    carries the plugins' extras (``response_extras``, ``millm_plugin_errors``).
+    Only the usage chunk (``stream_options.include_usage``) has no choice; it is
+    the last before ``[DONE]``, as OpenAI sends it.
     """
     flight = Flight(host, ctx, admission, streaming=True, gone=gone)
     ping = host.settings["MILLM_STREAM_PING_S"]
+    held: dict[str, Any] | None = None  # the latest finish chunk: the last one takes the extras
     try:
         choices = len(ctx.prompts) * ctx.n
         if ctx.is_chat:
@@ -278,29 +285,47 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
                 continue
             if event is FINISHED or event is STOPPED:
                 break
+            if held is not None:  # another choice is still going: this finish was not the last
+                yield held
+                held = None
             kind, index, payload = event
             if kind == "delta":
                 yield chunk(ctx, [delta_choice(ctx, index, payload)])
             elif kind == "delta_extra":
                 yield chunk(ctx, [delta_choice(ctx, index, extra=payload)])
             elif kind == "finish":
-                yield chunk(ctx, [delta_choice(ctx, index, None if ctx.is_chat else "", finish_reason=payload)])
+                held = chunk(ctx, [delta_choice(ctx, index, None if ctx.is_chat else "", finish_reason=payload)])
         if event is STOPPED:
             if flight.error is None:
                 return  # the client is gone: nobody reads what would follow
+            if held is not None:
+                yield held
             yield {"error": flight.error.to_dict()}
         else:
             error = flight.future.exception()
             if error is not None and not isinstance(error, RequestCancelled):
+                if held is not None:
+                    yield held
                 yield {"error": raise_for(error).to_dict()}
             else:
-                if ctx.params.stream_options and ctx.params.stream_options.include_usage:
+                yield finish_chunk(host, ctx, held)
+                if wants_usage(ctx):
                     yield chunk(ctx, [], usage=usage(ctx))
-                for extra in collect_extras(host, ctx):
-                    yield chunk(ctx, [], **extra.fields)
-                if ctx.plugin_errors:  # the headers are gone: the stream's last chunk names them
-                    yield chunk(ctx, [], **{hookcalls.PLUGIN_ERRORS_FIELD: list(ctx.plugin_errors)})
         yield DONE
     finally:
         flight.stop("client_disconnected")  # a no-op unless the consumer left before the end
         flight.end()
+
+
+def finish_chunk(host: Host, ctx: RequestContext, held: dict[str, Any] | None) -> dict[str, Any]:
+    """The stream's last finish chunk with every plugin's extras merged in, in order.
+
+    ``held`` is None only if no sequence reported its end; the extras then ride
+    on a chunk with an empty delta, so that it still has a choice.
+    """
+    body = held if held is not None else chunk(ctx, [delta_choice(ctx, 0, None if ctx.is_chat else "")])
+    for extra in collect_extras(host, ctx):  # after generation: the extras are known now
+        body.update(extra.fields)
+    if ctx.plugin_errors:  # the headers are gone: the finish chunk names them
+        body[hookcalls.PLUGIN_ERRORS_FIELD] = list(ctx.plugin_errors)
+    return body

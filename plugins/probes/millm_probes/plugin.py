@@ -104,5 +104,5 @@ def render_headers(ctx):
 
 @hookimpl
 def response_extras(ctx):
-    """``millm_probe_verdicts`` in the body, or a terminal chunk on a stream."""
+    """``millm_probe_verdicts`` in the body, or on a stream's finish chunk."""
     return live.extras(ctx)

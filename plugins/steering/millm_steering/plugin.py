@@ -180,7 +180,7 @@ def render_headers(ctx) -> dict[str, str] | None:
 
 @hookimpl
 def response_extras(ctx) -> list[ResponseExtra] | None:
-    """The ``millm`` activations object; on a stream, the terminal ``millm_steering`` chunk (always)."""
+    """The ``millm`` activations object; on a stream, ``millm_steering`` on the finish chunk (always)."""
     if ctx.endpoint not in request.GENERATION_ENDPOINTS:
         return None
     if ctx.scoring:
