@@ -245,7 +245,7 @@ def _merged_requests(
         extras = tuple(request_fields.get(op.endpoint or "", ()))
         if op.request and extras and op.request[0] not in merged:
             base = op.request[0]
-            merged[base] = create_model(base.__name__, __base__=(base, *extras), __doc__=base.__doc__)
+            merged[base] = create_model(base.__name__, __base__=(*reversed(extras), base), __doc__=base.__doc__)
     return merged
 
 
