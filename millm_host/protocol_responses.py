@@ -181,7 +181,7 @@ class PluginFailed(ResponseModel):
 class QueueState(ResponseModel):
     admitted: int
     max_waiting: int
-    generating: int
+    generating: bool
     stalled: bool
     shutting_down: bool
 
