@@ -88,6 +88,7 @@ from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
 from .naming import check_display_name, split_gguf_name
+from .openapi import Param, operation
 from .output import (
     ORDER_PROBE_VERDICTS,
     ORDER_SAE_ACTIVATIONS,
@@ -97,7 +98,6 @@ from .output import (
     OutputFilterFactory,
     ResponseExtra,
 )
-from .openapi import Param, operation
 from .paths import confined_path, plain_name
 from .protocol import ChatMessage, ResponseModel, loc_to_param, message_text, validate
 from .protocol_responses import ErrorResponse

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from .app import Host
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
     from .output import OutputFilterFactory, ResponseExtra
-    from pydantic import BaseModel
-
     from .settings import Setting
 
 hookspec = pluggy.HookspecMarker("millm")

@@ -165,7 +165,9 @@ class DocumentInputs:
 
 def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs) -> dict[str, Any]:
     """The OpenAPI 3.1 document of ``(route, method)`` pairs."""
-    operations = [(route, method, _with_bodies(describe(route, method), route, method, inputs)) for route, method in routes]
+    operations = [
+        (route, method, _with_bodies(describe(route, method), route, method, inputs)) for route, method in routes
+    ]
     merged = _merged_requests(operations, inputs.request_fields)
     models: list[type[BaseModel]] = [ErrorResponse]
     for _, _, op in operations:
@@ -173,9 +175,7 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
             model = merged.get(model, model) if op.request and model in op.request else model
             if model not in models:
                 models.append(model)
-    refs, schemas = models_json_schema(
-        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
-    )
+    refs, schemas = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
 
     def ref(model: type[BaseModel]) -> dict[str, Any]:
         return refs[(model, "validation")]
@@ -217,7 +217,8 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
                 }
             }
         success["content"] = content
-        entry["responses"] = {str(op.status): success, **_error_responses(route.template, method, op, inputs)}
+        errors = _error_responses(route.template, method, op, inputs, ref(ErrorResponse))
+        entry["responses"] = {str(op.status): success, **errors}
         paths.setdefault(route.template, {})[method.lower()] = entry
     return {
         "openapi": "3.1.0",
@@ -249,7 +250,9 @@ def _merged_requests(
     return merged
 
 
-def _error_responses(path: str, method: str, op: Operation, inputs: DocumentInputs) -> dict[str, Any]:
+def _error_responses(
+    path: str, method: str, op: Operation, inputs: DocumentInputs, error: dict[str, Any]
+) -> dict[str, Any]:
     statuses = {400, 500, *op.errors}
     if inputs.guarded(path):
         statuses.add(401)
@@ -257,7 +260,7 @@ def _error_responses(path: str, method: str, op: Operation, inputs: DocumentInpu
         statuses |= {403, 415}  # the access checks: a browser's cross-origin request, a body that is not JSON
         if op.request:
             statuses.add(413)
-    body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    body = {"content": {"application/json": {"schema": error}}}
     return {str(s): {"description": STATUS_TEXT.get(s, "refused"), **body} for s in sorted(statuses)}
 
 

@@ -14,15 +14,26 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .protocol import ResponseModel
-from .scoring.protocol import ChatLogprobs, CompletionLogprobs, ErrorResponse, Usage
-
-__all__ = ["ErrorResponse"]
+from .scoring.protocol import ChatLogprobs, CompletionLogprobs, Usage
 
 
 class Extensible(BaseModel):
     """A body plugins may add keys to (``millm_*`` fields, tool calls)."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class ErrorObject(Extensible):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(ResponseModel):
+    """Every refusal, in OpenAI's shape; an error may carry more keys (a probe's ``mismatches``)."""
+
+    error: ErrorObject
 
 
 # --- chat completions ----------------------------------------------------------------

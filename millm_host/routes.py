@@ -10,7 +10,7 @@ import falcon.asgi
 from . import hookcalls
 from .access import Access
 from .errors import MillmError
-from .openapi import DocumentInputs, RouteTable, operation, openapi_document
+from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
 from .resources.health import Health
 from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels

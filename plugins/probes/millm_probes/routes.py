@@ -11,8 +11,8 @@ from millm_host.api import InvalidParameter, JsonResource, Param, operation
 from . import manage, stateless, store
 from .definition import WINDOWS, ProbeDefinition
 from .manage import ArmRequest, RecalibrationRequest
-from .stateless import ScoreRequest
 from .runtime import Runtime
+from .stateless import ScoreRequest
 
 
 class _Resource(JsonResource):
@@ -131,6 +131,7 @@ class Events(_Resource):
             Param("limit", {"type": "integer", "minimum": 1, "maximum": store.EVENT_LIST_MAX}),
             Param("after", description="Continue after this cursor"),
         ],
+        errors=(404,),
     )
     async def on_get(self, req, resp) -> None:
         window = req.get_param("window")

@@ -92,7 +92,9 @@ class SAE(_Resource):
         await self.service.delete_sae(sae_id)
         resp.media = {"sae_id": sae_id, "deleted": True}
 
-    @operation("Attach the SAE to the resident model", request=LayerBody, request_required=False, errors=(404, 409, 503))
+    @operation(
+        "Attach the SAE to the resident model", request=LayerBody, request_required=False, errors=(404, 409, 503)
+    )
     async def on_post_attach(self, req, resp, sae_id: str) -> None:
         body = _body(await self.json(req, required=False), (), ("layer",))
         resp.media = await self.service.attach(sae_id, _layer(body))
