@@ -79,6 +79,7 @@ class Serving:
     def describe(self) -> Operation:
         """This endpoint in ``/openapi.json``: its protocol, its response and its stream's chunks."""
         return Operation(
+            summary=(type(self).__doc__ or "").strip().splitlines()[0],
             request=(self.protocol,),
             response=(self.response_model,) if self.response_model else None,
             stream=self.chunk_model,
