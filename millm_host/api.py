@@ -18,7 +18,12 @@ What is here:
   ``host.engine_slot(model_id)`` (admitted work on the engine thread),
   ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
   (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
-  ``resident``, ``engine``) and ``host.openapi_bodies``.
+  ``resident``, ``engine``).
+- ``/openapi.json``: every route added is listed; ``@operation(summary, request=Model,
+  response=Model, errors=(404,), query=[Param(...)])`` on a responder says what it takes
+  and answers (``ResponseModel``: the base of a response body whose keys are all declared;
+  ``ErrorResponse``: OpenAI's error shape). Request fields a plugin adds to an OpenAI
+  endpoint are described by the ``register_request_schemas`` hook.
 - Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
   ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``), ``ModelDescriptor``, ``ModelInfo``,
   ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
@@ -83,6 +88,7 @@ from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
 from .naming import check_display_name, split_gguf_name
+from .openapi import Param, operation
 from .output import (
     ORDER_PROBE_VERDICTS,
     ORDER_SAE_ACTIVATIONS,
@@ -93,7 +99,8 @@ from .output import (
     ResponseExtra,
 )
 from .paths import confined_path, plain_name
-from .protocol import ChatMessage, loc_to_param, message_text, validate
+from .protocol import ChatMessage, ResponseModel, loc_to_param, message_text, validate
+from .protocol_responses import ErrorResponse
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .scoring.engine import (
@@ -124,6 +131,9 @@ __all__ = [
     "SCORING",
     "SERVER_ERROR",
     "ChatMessage",
+    "ErrorResponse",
+    "Param",
+    "ResponseModel",
     "ContextLengthExceeded",
     "Database",
     "Engine",
@@ -164,6 +174,7 @@ __all__ = [
     "loc_to_param",
     "lower_headers",
     "message_text",
+    "operation",
     "parse_list",
     "read_body",
     "read_json",

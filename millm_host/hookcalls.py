@@ -58,6 +58,7 @@ POLICIES: dict[str, str] = {
     "register_settings": STARTUP,
     "register_engines": STARTUP,
     "register_request_fields": STARTUP,
+    "register_request_schemas": STARTUP,
     "register_migrations": STARTUP,
     "register_routes": STARTUP,
     "startup": STARTUP,

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from .app import Host
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
@@ -89,6 +91,20 @@ def register_request_fields(register: Callable[..., None]) -> None:
     endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
     ``400 field_not_honoured`` when it is one of the output-changing fields of the
     spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
+    """
+
+
+@hookspec
+def register_request_schemas(register: Callable[[str, type[BaseModel]], None]) -> None:
+    """Describe, for ``/openapi.json``, the request fields this plugin adds to an OpenAI endpoint.
+
+    Called once at startup, after ``register_request_fields``. ``register(endpoint,
+    model)``: endpoint as in ``register_request_fields``; ``model`` is a pydantic model
+    whose fields (all optional) join that endpoint's request schema. Describe a
+    plugin's own routes with ``millm_host.api.operation`` on their responders instead.
 
     Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
     failed and unregistered; the server starts without it.

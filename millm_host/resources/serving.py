@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import falcon
 from falcon.asgi import SSEvent
 
+from ..openapi import Operation
 from ..scheduler import TICK
 from ..serving.base import Chunks, ClientGone
 from .common import lower_headers, read_json
@@ -29,6 +30,10 @@ class ServingResource:
     def __init__(self, host: Host, endpoint: str) -> None:
         self.host = host
         self.endpoint = endpoint
+
+    def describe_operation(self, method: str, suffix: str | None) -> Operation:
+        """``/openapi.json``: what the endpoint's serving takes and answers."""
+        return self.host.serving[self.endpoint].describe()
 
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         body = await read_json(req, self.host.settings)

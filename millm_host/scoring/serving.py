@@ -211,7 +211,9 @@ class ServingScoring(Serving):
         super().__init__(host)
         self.generation = generation
         self.endpoint = generation.endpoint
-        self.protocol = ScoringChatRequest if self.endpoint == "chat.completions" else ScoringCompletionRequest
+        chat = self.endpoint == "chat.completions"
+        self.protocol = ScoringChatRequest if chat else ScoringCompletionRequest
+        self.response_model = ScoringChatResponse if chat else ScoringCompletionResponse
         self._float32 = threading.Lock()
 
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:

@@ -7,6 +7,7 @@ from typing import Any
 from ..context import RequestContext
 from ..errors import InvalidParameter
 from ..protocol import VALIDATION_SLICE, ChatCompletionRequest, ChatMessage, message_text
+from ..protocol_responses import ChatCompletionChunk, ChatCompletionResponse
 from .prompts import chat_prompts
 from .run import ServingGeneration
 
@@ -16,6 +17,8 @@ class ServingChat(ServingGeneration):
 
     endpoint = "chat.completions"
     protocol = ChatCompletionRequest
+    response_model = ChatCompletionResponse
+    chunk_model = ChatCompletionChunk
 
     def read(self, ctx: RequestContext) -> None:
         """The conversations, as the template sees them (``ctx.conversations``) and in full (``ctx.messages``)."""

@@ -35,6 +35,7 @@ class ServingEmbeddings(Serving):
 
     endpoint = "embeddings"
     protocol = EmbeddingRequest
+    response_model = EmbeddingResponse
 
     def read(self, ctx: RequestContext) -> None:
         ctx.plan = inputs_of(ctx.params, self.host.settings["EMBEDDINGS_MAX_INPUTS"])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
@@ -41,6 +42,7 @@ from ..errors import (
     RequestCancelled,
     raise_for,
 )
+from ..openapi import Operation
 from ..scheduler import TICK
 from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring_only_fields
 from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
@@ -69,6 +71,12 @@ class ServingGeneration(Serving):
         if is_scoring_request(self.endpoint, body):
             return await self.scoring.handle(body, headers, gone=gone)
         return await super().handle(body, headers, gone=gone)
+
+    def describe(self) -> Operation:
+        """Generation, or scoring mode (its own request and response models)."""
+        own, scoring = super().describe(), self.scoring.describe()
+        assert own.request and own.response and scoring.request and scoring.response
+        return replace(own, request=(*own.request, *scoring.request), response=(*own.response, *scoring.response))
 
     def read(self, ctx: RequestContext) -> None:
         ctx.n = ctx.params.n or 1

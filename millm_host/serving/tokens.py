@@ -39,6 +39,7 @@ class ServingTokenize(TextOnlyServing):
 
     endpoint = "tokenize"
     protocol = TokenizeRequest
+    response_model = TokenizeResponse
 
     def read(self, ctx: RequestContext) -> None:
         messages = ctx.params.messages
@@ -71,6 +72,7 @@ class ServingDetokenize(TextOnlyServing):
 
     endpoint = "detokenize"
     protocol = DetokenizeRequest
+    response_model = DetokenizeResponse
 
     def tokenize(self, ctx: RequestContext) -> None:
         engine = ctx.engine
