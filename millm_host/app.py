@@ -27,6 +27,7 @@ from .serving.base import Serving
 from .serving.chat import ServingChat
 from .serving.completion import ServingCompletion
 from .serving.embeddings import ServingEmbeddings
+from .serving.responses_api import ServingResponses
 from .settings import Settings
 
 log = logging.getLogger("millm")
@@ -57,6 +58,7 @@ class Host:
             serving.endpoint: serving
             for serving in (ServingChat(self), ServingCompletion(self), ServingEmbeddings(self))
         }
+        self.serving[ServingResponses.route] = ServingResponses(self)  # served as chat, under its own route
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}

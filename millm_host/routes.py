@@ -35,6 +35,7 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     app.add_route("/v1/chat/completions", ServingResource(host, "chat.completions"))
     app.add_route("/v1/completions", ServingResource(host, "completions"))
     app.add_route("/v1/embeddings", ServingResource(host, "embeddings"))
+    app.add_route("/v1/responses", ServingResource(host, "responses"))
     app.add_route("/v1/models", OpenAIModels(host))
     app.add_route("/v1/models/{model_id}", OpenAIModel(host))
     app.add_route("/api/health", Health(host))
