@@ -32,7 +32,7 @@ def usage(ctx: RequestContext) -> dict[str, Any]:
     output = sum(len(o.token_ids) for o in ctx.outputs[:1])
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,
@@ -109,10 +109,10 @@ def response_object(
         "tools": list(request.tools or []),
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "truncation": "disabled",
-        "usage": usage(ctx) if done else None,
-        "user": None,
         "metadata": dict(request.metadata or {}),
     }
+    if done:
+        obj["usage"] = usage(ctx)
     if body.get("seed") is not None:
         obj["seed"] = body["seed"]
     if extras:
