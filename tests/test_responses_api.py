@@ -32,9 +32,7 @@ def ok(response) -> dict:
 
 
 def output_text(body: dict) -> str:
-    return "".join(
-        part["text"] for item in body["output"] if item["type"] == "message" for part in item["content"]
-    )
+    return "".join(part["text"] for item in body["output"] if item["type"] == "message" for part in item["content"])
 
 
 def test_text_input_is_answered_as_a_response_object(http):
@@ -166,7 +164,14 @@ def test_output_changing_fields_are_refused(http, fields, param):
 
 def test_fields_that_ask_for_nothing_are_accepted_silently(http):
     response = respond(
-        http, input="x", store=False, background=False, include=[], truncation="disabled", reasoning=None, top_logprobs=0
+        http,
+        input="x",
+        store=False,
+        background=False,
+        include=[],
+        truncation="disabled",
+        reasoning=None,
+        top_logprobs=0,
     )
     ok(response)
     assert "x-millm-ignored-fields" not in response.headers
@@ -213,7 +218,9 @@ def test_invalid_requests_name_the_responses_parameter(http, fields, param):
 
 
 def test_context_length_names_max_output_tokens(http):
-    assert_error(respond(http, input="x", max_output_tokens=100_000), 400, "context_length_exceeded", "max_output_tokens")
+    assert_error(
+        respond(http, input="x", max_output_tokens=100_000), 400, "context_length_exceeded", "max_output_tokens"
+    )
 
 
 def test_unknown_model_is_a_404(http):

@@ -106,7 +106,7 @@ def response_object(
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "text": {"format": _text_format(request.text)},
         "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
-        "tools": list(request.tools or []),
+        "tools": [echo_tool(tool) for tool in request.tools or ()],
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "truncation": "disabled",
         "metadata": dict(request.metadata or {}),
@@ -118,6 +118,17 @@ def response_object(
     if extras:
         obj.update(extras)
     return obj
+
+
+def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response lists it; ``strict`` is false: arguments are parsed, not constrained."""
+    return {
+        "type": "function",
+        "name": tool.get("name"),
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": False,
+    }
 
 
 def _text_format(text: dict[str, Any] | None) -> dict[str, Any]:
