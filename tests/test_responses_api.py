@@ -226,3 +226,40 @@ def test_context_length_names_max_output_tokens(http):
 def test_unknown_model_is_a_404(http):
     response = http.post("/v1/responses", json={"model": "nope", "input": "x"})
     assert_error(response, 404, "model_not_found")
+
+
+# --- failures and access -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def faulty(app_factory):
+    return app_factory(plugins=["fault_injection"], env={"FAULT_INJECTION": "token:3"})
+
+
+def test_mid_stream_failure_is_an_error_event_then_response_failed(faulty):
+    with faulty.http() as http:
+        events = stream(http, input="FAULT please", max_output_tokens=20)
+        healthy = respond(http, input="fine")
+    error, failed = events[-2:]
+    validate_openai_event(error)
+    validate_openai_event(failed)
+    assert error["type"] == "error" and error["code"] == "injected_fault" and error["message"]
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["code"] == "server_error"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    ok(healthy)
+
+
+def test_non_streamed_failure_is_an_error_response(faulty):
+    with faulty.http() as http:
+        assert_error(respond(http, input="FAULT", max_output_tokens=20), 500, "injected_fault")
+
+
+def test_api_keys_guard_responses(app_factory):
+    app = app_factory(env={"MILLM_API_KEYS": "secret-key"})
+    with app.http() as http:
+        assert_error(respond(http, input="x"), 401, "invalid_api_key")
+        granted = http.post(
+            "/v1/responses", json={"model": "echo", "input": "x"}, headers={"Authorization": "Bearer secret-key"}
+        )
+    ok(granted)

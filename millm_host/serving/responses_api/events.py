@@ -20,6 +20,9 @@ from ..base import Chunks
 from .render import CHAT_KEYS, call_item, message_id, message_item, response_object, text_part
 from .translate import Translation
 
+#: The codes a failed response's ``error`` may carry (OpenAI's ``ResponseErrorCode``, those that can apply).
+RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
+
 
 class _Events:
     """The state of one stream: numbering, the open items, what was said."""
@@ -203,9 +206,9 @@ class _Events:
     def failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
         param = self.translation.param(error.get("param"))
         response = self.snapshot("failed")
-        response.update(
-            status="failed", completed_at=None, error={"code": error.get("code"), "message": error.get("message")}
-        )
+        # the response's error code is one of OpenAI's few; millm's own code is on the error event
+        code = error.get("code") if error.get("code") in RESPONSE_ERROR_CODES else "server_error"
+        response.update(status="failed", completed_at=None, error={"code": code, "message": error.get("message")})
         return [
             self.event("error", code=error.get("code"), message=error.get("message"), param=param),
             self.event("response.failed", response=response),
