@@ -28,6 +28,7 @@ from .serving.base import Serving
 from .serving.chat import ServingChat
 from .serving.completion import ServingCompletion
 from .serving.embeddings import ServingEmbeddings
+from .serving.responses_api import ServingResponses
 from .serving.tokens import ServingDetokenize, ServingTokenize
 from .settings import Settings
 
@@ -68,6 +69,7 @@ class Host:
                 ServingDetokenize(self),
             )
         }
+        self.serving[ServingResponses.route] = ServingResponses(self)  # served as chat, under its own route
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}

@@ -59,6 +59,7 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/v1/embeddings", ServingResource(host, "embeddings"))
     add_route("/tokenize", ServingResource(host, "tokenize"))  # vLLM's paths, outside /v1
     add_route("/detokenize", ServingResource(host, "detokenize"))
+    add_route("/v1/responses", ServingResource(host, "responses"))
     add_route("/v1/models", OpenAIModels(host))
     add_route("/v1/models/{model_id}", OpenAIModel(host))
     add_route("/api/health", Health(host))

@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``: one resource, one call.
+"""``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses``: one resource, one call.
 
 The body is read and checked here (HTTP); the request is served by
 ``host.serving[endpoint].handle`` (no HTTP), and its ``Result`` written back: a
@@ -38,10 +38,11 @@ class ServingResource:
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         body = await read_json(req, self.host.settings)
         # a client that leaves cancels its request, streamed or not
-        result = await self.host.serving[self.endpoint].handle(body, lower_headers(req), gone=client_gone(req))
+        serving = self.host.serving[self.endpoint]
+        result = await serving.handle(body, lower_headers(req), gone=client_gone(req))
         resp.set_headers(result.headers)
         if result.stream is not None:
-            resp.sse = _events(result.stream)
+            resp.sse = _events(result.stream, named=getattr(serving, "named_events", False))
         else:
             resp.media = result.body
 
@@ -64,10 +65,15 @@ def client_gone(req: falcon.asgi.Request) -> ClientGone | None:
     return gone
 
 
-async def _events(items: Chunks) -> AsyncIterator[SSEvent | None]:
+async def _events(items: Chunks, *, named: bool = False) -> AsyncIterator[SSEvent | None]:
+    """``named``: each event also carries its ``type`` as the SSE ``event:`` (the Responses API's stream)."""
     try:
         async for item in items:
-            yield None if item is None else SSEvent(data=sse_data(item))
+            if item is None:
+                yield None
+            else:
+                event = item.get("type") if named and isinstance(item, dict) else None
+                yield SSEvent(data=sse_data(item), event=event)
     finally:
         await items.aclose()
 
