@@ -55,14 +55,20 @@ def test_completion_logprobs_in_the_legacy_shape(echo_app):
     assert logprobs["token_logprobs"] == pytest.approx([ECHO_CHOSEN] * 3)
     assert logprobs["text_offset"] == [6, 7, 8]  # after the 6-character prompt
     assert [len(top) for top in logprobs["top_logprobs"]] == [2, 2, 2]
-    assert all(top[token] == lp for top, token, lp in zip(logprobs["top_logprobs"], logprobs["tokens"], logprobs["token_logprobs"], strict=True))
+    assert all(
+        top[token] == lp
+        for top, token, lp in zip(logprobs["top_logprobs"], logprobs["tokens"], logprobs["token_logprobs"], strict=True)
+    )
 
 
 def test_logprobs_zero_reports_only_the_sampled_token(echo_app):
     with echo_app.http() as http:
         completion = post_completion(http, max_tokens=2, logprobs=0).json()["choices"][0]["logprobs"]
         chat = post_chat(http, max_tokens=2, logprobs=True).json()["choices"][0]["logprobs"]
-    assert completion["top_logprobs"] == [{"H": completion["token_logprobs"][0]}, {"i": completion["token_logprobs"][1]}]
+    assert completion["top_logprobs"] == [
+        {"H": completion["token_logprobs"][0]},
+        {"i": completion["token_logprobs"][1]},
+    ]
     assert [entry["top_logprobs"] for entry in chat["content"]] == [[], []]
 
 
@@ -108,7 +114,9 @@ def test_max_tokens_one_is_still_scoring_mode(echo_app):
     # The echo engine cannot score: a scoring request is refused, a generation one served.
     with echo_app.http() as http:
         scoring = post_chat(http, max_tokens=1, logprobs=True)
-        streamed, _ = stream_post(http, "/v1/chat/completions", chat_body("echo", max_tokens=1, logprobs=True, stream=True))
+        streamed, _ = stream_post(
+            http, "/v1/chat/completions", chat_body("echo", max_tokens=1, logprobs=True, stream=True)
+        )
         generation = post_completion(http, max_tokens=2, logprobs=1)
     assert_error(scoring, 400, "field_not_honoured", "logprobs")
     assert streamed.status_code == 200

@@ -34,8 +34,8 @@ from ..engine import (
     ModelInfo,
     SamplingParams,
 )
-from ..scoring.engine import TokenLogprob
 from ..hookspecs import hookimpl
+from ..scoring.engine import TokenLogprob
 
 ENGINE_NAME = "echo"
 EOS = 256
