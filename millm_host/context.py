@@ -31,6 +31,8 @@ class SequenceOutput:
     #: Fields a plugin adds to this choice's message (e.g. ``tool_calls``); a value
     #: of ``None`` for ``content`` replaces the text.
     message_extras: dict[str, Any] = field(default_factory=dict)
+    #: Each generated token's logprobs (``serving.logprobs.TokenEntry``); None when none were asked.
+    logprobs: list[Any] | None = None
 
 
 @dataclass

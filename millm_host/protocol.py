@@ -31,6 +31,9 @@ TopP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 PositiveInt = Annotated[int, Field(ge=1)]
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+#: Most entries one ``logit_bias`` may hold.
+MAX_LOGIT_BIAS = 1024
 #: Request lists stop at their first bad item: a union member that does not fit
 #: (4 MiB of token ids tried as strings) would otherwise build an error per item.
 FAIL_FAST = Field(fail_fast=True)
@@ -69,6 +72,21 @@ class SamplingFields(_Strict):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="Token id (as a string) -> bias added to its logit, -100 to 100"
+    )
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdecimal() or not key.isascii():
+                raise ValueError(f"key {key[:40]!r} is not a token id")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} is {bias}; biases are -100 to 100")
+        if value is not None and len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -111,6 +129,8 @@ class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST]
+    logprobs: bool | None = Field(default=None, description="Return each generated token's log-probability")
+    top_logprobs: TopLogprobs | None = Field(default=None, description="Most probable alternatives per token, 0-20")
 
 
 TokenId = Annotated[int, Field(ge=0)]
@@ -127,6 +147,9 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[PromptIds], Field(min_length=1), FAIL_FAST]
     )
     add_special_tokens: bool | None = True
+    logprobs: TopLogprobs | Literal[False] | None = Field(
+        default=None, description="Return each generated token's log-probability and this many alternatives, 0-20"
+    )
 
     @property
     def prompts(self) -> list[str | list[int]]:

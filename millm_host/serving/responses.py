@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..context import RequestContext
+from .logprobs import render as render_logprobs
 
 
 def response_id(ctx: RequestContext) -> str:
@@ -27,10 +28,22 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
             message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
             message.update(out.message_extras)
             choices.append(
-                {"index": out.index, "message": message, "logprobs": None, "finish_reason": out.finish_reason}
+                {
+                    "index": out.index,
+                    "message": message,
+                    "logprobs": render_logprobs(ctx, out.logprobs),
+                    "finish_reason": out.finish_reason,
+                }
             )
         else:
-            choices.append({"text": out.text, "index": out.index, "logprobs": None, "finish_reason": out.finish_reason})
+            choices.append(
+                {
+                    "text": out.text,
+                    "index": out.index,
+                    "logprobs": render_logprobs(ctx, out.logprobs),
+                    "finish_reason": out.finish_reason,
+                }
+            )
     return {
         "id": response_id(ctx),
         "object": "chat.completion" if ctx.is_chat else "text_completion",
@@ -73,6 +86,7 @@ def delta_choice(
     role: bool = False,
     extra: dict[str, Any] | None = None,
     finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if ctx.is_chat:
         delta: dict[str, Any] = {}
@@ -83,5 +97,5 @@ def delta_choice(
             delta["content"] = text
         if extra:
             delta.update(extra)
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {"text": text or "", "index": index, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}

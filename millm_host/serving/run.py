@@ -47,6 +47,7 @@ from ..scheduler import TICK
 from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring_only_fields
 from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
 from .generation import GenerationJob
+from .logprobs import render as render_logprobs, requested as requested_logprobs, token_biases
 from .responses import chunk, completion_body, delta_choice, usage, wants_usage
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class ServingGeneration(Serving):
         ctx.n = ctx.params.n or 1
         if ctx.n > self.host.settings["MILLM_MAX_N"]:
             raise InvalidParameter(f"n is at most {self.host.settings['MILLM_MAX_N']}", param="n")
+        requested_logprobs(ctx)  # top_logprobs without logprobs is refused before any load
 
     def validate(self, ctx: RequestContext) -> None:
         refuse_scoring_only_fields(ctx)  # before any plugin's refusal
@@ -132,6 +134,8 @@ class ServingGeneration(Serving):
             frequency_penalty=params.frequency_penalty or 0.0,
             presence_penalty=params.presence_penalty or 0.0,
             seed=params.seed,
+            logit_bias=token_biases(ctx, engine.info.vocab_size),
+            logprobs=requested_logprobs(ctx),
         )
 
     async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
@@ -299,6 +303,9 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
             kind, index, payload = event
             if kind == "delta":
                 yield chunk(ctx, [delta_choice(ctx, index, payload)])
+            elif kind == "delta_logprobs":  # text and the logprobs of the tokens it came from
+                text, entries = payload
+                yield chunk(ctx, [delta_choice(ctx, index, text, logprobs=render_logprobs(ctx, entries))])
             elif kind == "delta_extra":
                 yield chunk(ctx, [delta_choice(ctx, index, extra=payload)])
             elif kind == "finish":
