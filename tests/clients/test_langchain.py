@@ -75,9 +75,10 @@ def test_openai_embeddings_with_defaults(server, model):
     assert len(embeddings.embed_query("hello world")) == len(first)
 
 
-def test_tiktoken_cl100k_base_loads_offline():
-    """The file OpenAIEmbeddings needs comes from a local cache, never a download (the network guard refuses one)."""
-    import tiktoken
-
-    encoding = tiktoken.get_encoding("cl100k_base")
-    assert encoding.encode_ordinary("hello world") == [15339, 1917]
+def test_openai_embeddings_sending_text(server, model):
+    """``check_embedding_ctx_length=False`` sends the text, which the server tokenizes with the model's own tokenizer."""
+    embeddings = OpenAIEmbeddings(
+        model=model, base_url=server.v1, api_key="not-needed", max_retries=0, check_embedding_ctx_length=False
+    )
+    direct = server.openai().embeddings.create(model=model, input="hello world").data[0].embedding
+    assert embeddings.embed_query("hello world") == pytest.approx(direct, rel=1e-5, abs=1e-6)

@@ -35,6 +35,7 @@ def test_streaming(litellm, target, scripted):
             messages=[{"role": "user", "content": "hi"}],
             max_tokens=8,
             stream=True,
+            stream_options={"include_usage": True},
             extra_headers=scripted("Hello there"),
             **target,
         )
@@ -42,6 +43,7 @@ def test_streaming(litellm, target, scripted):
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == "Hello there"
     rebuilt = litellm.stream_chunk_builder(chunks)
     assert rebuilt.choices[0].message.content == "Hello there"
+    assert rebuilt.usage.completion_tokens > 0
 
 
 def test_embeddings(litellm, target):
