@@ -34,23 +34,25 @@ def _bundled_tiktoken_cache() -> str | None:
     return str(folder) if folder.is_dir() else None
 
 
-# Set before any client library is imported (they read these at import time).
+# Set before any client library is imported (they read these at import time). Every client
+# here is given its base URL and a dummy key explicitly, so no OPENAI_* variable is needed.
 _OFFLINE_ENV = {
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm would otherwise download its price list on import
-    "LITELLM_TELEMETRY": "False",
+    # litellm would otherwise download its price list on import and other catalogs on first use;
+    # offline mode makes every one of them read the copy litellm ships.
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_OFFLINE_MODE": "true",
     "LANGCHAIN_TRACING_V2": "false",
     "LANGSMITH_TRACING": "false",
-    "OPENAI_API_KEY": "not-needed",
-    "HF_HUB_OFFLINE": "1",
 }
 for _name, _value in _OFFLINE_ENV.items():
     os.environ[_name] = _value
 for _name in ("LANGCHAIN_API_KEY", "LANGSMITH_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID"):
     os.environ.pop(_name, None)
-if _bundled_tiktoken_cache() and "TIKTOKEN_CACHE_DIR" not in os.environ:
+_TIKTOKEN_FILES = _bundled_tiktoken_cache()
+if _TIKTOKEN_FILES:
     # LangChain's OpenAIEmbeddings tokenizes with tiktoken's cl100k_base, which tiktoken
     # downloads on first use; litellm ships that file (and sets this same variable on import).
-    os.environ["TIKTOKEN_CACHE_DIR"] = _bundled_tiktoken_cache() or ""
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", _TIKTOKEN_FILES)
 
 LOCAL_HOSTS = {"127.0.0.1", "::1", "localhost", "0.0.0.0"}
 
