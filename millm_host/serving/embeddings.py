@@ -124,6 +124,8 @@ def decode_tiktoken_ids(plan: list[str | list[int]], vocabulary: str, *, flat: b
     An id past the vocabulary (its special tokens included) is refused naming ``input[i][j]``, an input
     whose bytes are not UTF-8 naming ``input[i]`` (``input[j]`` and ``input`` for one flat id list).
     """
+    if all(isinstance(item, str) for item in plan):
+        return plan  # text only: the vocabulary is not even read
     table = ranks(vocabulary)
     decoded: list[str | list[int]] = []
     for i, item in enumerate(plan):
