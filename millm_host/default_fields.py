@@ -62,6 +62,16 @@ def register_settings(register) -> None:
             "Most strings one /v1/embeddings request may carry (400 invalid_parameter above)",
         )
     )
+    register(
+        Setting(
+            "MILLM_EMBEDDING_TOKEN_IDS",
+            str,
+            "model",
+            "Whose ids a token-id /v1/embeddings input holds: model (the model's own, as POST /tokenize gives "
+            "them) or cl100k_base / o200k_base (OpenAI's tiktoken ids, decoded to text and embedded as that "
+            "text: what LangChain's OpenAIEmbeddings sends by default)",
+        )
+    )
 
 
 @hookimpl(trylast=True)

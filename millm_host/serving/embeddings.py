@@ -1,7 +1,10 @@
 """``POST /v1/embeddings``: ``ServingEmbeddings``, one vector per input, pooled from the last hidden layer, never steered.
 
-An input is text or the model's own token ids (as OpenAI accepts token arrays; the ids are taken
-as this model's, as vLLM and llama.cpp's server take them, and checked against its vocabulary).
+An input is text or token ids (as OpenAI accepts token arrays). By default the ids are the
+model's own, as vLLM and llama.cpp's server take them, checked against its vocabulary. With
+``MILLM_EMBEDDING_TOKEN_IDS`` set to a tiktoken vocabulary (``cl100k_base``, ``o200k_base``) they
+are OpenAI's: each id list is decoded to its text and embedded as that text (what LangChain's
+``OpenAIEmbeddings`` sends with its defaults).
 No HTTP here and no tensor math: inputs are checked before any model load, every
 input is tokenized and measured before anything runs (inputs are never
 truncated), the engine pools each vector on the engine thread (with no layer hook
@@ -13,12 +16,16 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..context import RequestContext
 from ..errors import SERVER_ERROR, ContextLengthExceeded, InvalidParameter, MillmError
 from ..protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from ..tiktoken_vocab import NAMES as TIKTOKEN_VOCABULARIES, ranks
 from .base import Serving
+
+if TYPE_CHECKING:
+    from ..app import Host
 
 #: Over-limit inputs named one by one in a context_length_exceeded message.
 NAMED_OVER_LIMIT = 16
@@ -37,8 +44,19 @@ class ServingEmbeddings(Serving):
     protocol = EmbeddingRequest
     response_model = EmbeddingResponse
 
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        #: Whose token ids an id input holds: ``model``, or a tiktoken vocabulary its ids are decoded with.
+        self.token_ids = host.settings["MILLM_EMBEDDING_TOKEN_IDS"]
+        if self.token_ids not in ("model", *TIKTOKEN_VOCABULARIES):
+            choices = ", ".join(("model", *TIKTOKEN_VOCABULARIES))
+            raise ValueError(f"MILLM_EMBEDDING_TOKEN_IDS={self.token_ids!r} is not one of {choices}")
+
     def read(self, ctx: RequestContext) -> None:
+        """The inputs, OpenAI token ids decoded to text when so configured (worker thread, before any load)."""
         ctx.plan = inputs_of(ctx.params, self.host.settings["EMBEDDINGS_MAX_INPUTS"])
+        if self.token_ids != "model":
+            ctx.plan = decode_tiktoken_ids(ctx.plan, self.token_ids, flat=is_one_id_list(ctx.params.input))
 
     def tokenize(self, ctx: RequestContext) -> None:
         """Every input tokenized and measured before anything runs: none is ever truncated."""
@@ -101,6 +119,40 @@ def is_one_id_list(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], int)
 
 
+def decode_tiktoken_ids(plan: list[str | list[int]], vocabulary: str, *, flat: bool) -> list[str | list[int]]:
+    """Each token-id input as the text it stands for in tiktoken ``vocabulary``; text inputs unchanged.
+
+    An id past the vocabulary (its special tokens included) is refused naming ``input[i][j]``, an input
+    whose bytes are not UTF-8 naming ``input[i]`` (``input[j]`` and ``input`` for one flat id list).
+    """
+    if all(isinstance(item, str) for item in plan):
+        return plan  # text only: the vocabulary is not even read
+    table = ranks(vocabulary)
+    decoded: list[str | list[int]] = []
+    for i, item in enumerate(plan):
+        if isinstance(item, str):
+            decoded.append(item)
+            continue
+        for j, token in enumerate(item):
+            if token >= len(table):
+                where = f"input[{j}]" if flat else f"input[{i}][{j}]"
+                raise InvalidParameter(
+                    f"{where}: token id {token} is outside {vocabulary} (ids 0-{len(table) - 1}; special tokens "
+                    f"are not embedded). MILLM_EMBEDDING_TOKEN_IDS={vocabulary}: token ids are read as OpenAI's",
+                    param=where,
+                )
+        where = "input" if flat else f"input[{i}]"
+        try:
+            decoded.append(b"".join(table[token] for token in item).decode("utf-8"))
+        except UnicodeDecodeError:
+            raise InvalidParameter(
+                f"{where}: the token ids are not UTF-8 text under {vocabulary} (a character split between "
+                "inputs?); send each text's ids whole",
+                param=where,
+            ) from None
+    return decoded
+
+
 def refuse_unknown_ids(ctx: RequestContext, vocab_size: int) -> None:
     """Refuse a token id outside the model's vocabulary, naming where it is (``input[1][7]``)."""
     flat = is_one_id_list(ctx.params.input)
@@ -113,7 +165,8 @@ def refuse_unknown_ids(ctx: RequestContext, vocab_size: int) -> None:
                 raise InvalidParameter(
                     f"{where}: token id {token} is outside this model's vocabulary (ids 0-{vocab_size - 1}). "
                     "Token ids are the model's own (POST /tokenize gives them), not OpenAI's: LangChain's "
-                    "OpenAIEmbeddings sends OpenAI tiktoken ids unless check_embedding_ctx_length=False",
+                    "OpenAIEmbeddings sends OpenAI tiktoken ids unless check_embedding_ctx_length=False "
+                    "(or the server runs with MILLM_EMBEDDING_TOKEN_IDS=cl100k_base)",
                     param=where,
                 )
 

@@ -91,3 +91,13 @@ def app_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
 def echo_app(app_factory) -> AppServer:
     """A shared in-process app on the echo engine, no installed plugin. Tests must not change its state."""
     return app_factory()
+
+
+@pytest.fixture(scope="session")
+def offline_tiktoken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real ``tiktoken`` module, its ``cl100k_base`` and ``o200k_base`` loading offline (``tiktoken_offline``)."""
+    tiktoken = pytest.importorskip("tiktoken")
+    from .tiktoken_offline import tiktoken_cache
+
+    with tiktoken_cache(tmp_path_factory.mktemp("tiktoken-cache")):
+        yield tiktoken

@@ -1,11 +1,10 @@
-"""LangChain's ``OpenAIEmbeddings`` with its defaults, against a real server.
+"""LangChain's ``OpenAIEmbeddings`` with its defaults, against real servers.
 
-With ``check_embedding_ctx_length=True`` (the default) LangChain splits each text with tiktoken
-and sends token-id arrays. tiktoken fetches ``cl100k_base`` from the network on first use, which
-cannot happen here, so this test stands in a byte-level encoding under that name (ids 0-255):
-what is exercised is the request LangChain sends and the server's answer to it. The ids are taken
-as the model's own (README: the tiktoken caveat), so the vector is compared with the server's
-embedding of the same ids, not of the text.
+With ``check_embedding_ctx_length=True`` (the default) LangChain splits each text with the real
+tiktoken (``cl100k_base``, loaded offline by ``offline_tiktoken``) and sends token-id arrays.
+A server started with ``MILLM_EMBEDDING_TOKEN_IDS=cl100k_base`` reads them as OpenAI's ids and
+embeds the texts they stand for; a default server reads them as the model's own ids (README:
+embeddings), so LangChain must then send strings (``check_embedding_ctx_length=False``).
 """
 
 from __future__ import annotations
@@ -13,31 +12,54 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("langchain_openai")
-tiktoken = pytest.importorskip("tiktoken")
+
+TEXTS = ["The quick brown fox", "héllo 日本 — ok"]
 
 
-@pytest.fixture
-def byte_level_cl100k(monkeypatch):
-    encoding = tiktoken.Encoding(
-        name="cl100k_base",
-        pat_str=r"""\S+|\s+""",
-        mergeable_ranks={bytes([b]): b for b in range(256)},
-        special_tokens={},
-    )
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: encoding)
-    monkeypatch.setattr(tiktoken, "encoding_for_model", lambda name: encoding)
-    return encoding
+@pytest.fixture(scope="module")
+def cl100k_server(server_factory, tiny_model_dir):
+    return server_factory(tiny_model_dir, env={"MILLM_EMBEDDING_TOKEN_IDS": "cl100k_base"})
 
 
-def test_openai_embeddings_with_defaults(tiny_server, byte_level_cl100k):
+def langchain(server, **options):
     from langchain_openai import OpenAIEmbeddings
 
-    embeddings = OpenAIEmbeddings(model=tiny_server.model_id, base_url=tiny_server.v1, api_key="unused")
-    texts = ["The quick brown fox", "Hello"]
-    vectors = embeddings.embed_documents(texts)
-    query = embeddings.embed_query("Hello")
-    ids = [byte_level_cl100k.encode_ordinary(t) for t in texts]
-    direct = tiny_server.openai().embeddings.create(model=tiny_server.model_id, input=ids)
-    for vector, item in zip(vectors, direct.data, strict=True):
-        assert vector == pytest.approx(item.embedding, abs=1e-5)
-    assert query == pytest.approx(vectors[1], abs=1e-6)
+    return OpenAIEmbeddings(model=server.model_id, base_url=server.v1, api_key="unused", **options)
+
+
+def text_vectors(server, texts):
+    reply = server.openai().embeddings.create(model=server.model_id, input=texts)
+    return [item.embedding for item in reply.data]
+
+
+def test_defaults_get_the_texts_vectors_from_a_cl100k_server(cl100k_server, offline_tiktoken):
+    embeddings = langchain(cl100k_server)  # defaults: tiktoken ids on the wire
+    assert embeddings.check_embedding_ctx_length and embeddings.tiktoken_enabled
+    vectors = embeddings.embed_documents(TEXTS)
+    query = embeddings.embed_query(TEXTS[0])
+    for vector, expected in zip(vectors, text_vectors(cl100k_server, TEXTS), strict=True):
+        assert vector == pytest.approx(expected, abs=1e-5)
+    assert query == pytest.approx(vectors[0], abs=1e-6)
+
+
+def test_defaults_against_a_default_server_embed_the_models_tokens_of_those_ids(tiny_server, offline_tiktoken):
+    """The ids are read as the model's: served when they fit its vocabulary (but other tokens), else 400."""
+    import openai
+
+    ids = offline_tiktoken.get_encoding("cl100k_base").encode_ordinary(TEXTS[0])
+    assert max(ids) < 49152  # SmolLM2's vocabulary: served, as the model's tokens
+    [vector] = langchain(tiny_server).embed_documents(TEXTS[:1])
+    [as_model_ids] = text_vectors(tiny_server, [ids])
+    [of_the_text] = text_vectors(tiny_server, TEXTS[:1])
+    assert vector == pytest.approx(as_model_ids, abs=1e-5)
+    assert vector != pytest.approx(of_the_text, abs=1e-3)
+
+    with pytest.raises(openai.BadRequestError) as refused:  # an id past SmolLM2's 49,152
+        langchain(tiny_server).embed_documents(TEXTS[1:])
+    assert "MILLM_EMBEDDING_TOKEN_IDS=cl100k_base" in str(refused.value)
+
+
+def test_without_the_length_check_a_default_server_gets_strings(tiny_server):
+    vectors = langchain(tiny_server, check_embedding_ctx_length=False).embed_documents(TEXTS)
+    for vector, expected in zip(vectors, text_vectors(tiny_server, TEXTS), strict=True):
+        assert vector == pytest.approx(expected, abs=1e-5)
