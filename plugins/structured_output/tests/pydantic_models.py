@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import json
 import uuid
 from typing import Literal
 
@@ -66,6 +67,4 @@ BOOKING = Booking(
 
 def as_model_writes(model: pydantic.BaseModel) -> str:
     """The model as JSON in the constraint's layout (one space after ',' and ':')."""
-    import json
-
     return json.dumps(model.model_dump(mode="json"), separators=(", ", ": "))
