@@ -7,7 +7,8 @@ that do not enforce them, and building its token index for ``json_object`` takes
 seconds. llguidance enforces every keyword of the subset, compiles in
 milliseconds and computes each token mask in well under a millisecond.
 
-Grammars are cached by schema; tokenizers and ready matchers by resident model.
+The grammar is compiled from ``grammar_schema`` (objects closed, post-checked
+keywords left to validation). Grammars are cached by schema; tokenizers and ready matchers by resident model.
 The per-token work is a plain callable the engine calls (``JsonConstraint``).
 """
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 
 from .errors import ResponseFormatUnsupported
+from .grammar_schema import grammar_schema
 from .response_format import PARAM, ResponseFormat
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ class ConstraintCompiler:
             cached = self._grammars.hit(fmt.key)
         if cached is not None:
             return cached
-        schema = {} if fmt.schema is True else fmt.schema
+        schema = {} if fmt.schema is True else grammar_schema(fmt.schema)
         if schema is False:
             raise ResponseFormatUnsupported("the schema false accepts no document", param=PARAM)
         try:

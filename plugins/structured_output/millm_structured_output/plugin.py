@@ -1,7 +1,8 @@
 """Hook implementations: ``response_format`` and function calling on the transformers engine.
 
 Both shape a reply: ``response_format`` constrains the tokens (a logits
-processor per sequence, the finished document validated), tools are rendered by
+processor per sequence, the finished document validated: a failure is a 500, or on a stream, where the
+tokens are already sent, a verdict in the last chunk), tools are rendered by
 the model's own template and the reply parsed back into ``tool_calls`` (an
 output filter per sequence). A request that uses neither gets nothing installed.
 """
@@ -18,6 +19,7 @@ from millm_host.api import (
     LogitsProcessorFactory,
     NoChatTemplate,
     OutputFilterFactory,
+    ResponseExtra,
     hookimpl,
 )
 
@@ -36,6 +38,8 @@ from .validation import document_problem
 log = logging.getLogger("millm.structured_output")
 
 NAME = "structured_output"
+#: The stream's verdict on each constrained choice (``response_extras``).
+VALIDATION_FIELD = "millm_validation"
 
 _RESPONSE_FORMAT_FIELDS = (
     "response_format",
@@ -83,6 +87,8 @@ class Plan:
     history: list[str] = field(default_factory=list)
     call_format: CallFormat | None = None
     opening: str = ""
+    #: Per choice, set after a streamed constrained generation: {"index", "status", "message"?}.
+    verdicts: list[dict[str, Any]] | None = None
 
 
 @hookimpl
@@ -122,7 +128,6 @@ def _refuse_combinations(ctx, fmt: ResponseFormat, tools: ToolRequest | None) ->
     if tools is not None and tools.tools:
         raise FieldNotHonoured(f"tools cannot be combined with a {fmt.kind} response_format", param="tools")
     refused = (
-        (ctx.streaming, "cannot be streamed (the document is validated before it is returned)"),
         (bool(ctx.params.stop_list), "cannot be combined with stop (a stop string could cut the document)"),
         (ctx.scoring, "cannot be used on a scoring request"),
     )
@@ -207,17 +212,39 @@ def before_forward(ctx) -> list[Any] | None:
 
 @hookimpl
 def after_generate(ctx) -> None:
-    """A complete constrained document must validate: otherwise 500 constrained_output_invalid."""
+    """Validate each complete constrained document.
+
+    Not streamed: a failure is ``500 constrained_output_invalid``. Streamed: the
+    tokens are already out, so each choice's verdict goes in the last chunk
+    (``millm_validation``, through ``response_extras``).
+    """
     plan: Plan | None = ctx.state.get(NAME)
     if plan is None or plan.response_format is None or ctx.error is not None or ctx.interrupted:
         return
+    verdicts: list[dict[str, Any]] = []
     for out in ctx.outputs:
-        if out.finish_reason != "stop":
-            continue  # "length": max_tokens cut the document, which is reported, not validated
+        if out.finish_reason != "stop":  # "length": max_tokens cut the document, which is reported, not validated
+            verdicts.append({"index": out.index, "status": "incomplete"})
+            continue
         problem = document_problem(out.text, plan.response_format)
-        if problem is not None:
-            log.error("constrained output invalid (choice %d): %s", out.index, problem)
+        if problem is None:
+            verdicts.append({"index": out.index, "status": "valid"})
+            continue
+        log.error("constrained output invalid (choice %d): %s", out.index, problem)
+        if not ctx.streaming:
             raise ConstrainedOutputInvalid(f"choice {out.index}: {problem}")
+        verdicts.append({"index": out.index, "status": "invalid", "message": problem})
+    if ctx.streaming:
+        plan.verdicts = verdicts
+
+
+@hookimpl
+def response_extras(ctx) -> list[ResponseExtra] | None:
+    """A stream's verdict on each constrained choice: ``valid``, ``invalid`` (with why) or ``incomplete``."""
+    plan: Plan | None = ctx.state.get(NAME)
+    if plan is None or plan.verdicts is None:
+        return None
+    return [ResponseExtra({VALIDATION_FIELD: plan.verdicts})]
 
 
 @hookimpl

@@ -1,8 +1,11 @@
-"""The JSON Schema subset miLLM enforces, and the limits on a schema's size.
+"""The JSON Schema subset miLLM serves, and the limits on a schema's size.
 
 Constraint libraries compile some keywords without enforcing them, so the subset
 is this server's own list: every keyword outside it is refused by name and JSON
-pointer (RFC 6901) rather than silently ignored.
+pointer (RFC 6901) rather than silently ignored. The subset covers what pydantic
+emits for common field types (dates, UUIDs, ``gt``/``lt``, sets, tuples, enums,
+optionals, nested models, ``dict[str, X]``). Most keywords are enforced token by
+token; ``CHECKED_AFTER`` ones are checked once the document is finished.
 """
 
 from __future__ import annotations
@@ -26,16 +29,28 @@ SUPPORTED = frozenset(
         "const",
         "minimum",
         "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
         "minLength",
         "maxLength",
         "pattern",
+        "format",
+        "prefixItems",
+        "uniqueItems",
         "anyOf",
         "$ref",
         "$defs",
     }
 )
+#: Served but not enforceable by a grammar: checked (jsonschema) once the document is finished.
+CHECKED_AFTER = frozenset({"uniqueItems"})
+#: String formats the constraint enforces (llguidance's own list); any other is refused.
+FORMATS = frozenset({"date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"})
 #: Annotations: accepted and ignored.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
+
+UNSUPPORTED = "unsupported keyword"
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
@@ -54,7 +69,9 @@ class Problem:
 
     def describe(self) -> str:
         where = self.pointer or "(root)"
-        return f"{self.keyword} at {where}" if self.keyword else f"{where}: {self.reason}"
+        if self.keyword is None:
+            return f"{where}: {self.reason}"
+        return f"{self.keyword} at {where}" + ("" if self.reason == UNSUPPORTED else f" ({self.reason})")
 
 
 def pointer_token(key: str) -> str:
@@ -90,7 +107,9 @@ def _walk(root: Any, node: Any, pointer: str, depth: int) -> Iterator[Problem]:
         if key in ANNOTATIONS:
             continue
         if key not in SUPPORTED:
-            yield Problem(here, key, "unsupported keyword")
+            yield Problem(here, key, UNSUPPORTED)
+        elif key == "format" and (not isinstance(value, str) or value not in FORMATS):
+            yield Problem(here, key, f"format {value!r} cannot be enforced; served: {', '.join(sorted(FORMATS))}")
         elif key in ("properties", "$defs") and isinstance(value, dict):
             if key == "properties" and len(value) > MAX_PROPERTIES:
                 yield Problem(here, None, f"{len(value)} properties; the limit is {MAX_PROPERTIES} per object")
@@ -101,7 +120,7 @@ def _walk(root: Any, node: Any, pointer: str, depth: int) -> Iterator[Problem]:
                 yield Problem(here, key, "the array form of items (tuple validation) is unsupported")
             else:
                 yield from _walk(root, value, here, depth + 1)
-        elif key == "anyOf" and isinstance(value, list):
+        elif key in ("anyOf", "prefixItems") and isinstance(value, list):
             for i, sub in enumerate(value):
                 yield from _walk(root, sub, f"{here}/{i}", depth + 1)
         elif key == "$ref":

@@ -1,4 +1,8 @@
-"""Checking a finished constrained document, independently of the constraint."""
+"""Checking a finished constrained document, independently of the constraint.
+
+Validation uses the schema as sent, formats included (jsonschema's format
+checker), so what the grammar cannot express (``uniqueItems``) is caught here.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from .response_format import ResponseFormat
 
 @functools.lru_cache(maxsize=256)
 def _validator(schema_key: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(json.loads(schema_key))
+    return jsonschema.Draft202012Validator(
+        json.loads(schema_key), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
 
 
 def document_problem(text: str, fmt: ResponseFormat) -> str | None:

@@ -8,7 +8,7 @@ import http_sfv
 import jsonschema
 import pytest
 
-from millm_host.testing import assert_error, chat_body
+from millm_host.testing import assert_error, chat_body, sse_events
 
 from .family import WEATHER_TOOL, scripted
 
@@ -106,6 +106,61 @@ def test_complete_document_failing_validation_is_500(http):
     assert http.post("/v1/chat/completions", json=judge_body(response_format=JUDGE_FORMAT)).status_code == 200
 
 
+def stream_events(http, body, headers=None) -> list:
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as response:
+        response.read()
+        assert response.status_code == 200, response.text
+        assert constrained_header(response).value == http_sfv.Token(body["response_format"]["type"])
+        return sse_events(response)
+
+
+def streamed_text(events, index=0) -> str:
+    return "".join(
+        c["delta"].get("content") or ""
+        for e in events
+        if isinstance(e, dict)
+        for c in e.get("choices", [])
+        if c["index"] == index
+    )
+
+
+def verdicts(events) -> list:
+    return [e["millm_validation"] for e in events if isinstance(e, dict) and "millm_validation" in e]
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_stream_json_schema_validates_and_says_so(http, seed):
+    events = stream_events(http, judge_body(response_format=JUDGE_FORMAT, temperature=1.0, seed=seed))
+    assert events[-1] == "[DONE]"
+    jsonschema.validate(json.loads(streamed_text(events)), JUDGE)
+    assert verdicts(events) == [[{"index": 0, "status": "valid"}]]
+
+
+def test_stream_json_object(http):
+    events = stream_events(http, judge_body(response_format={"type": "json_object"}, max_tokens=60, seed=1))
+    text = streamed_text(events)
+    [[verdict]] = verdicts(events)
+    if verdict["status"] == "valid":
+        assert isinstance(json.loads(text), dict)
+    else:
+        assert verdict == {"index": 0, "status": "incomplete"} and text.startswith("{")
+
+
+def test_stream_cut_by_max_tokens_is_incomplete(http):
+    events = stream_events(http, judge_body(response_format=JUDGE_FORMAT, max_tokens=3))
+    assert verdicts(events) == [[{"index": 0, "status": "incomplete"}]]
+
+
+def test_stream_document_failing_validation_is_reported_in_the_last_chunk(http):
+    """The tokens are already sent, so the stream stays 200 and its last chunk says why the document fails."""
+    bad = '{"label": "other", "sure": true}'
+    events = stream_events(http, judge_body(response_format=JUDGE_FORMAT), headers=scripted(bad))
+    assert streamed_text(events) == bad
+    [[verdict]] = verdicts(events)
+    assert verdict["index"] == 0 and verdict["status"] == "invalid" and "label" in verdict["message"]
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events if isinstance(e, dict))
+
+
 def resident(http) -> str:
     return http.get("/api/health").json()["model"]
 
@@ -113,14 +168,13 @@ def resident(http) -> str:
 @pytest.mark.parametrize(
     "extra, code, param",
     [
-        ({"stream": True}, "response_format_unsupported", "response_format"),
         ({"stop": ["}"]}, "response_format_unsupported", "response_format"),
         ({"tools": [WEATHER_TOOL]}, "field_not_honoured", "tools"),
         (
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 3}},
+                    "json_schema": {"name": "x", "schema": {"type": "integer", "not": {"const": 3}}},
                 }
             },
             "response_format_unsupported",
@@ -160,11 +214,11 @@ def test_refused_before_loading(http, extra, code, param):
 
 
 def test_unsupported_keywords_are_named_with_pointers(http):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}, "s": {"format": "email"}}}
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "not": {}}, "s": {"format": "binary"}}}
     body = judge_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     error = http.post("/v1/chat/completions", json=body).json()["error"]
-    assert "multipleOf at /properties/n/multipleOf" in error["message"]
-    assert "format at /properties/s/format" in error["message"]
+    assert "not at /properties/n/not" in error["message"]
+    assert "format at /properties/s/format (format 'binary' cannot be enforced" in error["message"]
 
 
 def test_completions_refuse_response_format(http):
