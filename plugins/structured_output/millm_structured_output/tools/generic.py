@@ -53,7 +53,9 @@ def reply_schema(request: ToolRequest) -> dict[str, Any]:
         for i, f in enumerate(offered)
     ]
     one = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
-    call = _object({"tool_calls": {"type": "array", "items": one, "minItems": 1}} if request.parallel else {"tool_call": one})
+    call = _object(
+        {"tool_calls": {"type": "array", "items": one, "minItems": 1}} if request.parallel else {"tool_call": one}
+    )
     reply = call if request.choice != "auto" else {"anyOf": [call, _object({"response": {"type": "string"}})]}
     return {"x-guidance": _LENIENT, "$defs": defs, **reply}
 
