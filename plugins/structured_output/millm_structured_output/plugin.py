@@ -50,7 +50,7 @@ _RESPONSE_FORMAT_FIELDS = (
     "response_format.json_schema.schema",
     "response_format.json_schema.strict",
 )
-# tools[].function.strict is not claimed: tool arguments are parsed, not constrained.
+# tools[].function.strict is not claimed: a native family's tool arguments are parsed, not constrained.
 _TOOL_FIELDS = (
     "tools",
     "tools[].type",
