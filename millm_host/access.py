@@ -18,7 +18,7 @@ server on loopback needs against web pages its operator visits:
 
 Keys (``Authorization: Bearer <key>``, as OpenAI clients send) are optional:
 
-- ``MILLM_API_KEYS`` guards ``/v1``; admin keys are accepted there too.
+- ``MILLM_API_KEYS`` guards ``/v1`` (and ``/tokenize``, ``/detokenize``); admin keys are accepted there too.
 - ``MILLM_ADMIN_API_KEYS`` guards everything else (every ``/api`` route, reads
   included, since they show paths and probe data) except ``/api/health`` and
   ``/openapi.json``. Without admin keys these routes take the API keys instead,
@@ -43,6 +43,8 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Paths anyone who can reach the server may read: liveness and the API's description.
 PUBLIC_PATHS = frozenset({"/api/health", "/openapi.json"})
+#: Client routes outside ``/v1`` (vLLM's paths), guarded like ``/v1``: clients call them with API keys.
+CLIENT_PATHS = frozenset({"/tokenize", "/detokenize"})
 
 
 class Unauthorized(MillmError):
@@ -121,7 +123,7 @@ class Access:
         """The keys that open ``path`` (None: open to all)."""
         if path in PUBLIC_PATHS:
             return None
-        if path == "/v1" or path.startswith("/v1/"):
+        if path == "/v1" or path.startswith("/v1/") or path in CLIENT_PATHS:
             return self.api_keys + self.admin_keys if self.api_keys else None
         if self.admin_keys:
             return self.admin_keys

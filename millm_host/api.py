@@ -18,13 +18,18 @@ What is here:
   ``host.engine_slot(model_id)`` (admitted work on the engine thread),
   ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
   (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
-  ``resident``, ``engine``) and ``host.openapi_bodies``.
+  ``resident``, ``engine``).
+- ``/openapi.json``: every route added is listed; ``@operation(summary, request=Model,
+  response=Model, errors=(404,), query=[Param(...)])`` on a responder says what it takes
+  and answers (``ResponseModel``: the base of a response body whose keys are all declared;
+  ``ErrorResponse``: OpenAI's error shape). Request fields a plugin adds to an OpenAI
+  endpoint are described by the ``register_request_schemas`` hook.
 - Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
   ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``), ``ModelDescriptor``, ``ModelInfo``,
   ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
   ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
-  ``FilterResult`` (and the ``ORDER_*`` of terminal stream chunks).
+  ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,
@@ -52,12 +57,14 @@ from .engine import (
     EMBEDDINGS,
     LAYER_HOOKS,
     LOGITS_PROCESSORS,
+    LOGPROBS,
     ORDER_READ_POST_STEERING,
     ORDER_READ_PRE_STEERING,
     ORDER_WRITE_STEERING,
     SCORING,
     Engine,
     EngineSpec,
+    GeneratedToken,
     HookPoint,
     LayerHook,
     LogitsProcessorFactory,
@@ -83,6 +90,7 @@ from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
 from .naming import check_display_name, split_gguf_name
+from .openapi import Param, operation
 from .output import (
     ORDER_PROBE_VERDICTS,
     ORDER_SAE_ACTIVATIONS,
@@ -93,7 +101,8 @@ from .output import (
     ResponseExtra,
 )
 from .paths import confined_path, plain_name
-from .protocol import ChatMessage, loc_to_param, message_text, validate
+from .protocol import ChatMessage, ResponseModel, loc_to_param, message_text, validate
+from .protocol_responses import ErrorResponse
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .scoring.engine import (
@@ -115,6 +124,7 @@ __all__ = [
     "INVALID_REQUEST",
     "LAYER_HOOKS",
     "LOGITS_PROCESSORS",
+    "LOGPROBS",
     "ORDER_PROBE_VERDICTS",
     "ORDER_READ_POST_STEERING",
     "ORDER_READ_PRE_STEERING",
@@ -124,12 +134,16 @@ __all__ = [
     "SCORING",
     "SERVER_ERROR",
     "ChatMessage",
+    "ErrorResponse",
+    "Param",
+    "ResponseModel",
     "ContextLengthExceeded",
     "Database",
     "Engine",
     "EngineSpec",
     "FieldNotHonoured",
     "FilterResult",
+    "GeneratedToken",
     "HookPoint",
     "Host",
     "InsufficientMemory",
@@ -164,6 +178,7 @@ __all__ = [
     "loc_to_param",
     "lower_headers",
     "message_text",
+    "operation",
     "parse_list",
     "read_body",
     "read_json",

@@ -7,11 +7,12 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import falcon
 import falcon.asgi
 import pluggy
+from pydantic import BaseModel
 
 from . import hookcalls
 from .access import Access
@@ -19,7 +20,7 @@ from .admission import Admission, engine_slot
 from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
-from .fields import FieldRegistry
+from .fields import ENDPOINTS, FieldRegistry
 from .plugins import build_plugin_manager
 from .registry import ModelRegistry
 from .scheduler import Scheduler
@@ -27,7 +28,12 @@ from .serving.base import Serving
 from .serving.chat import ServingChat
 from .serving.completion import ServingCompletion
 from .serving.embeddings import ServingEmbeddings
+from .serving.responses_api import ServingResponses
+from .serving.tokens import ServingDetokenize, ServingTokenize
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .openapi import RouteTable
 
 log = logging.getLogger("millm")
 
@@ -55,15 +61,33 @@ class Host:
         #: (chat and completions hand scoring-mode bodies to their ``.scoring``).
         self.serving: dict[str, Serving] = {
             serving.endpoint: serving
-            for serving in (ServingChat(self), ServingCompletion(self), ServingEmbeddings(self))
+            for serving in (
+                ServingChat(self),
+                ServingCompletion(self),
+                ServingEmbeddings(self),
+                ServingTokenize(self),
+                ServingDetokenize(self),
+            )
         }
+        self.serving[ServingResponses.route] = ServingResponses(self)  # served as chat, under its own route
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}
-        #: Extra (path, pydantic model) request bodies for ``/openapi.json``.
-        self.openapi_bodies: list = []
+        #: endpoint → plugin models of the request fields it adds, for ``/openapi.json``.
+        self.request_schemas: dict[str, list[type[BaseModel]]] = {}
+        hookcalls.startup(pm, "register_request_schemas", register=self._register_request_schema)
+        #: Extra (path, pydantic model) request bodies for ``/openapi.json``, for a POST route whose
+        #: responder is not described (``millm_host.api.operation`` describes it fully).
+        self.openapi_bodies: list[tuple[str, type[BaseModel]]] = []
+        #: Every route, the host's and the plugins' (filled while the app is built).
+        self.routes: RouteTable | None = None
         self._load_task: asyncio.Task | None = None
         self._background: set[asyncio.Task] = set()
+
+    def _register_request_schema(self, endpoint: str, model: type[BaseModel]) -> None:
+        if endpoint not in ENDPOINTS:
+            raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {ENDPOINTS}")
+        self.request_schemas.setdefault(endpoint, []).append(model)
 
     # --- what plugins use (see millm_host.api) ----------------------------------------
     def engine_slot(self, model: str) -> AbstractAsyncContextManager[Admission]:
@@ -85,7 +109,7 @@ class Host:
         """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
         entry = self.registry.entries.get(model_id)
         if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+            raise ModelNotFound(f"the model {model_id!r} does not exist; {self.registry.known_models()}", param="model")
         return self.registry.detail(entry)
 
     def listed_models(self) -> list[Any]:

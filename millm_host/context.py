@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .errors import MillmError
     from .settings import Settings
 
-Endpoint = Literal["chat.completions", "completions", "embeddings"]
+Endpoint = Literal["chat.completions", "completions", "embeddings", "tokenize", "detokenize"]
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
@@ -31,6 +31,8 @@ class SequenceOutput:
     #: Fields a plugin adds to this choice's message (e.g. ``tool_calls``); a value
     #: of ``None`` for ``content`` replaces the text.
     message_extras: dict[str, Any] = field(default_factory=dict)
+    #: Each generated token's logprobs (``serving.logprobs.TokenEntry``); None when none were asked.
+    logprobs: list[Any] | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ The engines claim the scoring fields and ``pooling``, which they serve themselve
 from __future__ import annotations
 
 from .context import RequestContext
+from .engine import LOGPROBS
 from .fields import ignored_fields_header
 from .headers import serialize_item
 from .hookspecs import hookimpl
@@ -36,6 +37,19 @@ CHAT_FIELDS = (
 )
 COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens")
 EMBEDDINGS_FIELDS = ("model", "input", "encoding_format", "normalize")
+TOKENIZE_FIELDS = (
+    "model",
+    "prompt",
+    "add_special_tokens",
+    "messages",
+    *(f"messages[].{f}" for f in _MESSAGE),
+    "add_generation_prompt",
+    "return_token_strs",
+)
+DETOKENIZE_FIELDS = ("model", "tokens")
+#: Generation logprobs and logit_bias, on engines whose ``generate`` serves them.
+CHAT_LOGPROBS_FIELDS = ("logprobs", "top_logprobs", "logit_bias")
+COMPLETION_LOGPROBS_FIELDS = ("logprobs", "logit_bias")
 
 
 @hookimpl(trylast=True)
@@ -54,7 +68,11 @@ def register_settings(register) -> None:
 def register_request_fields(register) -> None:
     register("chat.completions", CHAT_FIELDS)
     register("completions", COMPLETION_FIELDS)
+    register("chat.completions", CHAT_LOGPROBS_FIELDS, requires=LOGPROBS)
+    register("completions", COMPLETION_LOGPROBS_FIELDS, requires=LOGPROBS)
     register("embeddings", EMBEDDINGS_FIELDS)
+    register("tokenize", TOKENIZE_FIELDS)
+    register("detokenize", DETOKENIZE_FIELDS)
 
 
 @hookimpl(trylast=True)

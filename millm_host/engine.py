@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import FieldNotHonoured, InvalidParameter, MillmError
-from .scoring.engine import NextTokenScores, ScoringParams
+from .scoring.engine import NextTokenScores, ScoringParams, TokenLogprob
 from .settings import Setting
 
 HookPointName = Literal["resid_pre", "resid_post"]
@@ -33,7 +33,9 @@ LOGITS_PROCESSORS = "logits_processors"
 SCORING = "scoring"
 #: ``embed``: pooled vectors for ``/v1/embeddings``.
 EMBEDDINGS = "embeddings"
-CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS})
+#: ``generate`` honours ``SamplingParams.logprobs`` (yields ``GeneratedToken``) and ``logit_bias``.
+LOGPROBS = "logprobs"
+CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS, LOGPROBS})
 
 # Orders for LayerHook.order. A read that must see the pre-steering residual runs
 # before a write on the same point; a post-steering read runs after it.
@@ -84,7 +86,13 @@ class LogitsProcessorFactory:
 
 @dataclass
 class SamplingParams:
-    """How to pick each next token. ``temperature == 0`` is greedy."""
+    """How to pick each next token. ``temperature == 0`` is greedy.
+
+    ``logit_bias`` (token id -> bias) is added to the logits before anything else
+    sees them. ``logprobs`` (an engine with the ``LOGPROBS`` capability): when not
+    None, ``generate`` yields ``GeneratedToken``s carrying each token's
+    log-probability and the ``logprobs`` most probable alternatives.
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -92,6 +100,31 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+
+
+class GeneratedToken(int):
+    """A generated token id that also carries its log-probability (``SamplingParams.logprobs``).
+
+    An ``int``, so code that wants only the id uses it as one. ``logprob`` and
+    ``top`` (the most probable alternatives, best first, non-finite ones left out)
+    are under the distribution the token was drawn from: the logits after
+    ``logit_bias``, the penalties, the logits processors and the temperature
+    (unscaled when greedy), before the nucleus (``top_p``) cut.
+    """
+
+    logprob: float
+    top: tuple[TokenLogprob, ...]
+
+    def __new__(cls, token_id: int, logprob: float, top: Sequence[TokenLogprob] = ()) -> GeneratedToken:
+        token = super().__new__(cls, token_id)
+        token.logprob = logprob
+        token.top = tuple(top)
+        return token
+
+    def __reduce__(self) -> Any:
+        return (GeneratedToken, (int(self), self.logprob, self.top))
 
 
 @dataclass(frozen=True)
@@ -186,6 +219,10 @@ class Engine(abc.ABC):
     def token_bytes(self, token_id: int) -> bytes:
         """The UTF-8 bytes a token stands for (partial characters included)."""
         return self.decode([token_id]).encode("utf-8")
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept (``POST /detokenize``): tokenizing it gives them back."""
+        return b"".join(self.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
     def render_chat(
         self,

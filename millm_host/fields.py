@@ -21,7 +21,7 @@ from .headers import serialize_string_list
 
 log = logging.getLogger("millm.fields")
 
-ENDPOINTS = ("chat.completions", "completions", "embeddings")
+ENDPOINTS = ("chat.completions", "completions", "embeddings", "tokenize", "detokenize")
 
 #: Fields that change the output: refused, never ignored, where nothing honours them.
 OUTPUT_CHANGING = frozenset(

@@ -31,8 +31,8 @@ Plugins are called in pluggy's order (last registered first; ``tryfirst`` and
     ``ctx.plugin_errors``, which the response reports: the
     ``X-miLLM-Plugin-Errors`` header (an RFC 8941 list of strings) on a
     non-streamed response, and on a stream the header for what failed before it
-    opened plus a terminal ``{"millm_plugin_errors": [...], "choices": []}`` chunk
-    before ``[DONE]`` when any rendering failed.
+    opened plus ``"millm_plugin_errors": [...]`` on the stream's last finish chunk
+    when any rendering failed.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ POLICIES: dict[str, str] = {
     "register_settings": STARTUP,
     "register_engines": STARTUP,
     "register_request_fields": STARTUP,
+    "register_request_schemas": STARTUP,
     "register_migrations": STARTUP,
     "register_routes": STARTUP,
     "startup": STARTUP,
@@ -77,7 +78,7 @@ POLICIES: dict[str, str] = {
 
 #: The response header naming the plugins whose rendering failed (policy ``rendering``).
 PLUGIN_ERRORS_HEADER = "X-miLLM-Plugin-Errors"
-#: The terminal stream chunk's field naming them.
+#: The field of a stream's last finish chunk naming them.
 PLUGIN_ERRORS_FIELD = "millm_plugin_errors"
 
 BUILTIN_PREFIX = "millm_host."

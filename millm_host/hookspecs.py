@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from .app import Host
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
@@ -89,6 +91,20 @@ def register_request_fields(register: Callable[..., None]) -> None:
     endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
     ``400 field_not_honoured`` when it is one of the output-changing fields of the
     spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
+    """
+
+
+@hookspec
+def register_request_schemas(register: Callable[[str, type[BaseModel]], None]) -> None:
+    """Describe, for ``/openapi.json``, the request fields this plugin adds to an OpenAI endpoint.
+
+    Called once at startup, after ``register_request_fields``. ``register(endpoint,
+    model)``: endpoint as in ``register_request_fields``; ``model`` is a pydantic model
+    whose fields (all optional) join that endpoint's request schema. Describe a
+    plugin's own routes with ``millm_host.api.operation`` on their responders instead.
 
     Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
     failed and unregistered; the server starts without it.
@@ -297,7 +313,7 @@ def render_headers(ctx: RequestContext) -> dict[str, str] | None:
 
     Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
     the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
-    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
+    Errors`` (on a stream, also in ``millm_plugin_errors`` on the last finish chunk).
     """
 
 
@@ -308,10 +324,11 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
     Called once after generation completes, on the event loop; not for a stream
     whose client went away (nothing can reach it: record such a request in
     ``after_generate``). Non-streaming: each extra's fields are merged into the body.
-    Streaming: each extra becomes one terminal chunk with ``choices: []``, sent in
-    ascending ``order`` after the usage chunk and before ``[DONE]``.
+    Streaming: the fields are merged, in ascending ``order``, into the stream's last
+    ``finish_reason`` chunk (held back until generation ends), never a chunk of
+    their own: every chunk but the usage chunk has a choice.
 
     Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
     the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
-    Errors`` (on a stream, also in a terminal ``millm_plugin_errors`` chunk).
+    Errors`` (on a stream, also in ``millm_plugin_errors`` on the last finish chunk).
     """

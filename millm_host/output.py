@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# Terminal-chunk order on a stream (ascending), after the usage chunk.
+# The order extras are merged in (ascending; a later one wins a shared key), into the body or a stream's finish chunk.
 ORDER_PROBE_VERDICTS = 100
 ORDER_SAE_ACTIVATIONS = 200
 ORDER_STEERING = 300
@@ -14,7 +14,7 @@ ORDER_STEERING = 300
 
 @dataclass
 class ResponseExtra:
-    """Fields a plugin adds to a response body (or one terminal stream chunk)."""
+    """Fields a plugin adds to a response body (or to a stream's last ``finish_reason`` chunk)."""
 
     fields: dict[str, Any]
     order: int = 500

@@ -16,10 +16,11 @@ import json
 import math
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .errors import InvalidParameter, MillmError
 
@@ -30,6 +31,9 @@ TopP = Annotated[float, Field(ge=0, le=1)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 PositiveInt = Annotated[int, Field(ge=1)]
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+#: Most entries one ``logit_bias`` may hold.
+MAX_LOGIT_BIAS = 1024
 #: Request lists stop at their first bad item: a union member that does not fit
 #: (4 MiB of token ids tried as strings) would otherwise build an error per item.
 FAIL_FAST = Field(fail_fast=True)
@@ -68,6 +72,21 @@ class SamplingFields(_Strict):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     seed: Seed | None = None
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="Token id (as a string) -> bias added to its logit, -100 to 100"
+    )
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdecimal() or not key.isascii():
+                raise ValueError(f"key {key[:40]!r} is not a token id")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} is {bias}; biases are -100 to 100")
+        if value is not None and len(value) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -110,9 +129,12 @@ class ChatCompletionRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST]
+    logprobs: bool | None = Field(default=None, description="Return each generated token's log-probability")
+    top_logprobs: TopLogprobs | None = Field(default=None, description="Most probable alternatives per token, 0-20")
 
 
-PromptIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1), FAIL_FAST]
+TokenId = Annotated[int, Field(ge=0)]
+PromptIds = Annotated[list[TokenId], Field(min_length=1), FAIL_FAST]
 
 
 class CompletionRequest(SamplingFields):
@@ -125,6 +147,9 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[PromptIds], Field(min_length=1), FAIL_FAST]
     )
     add_special_tokens: bool | None = True
+    logprobs: TopLogprobs | Literal[False] | None = Field(
+        default=None, description="Return each generated token's log-probability and this many alternatives, 0-20"
+    )
 
     @property
     def prompts(self) -> list[str | list[int]]:
@@ -140,7 +165,15 @@ class EmbeddingRequest(_Strict):
     """``POST /v1/embeddings``: one vector per input, pooled from the last hidden layer."""
 
     model: str
-    input: str | Annotated[list[str], FAIL_FAST] = Field(description="A string or a list of strings; none may be empty")
+    input: (
+        str
+        | Annotated[list[str], FAIL_FAST]
+        | Annotated[list[TokenId], FAIL_FAST]
+        | Annotated[list[Annotated[list[TokenId], FAIL_FAST]], FAIL_FAST]
+    ) = Field(
+        description="A string, a list of strings, token ids (the model's own, as POST /tokenize gives them) "
+        "or a list of token-id lists; none may be empty"
+    )
     encoding_format: Literal["float", "base64"] | None = Field(
         default=None, description='"float" (default) or "base64" (little-endian float32)'
     )
@@ -148,6 +181,42 @@ class EmbeddingRequest(_Strict):
         default=None, description="How the last hidden layer becomes one vector (default mean)"
     )
     normalize: bool | None = Field(default=None, description="L2-normalise each vector")
+
+
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's shape): a text prompt, or a chat rendered as chat completions render it."""
+
+    model: str
+    prompt: str | None = Field(default=None, description="Text, tokenized as /v1/completions tokenizes a prompt")
+    add_special_tokens: bool | None = Field(default=True, description="For prompt: add the tokenizer's special tokens")
+    messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST] | None = Field(
+        default=None, description="A chat, rendered and tokenized exactly as /v1/chat/completions does (one BOS)"
+    )
+    add_generation_prompt: bool | None = Field(
+        default=True, description="Must be true: generation always ends the render with the assistant's turn"
+    )
+    return_token_strs: bool | None = Field(default=False, description="Also return each token's text")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if self.prompt is None and self.messages is None:
+            raise InvalidParameter("prompt or messages is required", param="prompt")
+        if self.prompt is not None and self.messages is not None:
+            raise InvalidParameter("send prompt or messages, not both", param="messages")
+        if self.add_generation_prompt is False:
+            raise InvalidParameter(
+                "add_generation_prompt false is not served: /tokenize counts what generation sends, "
+                "which always ends with the assistant's turn",
+                param="add_generation_prompt",
+            )
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize`` (vLLM's shape): token ids back to text, special tokens kept."""
+
+    model: str
+    tokens: Annotated[list[TokenId], FAIL_FAST]
 
 
 # --- responses: built from these models, so what is sent is what is published ------------
@@ -175,6 +244,17 @@ class EmbeddingResponse(ResponseModel):
     data: list[EmbeddingData]
     model: str
     usage: EmbeddingUsage
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int | None = Field(description="The model's context window (null: not stated)")
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
 
 
 def message_text(message: ChatMessage, index: int) -> str | None:
@@ -339,13 +419,84 @@ def _gc_paused() -> Iterator[None]:
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
     """Validate ``body`` against ``model``; the first error names its parameter."""
     try:
-        return model.model_validate(body)
+        with _gc_paused():  # a long chat builds a model a message: collector passes would hold the GIL
+            return model.model_validate(_messages_validated_in_slices(model, body))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = loc_to_param(err["loc"])
-        if err["type"] == "missing":
-            raise InvalidParameter(f"{param} is required", param=param) from None
-        raise InvalidParameter(f"{param}: {err['msg']}", param=param) from None
+        raise _invalid(exc) from None
+
+
+def _invalid(exc: ValidationError, offset: tuple[Any, ...] = ()) -> InvalidParameter:
+    """The first error of ``exc`` as a 400 naming its parameter (``offset``: where the validated part sits)."""
+    err = exc.errors()[0]
+    return _named(err["type"], err["msg"], loc_to_param(offset + tuple(err["loc"])))
+
+
+def _named(kind: str, message: str, param: str) -> InvalidParameter:
+    if kind == "missing":
+        return InvalidParameter(f"{param} is required", param=param)
+    return InvalidParameter(f"{param}: {message}", param=param)
+
+
+#: Items pydantic validates in one call. pydantic-core holds the GIL for a whole call,
+#: so a 4 MiB chat of 150,000 tiny messages validated at once stalled the event loop
+#: (its worker thread's) for half a second; in slices the loop runs between them.
+VALIDATION_SLICE = 1024
+_messages_adapter = TypeAdapter(list[ChatMessage])
+_parts_adapter = TypeAdapter(list[ContentPart])
+
+
+def _messages_validated_in_slices(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` with a long ``messages`` list already validated, slice by slice (messages and content parts)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or "messages" not in model.model_fields:
+        return body
+    weight = len(messages) + sum(len(m["content"]) for m in messages if isinstance(m, dict) and _has_parts(m))
+    if weight <= VALIDATION_SLICE:
+        return body
+    done: list[ChatMessage] = []
+    start = 0
+    while start < len(messages):
+        end, budget = start, 0
+        while end < len(messages) and (end == start or budget < VALIDATION_SLICE):
+            message = messages[end]
+            budget += 1 + (len(message["content"]) if isinstance(message, dict) and _has_parts(message) else 0)
+            end += 1
+        if end - start == 1 and budget > VALIDATION_SLICE:  # one message of many parts: its parts in slices
+            done.append(_message_with_many_parts(messages[start], start))
+        else:
+            done.extend(_validated_slice(_messages_adapter, messages, start, end, ("messages",)))
+        start = end
+        time.sleep(0)  # hand the GIL to the event loop between slices
+    return {**body, "messages": done}
+
+
+def _has_parts(message: dict[str, Any]) -> bool:
+    return isinstance(message.get("content"), list)
+
+
+def _validated_slice(adapter: TypeAdapter, items: list[Any], start: int, end: int, where: tuple[Any, ...]) -> list[Any]:
+    """``items[start:end]`` validated; an error names the item by its index in the whole list."""
+    try:
+        return adapter.validate_python(items[start:end], strict=True)
+    except ValidationError as exc:
+        loc = tuple(exc.errors()[0]["loc"])
+        shifted = (loc[0] + start, *loc[1:]) if loc and isinstance(loc[0], int) else loc
+        error = exc.errors()[0]
+        raise _named(error["type"], error["msg"], loc_to_param(where + shifted)) from None
+
+
+def _message_with_many_parts(message: dict[str, Any], index: int) -> ChatMessage:
+    """One message whose content parts are validated slice by slice, then the message around them."""
+    parts = message["content"]
+    validated: list[ContentPart] = []
+    for start in range(0, len(parts), VALIDATION_SLICE):
+        end = min(start + VALIDATION_SLICE, len(parts))
+        validated.extend(_validated_slice(_parts_adapter, parts, start, end, ("messages", index, "content")))
+        time.sleep(0)
+    try:
+        return ChatMessage.model_validate({**message, "content": validated}, strict=True)
+    except ValidationError as exc:
+        raise _invalid(exc, ("messages", index)) from None
 
 
 def loc_to_param(loc: tuple[Any, ...]) -> str:

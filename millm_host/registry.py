@@ -37,6 +37,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("millm.registry")
 
+#: Model ids a model_not_found message names before "and N more".
+NAMED_IN_404 = 20
+
+
+class AmbiguousModelName(MillmError):
+    """A name that fits several models (a repository with several quantizations or checkpoints)."""
+
+    status, code = 400, "AMBIGUOUS_MODEL_NAME"
+
 
 class ModelState(str, enum.Enum):
     READY = "READY"
@@ -166,20 +175,39 @@ class ModelRegistry:
 
     # --- lookup -------------------------------------------------------------------
     def resolve(self, name: str) -> ModelEntry:
-        """The entry a request's ``model`` names, or the error a client should see."""
+        """The entry a request's ``model`` names, or the error a client should see.
+
+        An id names its model; so does a Hugging Face repository id (``hf_id``) that
+        exactly one model was made from (an alias: ``/v1/models`` keeps listing ids).
+        """
         entry = self.entries.get(name)
         if entry is not None:
             return entry
+        aliased = sorted((e for e in self.entries.values() if e.descriptor.hf_id == name), key=lambda e: e.id)
+        if len(aliased) == 1:
+            return aliased[0]
+        if aliased:
+            raise AmbiguousModelName(
+                f"model {name!r} is the repository of several models; name one: " + ", ".join(e.id for e in aliased),
+                param="model",
+            )
         tagged = sorted(e.id for e in self.entries.values() if e.descriptor.repo == name)
         if len(tagged) == 1:
             raise ModelNotFound(f"model {name!r} names a repository, not a model; use {tagged[0]!r}", param="model")
         if len(tagged) > 1:
-            raise MillmError(
-                f"model {name!r} is ambiguous: name one quantization: " + ", ".join(tagged),
-                param="model",
-                code="AMBIGUOUS_MODEL_NAME",
+            raise AmbiguousModelName(
+                f"model {name!r} is ambiguous: name one quantization: " + ", ".join(tagged), param="model"
             )
-        raise ModelNotFound(f"the model {name!r} does not exist", param="model")
+        raise ModelNotFound(f"the model {name!r} does not exist; {self.known_models()}", param="model")
+
+    def known_models(self) -> str:
+        """A sentence naming the models ``/v1/models`` lists (for a 404), the first few when there are many."""
+        ids = sorted(e.id for e in self.host.listed_models())
+        if not ids:
+            return "this server has no models"
+        shown = ", ".join(repr(i) for i in ids[:NAMED_IN_404])
+        more = f" and {len(ids) - NAMED_IN_404} more (GET /v1/models)" if len(ids) > NAMED_IN_404 else ""
+        return f"models on this server: {shown}{more}"
 
     def detail(self, entry: ModelEntry) -> dict[str, Any]:
         """A model's state, and (when resident) the identity of the loaded weights probes are checked against."""

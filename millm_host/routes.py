@@ -1,15 +1,16 @@
-"""Every route of the app: the host's own, then each plugin's."""
+"""Every route of the app: the host's own, then each plugin's; and ``/openapi.json``, which lists them all."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import falcon
 import falcon.asgi
 
 from . import hookcalls
+from .access import Access
 from .errors import MillmError
-from .openapi import openapi_document
+from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
 from .resources.health import Health
 from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels
@@ -20,11 +21,30 @@ if TYPE_CHECKING:
 
 
 class OpenAPI:
+    """``GET /openapi.json``: built once, on the first request (every route is installed by then)."""
+
     def __init__(self, host: Host) -> None:
         self.host = host
+        self._document: dict[str, Any] | None = None
 
+    @operation("This document (OpenAPI 3.1)")
     async def on_get(self, req, resp) -> None:
-        resp.media = openapi_document(self.host.openapi_bodies)
+        if self._document is None:
+            self._document = document(self.host)
+        resp.media = self._document
+
+
+def document(host: Host) -> dict[str, Any]:
+    """The OpenAPI document of every route ``host`` serves."""
+    table = host.routes
+    assert table is not None, "the routes are not installed"
+    access = Access(host.settings)
+    inputs = DocumentInputs(
+        request_fields=host.request_schemas,
+        bodies=host.openapi_bodies,
+        guarded=lambda path: access.keys_for(path) is not None,
+    )
+    return openapi_document(((route, method) for route in table.routes for method in table.methods(route)), inputs)
 
 
 def install(app: falcon.asgi.App, host: Host) -> None:
@@ -32,17 +52,22 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     app.add_error_handler(falcon.HTTPError, handle_http_error)
     app.add_error_handler(MillmError, handle_millm_error)
 
-    app.add_route("/v1/chat/completions", ServingResource(host, "chat.completions"))
-    app.add_route("/v1/completions", ServingResource(host, "completions"))
-    app.add_route("/v1/embeddings", ServingResource(host, "embeddings"))
-    app.add_route("/v1/models", OpenAIModels(host))
-    app.add_route("/v1/models/{model_id}", OpenAIModel(host))
-    app.add_route("/api/health", Health(host))
-    app.add_route("/api/models", ManagedModels(host))
+    host.routes = table = RouteTable(app)
+    add_route = table.add_route
+    add_route("/v1/chat/completions", ServingResource(host, "chat.completions"))
+    add_route("/v1/completions", ServingResource(host, "completions"))
+    add_route("/v1/embeddings", ServingResource(host, "embeddings"))
+    add_route("/tokenize", ServingResource(host, "tokenize"))  # vLLM's paths, outside /v1
+    add_route("/detokenize", ServingResource(host, "detokenize"))
+    add_route("/v1/responses", ServingResource(host, "responses"))
+    add_route("/v1/models", OpenAIModels(host))
+    add_route("/v1/models/{model_id}", OpenAIModel(host))
+    add_route("/api/health", Health(host))
+    add_route("/api/models", ManagedModels(host))
     managed = ManagedModel(host)
-    app.add_route("/api/models/{model_id}", managed)
-    app.add_route("/api/models/{model_id}/load", managed, suffix="load")
-    app.add_route("/api/models/{model_id}/unload", managed, suffix="unload")
-    app.add_route("/openapi.json", OpenAPI(host))
+    add_route("/api/models/{model_id}", managed)
+    add_route("/api/models/{model_id}/load", managed, suffix="load")
+    add_route("/api/models/{model_id}/unload", managed, suffix="unload")
+    add_route("/openapi.json", OpenAPI(host))
 
-    hookcalls.startup(host.pm, "register_routes", host=host, add_route=app.add_route)
+    hookcalls.startup(host.pm, "register_routes", host=host, add_route=add_route)

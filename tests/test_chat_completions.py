@@ -77,9 +77,10 @@ def test_stream_chunks_match_openai_schema_and_order(echo):
     for chunk in chunks:
         validate_openai("CreateChatCompletionStreamResponse", chunk)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    chunks = [c for c in chunks if not any(key.startswith("millm") for key in c)]  # extension chunks come last
-    usage_chunk = chunks[-1]
+    usage_chunk = chunks[-1]  # the last before [DONE], as OpenAI sends it; the only one without a choice
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 6
+    assert all(c["choices"] and c["usage"] is None for c in chunks[:-1])
+    assert {c["system_fingerprint"] for c in chunks} == {usage_chunk["system_fingerprint"]} != {None}
     final = chunks[-2]["choices"][0]
     assert final["finish_reason"] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])

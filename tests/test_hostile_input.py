@@ -18,7 +18,9 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
+from millm_host.errors import InvalidParameter
 from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
+from millm_host.protocol import ChatCompletionRequest, validate
 from millm_host.testing import assert_error, chat_body
 
 HOSTILE = [
@@ -112,9 +114,10 @@ def test_every_json_route_refuses_the_reproducer_promptly(own_server, method, pa
     assert slowest < HEALTH_BOUND_S, f"/api/health took {slowest:.2f} s"
 
 
-@pytest.mark.parametrize("kind", ["deep", "token-ids", "empty-arrays"])
+@pytest.mark.parametrize("kind", ["deep", "token-ids", "empty-arrays", "many-messages", "many-parts"])
 def test_large_bodies_leave_the_event_loop_free(own_server, kind):
-    """Nesting past the interpreter's recursion, 2M token ids to validate, 1.4M containers to build."""
+    """Nesting past the interpreter's recursion, 2M token ids to validate, 1.4M containers to build,
+    150,000 messages or content parts to validate (in slices, so the event loop runs between them)."""
     model = json.dumps(own_server.model_id).encode()
     path, body, code = {
         "deep": ("/v1/chat/completions", just_under_the_limit(b'{"messages":', b"["), "invalid_parameter"),
@@ -127,6 +130,25 @@ def test_large_bodies_leave_the_event_loop_free(own_server, kind):
             "/v1/chat/completions",
             just_under_the_limit(b'{"model":' + model + b',"x":[', b"[],", b"[]]}"),
             "invalid_parameter",
+        ),
+        # Valid bodies pydantic validates: in one call it held the GIL for 0.5-2 s.
+        "many-messages": (
+            "/v1/chat/completions",
+            just_under_the_limit(
+                b'{"model":' + model + b',"messages":[',
+                b'{"role":"user","content":"a"},',
+                b'{"role":"user","content":"a"}]}',
+            ),
+            "context_length_exceeded",
+        ),
+        "many-parts": (
+            "/v1/chat/completions",
+            just_under_the_limit(
+                b'{"model":' + model + b',"messages":[{"role":"user","content":[',
+                b'{"type":"text","text":"a"},',
+                b'{"type":"text","text":"a"}]}]}',
+            ),
+            "context_length_exceeded",
         ),
     }[kind]
     response, slowest = health_while(own_server, "POST", path, body)
@@ -256,10 +278,35 @@ def test_an_empty_string_in_a_prompt_list_is_a_400(tiny_server):
 )
 def test_a_refusal_names_fields_that_look_like_type_tags(fields, param):
     """Union-member tags ("str", "list[str]") are dropped from the location; "stream" is a field, not a tag."""
-    from millm_host.errors import InvalidParameter
-    from millm_host.protocol import ChatCompletionRequest, validate
-
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
     with pytest.raises(InvalidParameter) as raised:
         validate(ChatCompletionRequest, body)
     assert raised.value.param == param
+
+
+# --- long lists are validated in slices: errors still name the item ------------------
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([{"role": "user", "content": "a"}] * 1500 + [{"role": "robot", "content": "a"}], "messages[1500].role"),
+        ([{"role": "user", "content": "a"}] * 2999 + [{"role": "user"}] + [{"content": "a"}], "messages[3000].role"),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "a"}] * 2500 + [{"type": "text", "text": 5}]}],
+            "messages[0].content[2500].text",
+        ),
+    ],
+)
+def test_sliced_validation_names_the_bad_item(messages, param):
+    with pytest.raises(InvalidParameter) as caught:
+        validate(ChatCompletionRequest, {"model": "m", "messages": messages})
+    assert caught.value.param == param
+
+
+def test_sliced_validation_keeps_every_message_and_part():
+    parts = [{"type": "text", "text": str(i)} for i in range(3000)]
+    messages = [{"role": "user", "content": str(i)} for i in range(2500)] + [{"role": "user", "content": parts}]
+    request = validate(ChatCompletionRequest, {"model": "m", "messages": messages})
+    assert [m.content for m in request.messages[:2500]] == [str(i) for i in range(2500)]
+    assert [p.text for p in request.messages[-1].content] == [str(i) for i in range(3000)]

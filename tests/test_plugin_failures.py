@@ -44,7 +44,9 @@ def test_a_stream_names_the_plugin_in_its_header_and_its_last_chunk(faulty):
     assert response.status_code == 200
     assert _named(response.headers["x-millm-plugin-errors"]) == ["fault_injection"]
     assert events[-1] == "[DONE]"
-    assert events[-2]["choices"] == [] and events[-2]["millm_plugin_errors"] == ["fault_injection"]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"  # they ride on the finish chunk
+    assert events[-2]["millm_plugin_errors"] == ["fault_injection"]
+    assert all("millm_plugin_errors" not in e for e in events[:-2])
 
 
 def test_extras_failing_after_a_stream_opened_are_named_in_the_last_chunk(faulty):
@@ -57,4 +59,5 @@ def test_extras_failing_after_a_stream_opened_are_named_in_the_last_chunk(faulty
         )
     assert response.status_code == 200 and "x-millm-plugin-errors" not in response.headers
     assert events[-2]["millm_plugin_errors"] == ["fault_injection"] and events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert healthy.status_code == 200 and not any("millm_plugin_errors" in e for e in plain if isinstance(e, dict))

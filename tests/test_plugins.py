@@ -102,13 +102,13 @@ def test_third_party_detector_adds_header_and_body_field(detector_app):
     assert raw.headers["x-detector-shouting"] == ",".join(f"{s:.4f}" for s in scores)
 
 
-def test_third_party_detector_streams_a_terminal_chunk(detector_app):
+def test_third_party_detector_extras_ride_on_the_finish_chunk(detector_app):
     with detector_app.http() as http:
         _, events = stream_post(
             http, "/v1/chat/completions", chat_body(detector_app.model_id, max_tokens=4, stream=True)
         )
     extra = events[-2]
-    assert extra["choices"] == [] and "shouting" in extra["detector_example"]
+    assert extra["choices"][0]["finish_reason"] == "length" and "shouting" in extra["detector_example"]
 
 
 def test_detector_is_silent_unless_enabled(app_factory):

@@ -22,8 +22,16 @@ def handle(app, endpoint: str, body: dict[str, Any], **kwargs: Any) -> Result:
 
 
 def test_every_endpoint_has_one_serving(echo_app):
-    assert set(echo_app.host.serving) == {"chat.completions", "completions", "embeddings"}
-    assert all(serving.endpoint == name for name, serving in echo_app.host.serving.items())
+    assert set(echo_app.host.serving) == {
+        "chat.completions",
+        "completions",
+        "embeddings",
+        "tokenize",
+        "detokenize",
+        "responses",
+    }
+    # /v1/responses is served as a chat completion (its context's endpoint), under a route of its own
+    assert all(getattr(serving, "route", serving.endpoint) == name for name, serving in echo_app.host.serving.items())
 
 
 def test_a_completion_is_a_json_body_and_headers(echo_app):

@@ -24,6 +24,9 @@ ROOTS = (
     "ErrorResponse",
 )
 TARGET = Path(__file__).resolve().parent.parent / "millm_host" / "testing" / "openai_schemas.json"
+#: The Responses API's schemas, a file of their own (they reference some 300 others).
+RESPONSES_ROOTS = ("Response", "ResponseStreamEvent")
+RESPONSES_TARGET = TARGET.with_name("openai_responses_schemas.json")
 
 
 def denullable(node):
@@ -54,7 +57,12 @@ def refs(node, found):
 
 def main(source: str) -> None:
     schemas = json.loads(Path(source).read_text())["components"]["schemas"]
-    keep, todo = set(), list(ROOTS)
+    extract(schemas, ROOTS, TARGET)
+    extract(schemas, RESPONSES_ROOTS, RESPONSES_TARGET)
+
+
+def extract(schemas: dict, roots: tuple[str, ...], target: Path) -> None:
+    keep, todo = set(), list(roots)
     while todo:
         name = todo.pop()
         if name in keep:
@@ -65,8 +73,8 @@ def main(source: str) -> None:
         todo.extend(found - keep)
     out = {"$defs": {name: denullable(schemas[name]) for name in sorted(keep)}}
     text = json.dumps(out, indent=1, sort_keys=True).replace("#/components/schemas/", "#/$defs/")
-    TARGET.write_text(text + "\n")
-    print(f"wrote {len(keep)} schemas to {TARGET}")
+    target.write_text(text + "\n")
+    print(f"wrote {len(keep)} schemas to {target}")
 
 
 if __name__ == "__main__":

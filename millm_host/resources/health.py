@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..openapi import operation
+from ..protocol_responses import Health as HealthBody
+
 if TYPE_CHECKING:
     from ..app import Host
 
@@ -12,6 +15,7 @@ class Health:
     def __init__(self, host: Host) -> None:
         self.host = host
 
+    @operation("The server's state: the model, its load, the queue, the plugins", response=HealthBody)
     async def on_get(self, req, resp) -> None:
         registry = self.host.registry
         scheduler = self.host.scheduler

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelNotFound
+from ..openapi import operation
+from ..protocol_responses import Model, ModelDetail, ModelDetailList, ModelList
 from ..registry import ModelEntry
 
 if TYPE_CHECKING:
@@ -21,6 +23,7 @@ class OpenAIModels:
     def __init__(self, host: Host) -> None:
         self.host = host
 
+    @operation("The models this server serves", response=ModelList)
     async def on_get(self, req, resp) -> None:
         resp.media = {
             "object": "list",
@@ -32,9 +35,10 @@ class OpenAIModel:
     def __init__(self, host: Host) -> None:
         self.host = host
 
+    @operation("One model", response=Model, errors=(404,))
     async def on_get(self, req, resp, model_id: str) -> None:
-        entry = self.host.registry.entries.get(model_id)
-        if entry is None or entry not in self.host.listed_models():
+        entry = self.host.registry.resolve(model_id)  # an alias answers with the id it stands for
+        if entry not in self.host.listed_models():
             raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
         resp.media = openai_model(entry)
 
@@ -48,6 +52,7 @@ class ManagedModels:
     def __init__(self, host: Host) -> None:
         self.host = host
 
+    @operation("Every model found, with its state", response=ModelDetailList)
     async def on_get(self, req, resp) -> None:
         resp.media = {"data": [model_detail(self.host, e) for e in self.host.registry.entries.values()]}
 
@@ -57,19 +62,23 @@ class ManagedModel:
         self.host = host
 
     def _entry(self, model_id: str) -> ModelEntry:
-        entry = self.host.registry.entries.get(model_id)
+        registry = self.host.registry
+        entry = registry.entries.get(model_id)  # management names models by id only
         if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist", param="model")
+            raise ModelNotFound(f"the model {model_id!r} does not exist; {registry.known_models()}", param="model")
         return entry
 
+    @operation("A model's state, and its identity while resident", response=ModelDetail, errors=(404,))
     async def on_get(self, req, resp, model_id: str) -> None:
         resp.media = model_detail(self.host, self._entry(model_id))
 
+    @operation("Make the model resident (unloading the one that is)", response=ModelDetail, errors=(404, 503))
     async def on_post_load(self, req, resp, model_id: str) -> None:
         entry = self._entry(model_id)
         await self.host.registry.load(entry)
         resp.media = model_detail(self.host, entry)
 
+    @operation("Unload the model", response=ModelDetail, errors=(404, 503))
     async def on_post_unload(self, req, resp, model_id: str) -> None:
         entry = self._entry(model_id)
         await self.host.registry.unload(entry)

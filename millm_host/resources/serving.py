@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``: one resource, one call.
+"""``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and ``/v1/responses``: one resource, one call.
 
 The body is read and checked here (HTTP); the request is served by
 ``host.serving[endpoint].handle`` (no HTTP), and its ``Result`` written back: a
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import falcon
 from falcon.asgi import SSEvent
 
+from ..openapi import Operation
 from ..scheduler import TICK
 from ..serving.base import Chunks, ClientGone
 from .common import lower_headers, read_json
@@ -30,13 +31,18 @@ class ServingResource:
         self.host = host
         self.endpoint = endpoint
 
+    def describe_operation(self, method: str, suffix: str | None) -> Operation:
+        """``/openapi.json``: what the endpoint's serving takes and answers."""
+        return self.host.serving[self.endpoint].describe()
+
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         body = await read_json(req, self.host.settings)
         # a client that leaves cancels its request, streamed or not
-        result = await self.host.serving[self.endpoint].handle(body, lower_headers(req), gone=client_gone(req))
+        serving = self.host.serving[self.endpoint]
+        result = await serving.handle(body, lower_headers(req), gone=client_gone(req))
         resp.set_headers(result.headers)
         if result.stream is not None:
-            resp.sse = _events(result.stream)
+            resp.sse = _events(result.stream, named=getattr(serving, "named_events", False))
         else:
             resp.media = result.body
 
@@ -59,10 +65,15 @@ def client_gone(req: falcon.asgi.Request) -> ClientGone | None:
     return gone
 
 
-async def _events(items: Chunks) -> AsyncIterator[SSEvent | None]:
+async def _events(items: Chunks, *, named: bool = False) -> AsyncIterator[SSEvent | None]:
+    """``named``: each event also carries its ``type`` as the SSE ``event:`` (the Responses API's stream)."""
     try:
         async for item in items:
-            yield None if item is None else SSEvent(data=sse_data(item))
+            if item is None:
+                yield None
+            else:
+                event = item.get("type") if named and isinstance(item, dict) else None
+                yield SSEvent(data=sse_data(item), event=event)
     finally:
         await items.aclose()
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
-from ..engine import LayerHook
+from ..engine import SCORING, LayerHook
 from ..errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
 from ..headers import Token, serialize_item
@@ -59,6 +59,7 @@ UNSCORABLE_FIELDS = (
     "parallel_tool_calls",
     "functions",
     "function_call",
+    "logit_bias",
 )
 #: Sampling fields that change nothing when nothing is sampled: reported as unused.
 NOT_APPLIED_FIELDS = ("top_p", "stop", "frequency_penalty", "presence_penalty")
@@ -71,16 +72,24 @@ SCORING_ONLY_FIELDS = ("return_tokens_as_token_ids", "scoring_precision")
 def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
     """Scoring mode: next-token log-probabilities instead of generation.
 
-    ``logprobs`` (other than false), ``allowed_token_ids`` or, on chat,
-    ``top_logprobs``. A malformed value (``logprobs: 5`` on chat) is a scoring
-    request too, so scoring validation refuses it rather than generation ignoring it.
+    ``allowed_token_ids``; or ``logprobs`` (other than false) or, on chat,
+    ``top_logprobs`` on a request for one token (``max_tokens: 1``) that is not
+    streamed. A malformed value (``logprobs: 5`` on chat) is a scoring request
+    too, so scoring validation refuses it rather than generation ignoring it.
+    Logprobs on a longer or streamed request are generation logprobs.
     """
     if body.get("allowed_token_ids") is not None:
         return True
     logprobs = body.get("logprobs")
-    if logprobs is not None and logprobs is not False:
-        return True
-    return endpoint == "chat.completions" and body.get("top_logprobs") is not None
+    asks = (logprobs is not None and logprobs is not False) or (
+        endpoint == "chat.completions" and body.get("top_logprobs") is not None
+    )
+    if not asks or body.get("stream") is True:
+        return False
+    requested = body.get("max_tokens")
+    if requested is None:
+        requested = body.get("max_completion_tokens")
+    return requested == 1 and requested is not True
 
 
 def refuse_scoring_only_fields(ctx: RequestContext) -> None:
@@ -110,6 +119,13 @@ def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
     ``ctx`` is the context generation built (its protocol and fields already checked).
     """
     body = ctx.body
+    if SCORING not in ctx.engine_capabilities:
+        sent = "allowed_token_ids" if body.get("allowed_token_ids") is not None else "logprobs"
+        raise FieldNotHonoured(
+            f"the {ctx.engine_name} engine cannot score (next-token log-probabilities with max_tokens: 1); "
+            "ask for more than one token to get generation logprobs",
+            param=sent,
+        )
     for name in UNSCORABLE_FIELDS:
         if name in body and not is_no_change(name, body[name]):
             raise FieldNotHonoured(
@@ -211,7 +227,9 @@ class ServingScoring(Serving):
         super().__init__(host)
         self.generation = generation
         self.endpoint = generation.endpoint
-        self.protocol = ScoringChatRequest if self.endpoint == "chat.completions" else ScoringCompletionRequest
+        chat = self.endpoint == "chat.completions"
+        self.protocol = ScoringChatRequest if chat else ScoringCompletionRequest
+        self.response_model = ScoringChatResponse if chat else ScoringCompletionResponse
         self._float32 = threading.Lock()
 
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:

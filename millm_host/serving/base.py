@@ -27,6 +27,7 @@ from ..context import Endpoint, RequestContext
 from ..errors import ClientDisconnected, RequestCancelled
 from ..fields import check_fields, strict_mode
 from ..headers import serialize_string_list
+from ..openapi import Operation
 from ..output import ResponseExtra
 from ..protocol import validate
 from .generation import flatten
@@ -65,9 +66,26 @@ class Serving:
 
     endpoint: Endpoint
     protocol: type[BaseModel]
+    #: The success body and (for a streaming endpoint) each streamed chunk, for ``/openapi.json``.
+    response_model: type[BaseModel] | None = None
+    chunk_model: type[BaseModel] | None = None
+    #: Statuses a request can be refused with besides 400 and 500: an unknown model, a conflict
+    #: (scoring precision), the queue full, the model busy or not loaded.
+    refusals: tuple[int, ...] = (404, 409, 503)
 
     def __init__(self, host: Host) -> None:
         self.host = host
+
+    def describe(self) -> Operation:
+        """This endpoint in ``/openapi.json``: its protocol, its response and its stream's chunks."""
+        return Operation(
+            summary=(type(self).__doc__ or "").strip().splitlines()[0],
+            request=(self.protocol,),
+            response=(self.response_model,) if self.response_model else None,
+            stream=self.chunk_model,
+            errors=self.refusals,
+            endpoint=self.endpoint,
+        )
 
     # --- the lifecycle ------------------------------------------------------------------
     async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:

@@ -6,7 +6,8 @@ from typing import Any
 
 from ..context import RequestContext
 from ..errors import InvalidParameter
-from ..protocol import ChatCompletionRequest, ChatMessage, message_text
+from ..protocol import VALIDATION_SLICE, ChatCompletionRequest, ChatMessage, message_text
+from ..protocol_responses import ChatCompletionChunk, ChatCompletionResponse
 from .prompts import chat_prompts
 from .run import ServingGeneration
 
@@ -16,6 +17,8 @@ class ServingChat(ServingGeneration):
 
     endpoint = "chat.completions"
     protocol = ChatCompletionRequest
+    response_model = ChatCompletionResponse
+    chunk_model = ChatCompletionChunk
 
     def read(self, ctx: RequestContext) -> None:
         """The conversations, as the template sees them (``ctx.conversations``) and in full (``ctx.messages``)."""
@@ -45,7 +48,16 @@ def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def _full_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as sent, every field kept (``tool_calls``, ``tool_call_id``, ``name``)."""
-    return [message.model_dump(exclude_unset=True) for message in messages]
+    return [_dumped(message) for message in messages]
+
+
+def _dumped(message: ChatMessage) -> dict[str, Any]:
+    """One message as a dict; a long list of content parts part by part (one call would hold the GIL throughout)."""
+    if isinstance(message.content, list) and len(message.content) > VALIDATION_SLICE:
+        out = message.model_dump(exclude_unset=True, exclude={"content"})
+        out["content"] = [part.model_dump(exclude_unset=True) for part in message.content]
+        return out
+    return message.model_dump(exclude_unset=True)
 
 
 def _extra_messages(rows: Any, index: int) -> list[ChatMessage]:

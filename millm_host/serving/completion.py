@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..context import RequestContext
 from ..errors import InvalidParameter
 from ..protocol import CompletionRequest
+from ..protocol_responses import CompletionChunk, CompletionResponse
 from .prompts import completion_prompts, refuse_out_of_vocabulary
 from .run import ServingGeneration
 
@@ -14,6 +15,8 @@ class ServingCompletion(ServingGeneration):
 
     endpoint = "completions"
     protocol = CompletionRequest
+    response_model = CompletionResponse
+    chunk_model = CompletionChunk
 
     def read(self, ctx: RequestContext) -> None:
         super().read(ctx)

@@ -1,5 +1,7 @@
 """``POST /v1/embeddings``: ``ServingEmbeddings``, one vector per input, pooled from the last hidden layer, never steered.
 
+An input is text or the model's own token ids (as OpenAI accepts token arrays; the ids are taken
+as this model's, as vLLM and llama.cpp's server take them, and checked against its vocabulary).
 No HTTP here and no tensor math: inputs are checked before any model load, every
 input is tokenized and measured before anything runs (inputs are never
 truncated), the engine pools each vector on the engine thread (with no layer hook
@@ -11,7 +13,7 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from typing import Any
+from typing import Any, cast
 
 from ..context import RequestContext
 from ..errors import SERVER_ERROR, ContextLengthExceeded, InvalidParameter, MillmError
@@ -33,6 +35,7 @@ class ServingEmbeddings(Serving):
 
     endpoint = "embeddings"
     protocol = EmbeddingRequest
+    response_model = EmbeddingResponse
 
     def read(self, ctx: RequestContext) -> None:
         ctx.plan = inputs_of(ctx.params, self.host.settings["EMBEDDINGS_MAX_INPUTS"])
@@ -41,7 +44,8 @@ class ServingEmbeddings(Serving):
         """Every input tokenized and measured before anything runs: none is ever truncated."""
         engine = ctx.engine
         assert engine is not None
-        ctx.prompts = [engine.tokenize(text) for text in ctx.plan]
+        refuse_unknown_ids(ctx, engine.info.vocab_size)
+        ctx.prompts = [list(item) if isinstance(item, list) else engine.tokenize(item) for item in ctx.plan]
         for i, ids in enumerate(ctx.prompts):
             if not ids:
                 raise InvalidParameter(f"input[{i}] tokenises to nothing", param="input")
@@ -69,25 +73,49 @@ class ServingEmbeddings(Serving):
         return response.model_dump(mode="json")
 
 
-def inputs_of(params: EmbeddingRequest, max_inputs: int) -> list[str]:
-    """The inputs as a list; empty ones and too many are refused (no model needed)."""
+def inputs_of(params: EmbeddingRequest, max_inputs: int) -> list[str | list[int]]:
+    """The inputs as a list (text, or token ids); empty ones and too many are refused (no model needed)."""
     if isinstance(params.input, str):
         if not params.input:
             raise InvalidParameter("input is an empty string; send text to embed", param="input")
         return [params.input]
     if not params.input:
-        raise InvalidParameter("input is an empty list; send at least one string", param="input")
+        raise InvalidParameter("input is an empty list; send at least one string or token id", param="input")
+    if is_one_id_list(params.input):
+        return [cast("list[int]", list(params.input))]  # one input given as token ids
     if len(params.input) > max_inputs:
         raise InvalidParameter(
-            f"input has {len(params.input)} strings; at most {max_inputs} are accepted (EMBEDDINGS_MAX_INPUTS)",
+            f"input has {len(params.input)} inputs; at most {max_inputs} are accepted (EMBEDDINGS_MAX_INPUTS)",
             param="input",
         )
-    empty = [i for i, text in enumerate(params.input) if not text]
+    empty = [i for i, item in enumerate(params.input) if not item]
     if empty:
         named = ", ".join(f"input[{i}]" for i in empty[:NAMED_OVER_LIMIT])
         more = f" and {len(empty) - NAMED_OVER_LIMIT} more" if len(empty) > NAMED_OVER_LIMIT else ""
-        raise InvalidParameter(f"empty strings cannot be embedded: {named}{more}", param="input")
-    return list(params.input)
+        raise InvalidParameter(f"empty inputs cannot be embedded: {named}{more}", param="input")
+    return cast("list[str | list[int]]", list(params.input))
+
+
+def is_one_id_list(value: Any) -> bool:
+    """Whether ``input`` is one input sent as token ids (``[1, 2, 3]``), not a list of inputs."""
+    return isinstance(value, list) and bool(value) and isinstance(value[0], int)
+
+
+def refuse_unknown_ids(ctx: RequestContext, vocab_size: int) -> None:
+    """Refuse a token id outside the model's vocabulary, naming where it is (``input[1][7]``)."""
+    flat = is_one_id_list(ctx.params.input)
+    for i, item in enumerate(ctx.plan):
+        if isinstance(item, str):
+            continue
+        for j, token in enumerate(item):
+            if token >= vocab_size:
+                where = f"input[{j}]" if flat else f"input[{i}][{j}]"
+                raise InvalidParameter(
+                    f"{where}: token id {token} is outside this model's vocabulary (ids 0-{vocab_size - 1}). "
+                    "Token ids are the model's own (POST /tokenize gives them), not OpenAI's: LangChain's "
+                    "OpenAIEmbeddings sends OpenAI tiktoken ids unless check_embedding_ctx_length=False",
+                    param=where,
+                )
 
 
 def check_lengths(ctx: RequestContext, lengths: list[int], window: int | None) -> None:
@@ -99,7 +127,8 @@ def check_lengths(ctx: RequestContext, lengths: list[int], window: int | None) -
         return
     named = ", ".join(f"input[{i}] ({n} tokens)" for i, n in over[:NAMED_OVER_LIMIT])
     more = f", and {len(over) - NAMED_OVER_LIMIT} more" if len(over) > NAMED_OVER_LIMIT else ""
-    param = "input" if isinstance(ctx.params.input, str) else f"input[{over[0][0]}]"
+    single = isinstance(ctx.params.input, str) or is_one_id_list(ctx.params.input)
+    param = "input" if single else f"input[{over[0][0]}]"
     raise ContextLengthExceeded(
         f"this model's maximum context length is {window} tokens and inputs are never truncated; "
         f"over the limit: {named}{more}. Shorten or split them",

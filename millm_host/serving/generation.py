@@ -23,6 +23,7 @@ from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook, LogitsProcessorFactory
 from ..errors import InternalError, MillmError, RequestCancelled
 from ..output import OutputFilter, OutputFilterFactory
+from .logprobs import SequenceLogprobs, prompt_chars
 from .text import TextAssembler
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class GenerationJob:
         self.emit = emit
         self._lock = threading.Lock()
         self._told = False  # after_generate has been called
+        #: Per sequence index, its logprobs (when the request asks for them).
+        self._logprobs: dict[int, SequenceLogprobs] = {}
 
     def __call__(self) -> None:
         ctx, scheduler = self.ctx, self.host.scheduler
@@ -125,6 +128,11 @@ class GenerationJob:
         assembler = TextAssembler(engine.decode, ctx.params.stop_list)
         eos = engine.info.eos_token_ids
         finish = "length"
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = SequenceLogprobs(engine, prompt_chars(ctx, engine, prompt_index))
+            self._logprobs[out.index] = logprobs
+            out.logprobs = logprobs.entries
         tokens = engine.generate(prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors])
         beat = self.host.scheduler.beat
         try:
@@ -136,6 +144,8 @@ class GenerationJob:
                     finish = "stop"
                     break
                 out.token_ids.append(token)
+                if logprobs is not None:
+                    logprobs.add(token)
                 delta = assembler.add(token)
                 if delta:
                     self._send(out, delta, seq_filters)
@@ -159,6 +169,8 @@ class GenerationJob:
             out.message_extras.update(result.message_extras)
             if result.stream_delta and self.emit:
                 self.emit(("delta_extra", out.index, result.stream_delta))
+        if self.emit and logprobs is not None and logprobs.sent < len(logprobs.entries):
+            self.emit(("delta_logprobs", out.index, ("", logprobs.pending())))  # tokens no text was sent for
         if self.emit:
             self.emit(("finish", out.index, out.finish_reason))
 
@@ -168,5 +180,10 @@ class GenerationJob:
             if not text:
                 return
         out.text += text
-        if self.emit:
+        if not self.emit:
+            return
+        logprobs = self._logprobs.get(out.index)
+        if logprobs is None:
             self.emit(("delta", out.index, text))
+        else:
+            self.emit(("delta_logprobs", out.index, (text, logprobs.pending())))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..context import RequestContext
+from .logprobs import render as render_logprobs
 
 
 def response_id(ctx: RequestContext) -> str:
@@ -27,10 +28,22 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
             message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
             message.update(out.message_extras)
             choices.append(
-                {"index": out.index, "message": message, "logprobs": None, "finish_reason": out.finish_reason}
+                {
+                    "index": out.index,
+                    "message": message,
+                    "logprobs": render_logprobs(ctx, out.logprobs),
+                    "finish_reason": out.finish_reason,
+                }
             )
         else:
-            choices.append({"text": out.text, "index": out.index, "logprobs": None, "finish_reason": out.finish_reason})
+            choices.append(
+                {
+                    "text": out.text,
+                    "index": out.index,
+                    "logprobs": render_logprobs(ctx, out.logprobs),
+                    "finish_reason": out.finish_reason,
+                }
+            )
     return {
         "id": response_id(ctx),
         "object": "chat.completion" if ctx.is_chat else "text_completion",
@@ -43,16 +56,26 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
 
 
 def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """One streamed chunk."""
-    body = {
+    """One streamed chunk; with ``include_usage``, ``usage`` is null on all but the last (as OpenAI sends it)."""
+    assert ctx.engine is not None
+    body: dict[str, Any] = {
         "id": response_id(ctx),
         "object": "chat.completion.chunk" if ctx.is_chat else "text_completion",
         "created": ctx.created,
         "model": ctx.model.id,
+        "system_fingerprint": ctx.engine.info.system_fingerprint,
         "choices": choices,
     }
+    if wants_usage(ctx):
+        body["usage"] = None
     body.update(extra)
     return body
+
+
+def wants_usage(ctx: RequestContext) -> bool:
+    """The client asked for a usage chunk (``stream_options.include_usage``)."""
+    options = ctx.params.stream_options
+    return bool(options and options.include_usage)
 
 
 def delta_choice(
@@ -63,6 +86,7 @@ def delta_choice(
     role: bool = False,
     extra: dict[str, Any] | None = None,
     finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if ctx.is_chat:
         delta: dict[str, Any] = {}
@@ -73,5 +97,5 @@ def delta_choice(
             delta["content"] = text
         if extra:
             delta.update(extra)
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {"text": text or "", "index": index, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}

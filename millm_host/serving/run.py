@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
@@ -41,11 +42,13 @@ from ..errors import (
     RequestCancelled,
     raise_for,
 )
+from ..openapi import Operation
 from ..scheduler import TICK
 from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring_only_fields
 from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
 from .generation import GenerationJob
-from .responses import chunk, completion_body, delta_choice, usage
+from .logprobs import render as render_logprobs, requested as requested_logprobs, token_biases
+from .responses import chunk, completion_body, delta_choice, usage, wants_usage
 
 if TYPE_CHECKING:
     from ..app import Host
@@ -70,10 +73,17 @@ class ServingGeneration(Serving):
             return await self.scoring.handle(body, headers, gone=gone)
         return await super().handle(body, headers, gone=gone)
 
+    def describe(self) -> Operation:
+        """Generation, or scoring mode (its own request and response models)."""
+        own, scoring = super().describe(), self.scoring.describe()
+        assert own.request and own.response and scoring.request and scoring.response
+        return replace(own, request=(*own.request, *scoring.request), response=(*own.response, *scoring.response))
+
     def read(self, ctx: RequestContext) -> None:
         ctx.n = ctx.params.n or 1
         if ctx.n > self.host.settings["MILLM_MAX_N"]:
             raise InvalidParameter(f"n is at most {self.host.settings['MILLM_MAX_N']}", param="n")
+        requested_logprobs(ctx)  # top_logprobs without logprobs is refused before any load
 
     def validate(self, ctx: RequestContext) -> None:
         refuse_scoring_only_fields(ctx)  # before any plugin's refusal
@@ -124,6 +134,8 @@ class ServingGeneration(Serving):
             frequency_penalty=params.frequency_penalty or 0.0,
             presence_penalty=params.presence_penalty or 0.0,
             seed=params.seed,
+            logit_bias=token_biases(ctx, engine.info.vocab_size),
+            logprobs=requested_logprobs(ctx),
         )
 
     async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
@@ -264,9 +276,16 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
     the client goes away the stream ends at once, the generation is cancelled at
     its next token and its place is freed; plugins still hear ``after_generate``.
     A request the host ends (stall, shutdown) gets an error event, then ``[DONE]``.
+
+    Every chunk has a choice, so ``chunk.choices[0]`` always works: the last
+    ``finish_reason`` chunk is held back until the generation has finished and
+    carries the plugins' extras (``response_extras``, ``millm_plugin_errors``).
+    Only the usage chunk (``stream_options.include_usage``) has no choice; it is
+    the last before ``[DONE]``, as OpenAI sends it.
     """
     flight = Flight(host, ctx, admission, streaming=True, gone=gone)
     ping = host.settings["MILLM_STREAM_PING_S"]
+    held: dict[str, Any] | None = None  # the latest finish chunk: the last one takes the extras
     try:
         choices = len(ctx.prompts) * ctx.n
         if ctx.is_chat:
@@ -278,29 +297,50 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
                 continue
             if event is FINISHED or event is STOPPED:
                 break
+            if held is not None:  # another choice is still going: this finish was not the last
+                yield held
+                held = None
             kind, index, payload = event
             if kind == "delta":
                 yield chunk(ctx, [delta_choice(ctx, index, payload)])
+            elif kind == "delta_logprobs":  # text and the logprobs of the tokens it came from
+                text, entries = payload
+                yield chunk(ctx, [delta_choice(ctx, index, text, logprobs=render_logprobs(ctx, entries))])
             elif kind == "delta_extra":
                 yield chunk(ctx, [delta_choice(ctx, index, extra=payload)])
             elif kind == "finish":
-                yield chunk(ctx, [delta_choice(ctx, index, None if ctx.is_chat else "", finish_reason=payload)])
+                held = chunk(ctx, [delta_choice(ctx, index, None if ctx.is_chat else "", finish_reason=payload)])
         if event is STOPPED:
             if flight.error is None:
                 return  # the client is gone: nobody reads what would follow
+            if held is not None:
+                yield held
             yield {"error": flight.error.to_dict()}
         else:
             error = flight.future.exception()
             if error is not None and not isinstance(error, RequestCancelled):
+                if held is not None:
+                    yield held
                 yield {"error": raise_for(error).to_dict()}
             else:
-                if ctx.params.stream_options and ctx.params.stream_options.include_usage:
+                yield finish_chunk(host, ctx, held)
+                if wants_usage(ctx):
                     yield chunk(ctx, [], usage=usage(ctx))
-                for extra in collect_extras(host, ctx):
-                    yield chunk(ctx, [], **extra.fields)
-                if ctx.plugin_errors:  # the headers are gone: the stream's last chunk names them
-                    yield chunk(ctx, [], **{hookcalls.PLUGIN_ERRORS_FIELD: list(ctx.plugin_errors)})
         yield DONE
     finally:
         flight.stop("client_disconnected")  # a no-op unless the consumer left before the end
         flight.end()
+
+
+def finish_chunk(host: Host, ctx: RequestContext, held: dict[str, Any] | None) -> dict[str, Any]:
+    """The stream's last finish chunk with every plugin's extras merged in, in order.
+
+    ``held`` is None only if no sequence reported its end; the extras then ride
+    on a chunk with an empty delta, so that it still has a choice.
+    """
+    body = held if held is not None else chunk(ctx, [delta_choice(ctx, 0, None if ctx.is_chat else "")])
+    for extra in collect_extras(host, ctx):  # after generation: the extras are known now
+        body.update(extra.fields)
+    if ctx.plugin_errors:  # the headers are gone: the finish chunk names them
+        body[hookcalls.PLUGIN_ERRORS_FIELD] = list(ctx.plugin_errors)
+    return body

@@ -8,9 +8,11 @@ plugin. A model is a directory whose ``config.json`` has a ``millm_echo`` object
 Text is tokenized byte by byte (a token id is a UTF-8 byte); EOS is one more id.
 A chat renders as ``<|role|>content<|end|>`` blocks, and the reply echoes the last
 user message (a completion echoes its prompt), or the model's fixed ``reply``.
-Sampling is ignored: the reply is the same at any temperature and seed. Logits
-processors see plain lists of floats, so only processors that do no tensor math
-(e.g. the fault-injection plugin) can run on it. It has no layer hooks and cannot
+Sampling is greedy at any temperature and seed: the scripted token has logit 0,
+every other ``OTHER_LOGIT``; ``logit_bias`` is added to them, so a bias can force
+or ban a token, and ``logprobs`` are their log-softmax. Logits processors see
+plain lists of floats, so only processors that do no tensor math (e.g. the
+fault-injection plugin) can run on it. It has no layer hooks and cannot
 score; it embeds (``mean``, ``last`` and ``cls`` pooling) into a small vector.
 """
 
@@ -22,32 +24,51 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..engine import Engine, EngineSpec, LayerHook, ModelDescriptor, ModelInfo, SamplingParams
+from ..engine import (
+    LOGPROBS,
+    Engine,
+    EngineSpec,
+    GeneratedToken,
+    LayerHook,
+    ModelDescriptor,
+    ModelInfo,
+    SamplingParams,
+)
 from ..hookspecs import hookimpl
+from ..scoring.engine import TokenLogprob
 
 ENGINE_NAME = "echo"
 EOS = 256
 VOCAB_SIZE = 257
 EMBEDDING_SIZE = 8
 CONFIG_KEY = "millm_echo"
+#: The logit of every token but the scripted one (finite, so a logit_bias can lift one past it).
+OTHER_LOGIT = -20.0
 
 SPEC = EngineSpec(
     name=ENGINE_NAME,
     factory="millm_host.testing.echo:EchoEngine",
     describe="millm_host.testing.echo:describe",
     formats=frozenset({"hf"}),
+    capabilities=frozenset({LOGPROBS}),
 )
 
 
 def echo_model_dir(
-    path: Path, *, context_window: int | None = 512, reply: str | None = None, load_error: str | None = None
+    path: Path,
+    *,
+    context_window: int | None = 512,
+    reply: str | None = None,
+    load_error: str | None = None,
+    hf_id: str | None = None,
 ) -> Path:
     """Write an echo model directory at ``path`` (its name is the model id).
 
-    ``reply`` fixes the answer; ``load_error`` makes loading the model fail with that message.
+    ``reply`` fixes the answer; ``load_error`` makes loading the model fail with that message;
+    ``hf_id`` is the repository the model says it was made from (an alias of its id).
     """
     path.mkdir(parents=True, exist_ok=True)
-    config = {CONFIG_KEY: {"context_window": context_window, "reply": reply, "load_error": load_error}}
+    config = {CONFIG_KEY: {"context_window": context_window, "reply": reply, "load_error": load_error, "hf_id": hf_id}}
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -63,9 +84,12 @@ def _config(path: str | Path) -> dict[str, Any] | None:
 
 def describe(path: str) -> ModelDescriptor | None:
     """An echo model directory as this engine serves it; None for anything else."""
-    if _config(path) is None:
+    config = _config(path)
+    if config is None:
         return None
-    return ModelDescriptor(id=Path(path).name, path=str(path), format="hf", engine=ENGINE_NAME)
+    return ModelDescriptor(
+        id=Path(path).name, path=str(path), format="hf", engine=ENGINE_NAME, hf_id=config.get("hf_id")
+    )
 
 
 class EchoEngine(Engine):
@@ -142,13 +166,15 @@ class EchoEngine(Engine):
         generated: list[int] = []
         while True:
             target = script[len(generated)] if len(generated) < len(script) else EOS
-            logits: Any = [-math.inf] * VOCAB_SIZE
+            logits: Any = [OTHER_LOGIT] * VOCAB_SIZE
             logits[target] = 0.0
+            for token_id, bias in params.logit_bias.items():
+                logits[token_id] += bias
             for process in logits_processors:
                 logits = process(generated, logits)
             token = max(range(VOCAB_SIZE), key=lambda i: logits[i])
             generated.append(token)
-            yield token
+            yield token if params.logprobs is None else _with_logprobs(token, logits, params.logprobs)
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         def features(token: int) -> list[float]:
@@ -160,6 +186,15 @@ class EchoEngine(Engine):
             return features(ids[0])
         rows = [features(t) for t in ids]
         return [sum(column) / len(rows) for column in zip(*rows, strict=True)]
+
+
+def _with_logprobs(token: int, logits: Sequence[float], top: int) -> GeneratedToken:
+    """``token`` with the log-softmax of ``logits`` (greedy: unscaled) for it and the ``top`` best."""
+    finite = [x for x in logits if math.isfinite(x)]
+    peak = max(finite)
+    norm = peak + math.log(math.fsum(math.exp(x - peak) for x in finite))
+    best = sorted(range(len(logits)), key=lambda i: -logits[i])[:top]
+    return GeneratedToken(token, logits[token] - norm, [TokenLogprob(i, logits[i] - norm) for i in best])
 
 
 # --- the plugin ------------------------------------------------------------------------

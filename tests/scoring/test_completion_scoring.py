@@ -143,10 +143,12 @@ def test_float32_on_a_float32_model_is_scored_as_is(tiny_server):
 
 REFUSALS = [
     # (body fields, status, code, param)
-    ({"prompt": "Hi", "logprobs": 2, "max_tokens": 5}, 400, "invalid_parameter", "max_tokens"),
-    ({"prompt": "Hi", "logprobs": 2, "max_tokens": None}, 400, "invalid_parameter", "max_tokens"),
+    # logprobs on a longer or streamed request is generation; allowed_token_ids is scoring at any length
+    ({"prompt": "Hi", "allowed_token_ids": [5], "max_tokens": 5}, 400, "invalid_parameter", "max_tokens"),
+    ({"prompt": "Hi", "allowed_token_ids": [5], "max_tokens": None}, 400, "invalid_parameter", "max_tokens"),
     ({"prompt": "Hi", "logprobs": 2, "n": 2}, 400, "invalid_parameter", "n"),
-    ({"prompt": "Hi", "logprobs": 2, "stream": True}, 400, "invalid_parameter", "stream"),
+    ({"prompt": "Hi", "allowed_token_ids": [5], "stream": True}, 400, "invalid_parameter", "stream"),
+    ({"prompt": "Hi", "logprobs": 2, "logit_bias": {"5": 1}}, 400, "field_not_honoured", "logit_bias"),
     ({"prompt": "Hi", "logprobs": 21}, 400, "invalid_parameter", "logprobs"),
     ({"prompt": "Hi", "logprobs": True}, 400, "invalid_parameter", "logprobs"),
     ({"prompt": "Hi", "logprobs": 2, "temperature": 0.0005}, 400, "invalid_parameter", "temperature"),

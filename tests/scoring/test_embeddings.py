@@ -93,7 +93,11 @@ def two_echo_models(app_factory):
         ({"input": []}, "invalid_parameter", "input", "empty"),
         ({"input": ["a", "b", ""]}, "invalid_parameter", "input", "input[2]"),
         ({"input": ["a"] * 257}, "invalid_parameter", "input", "256"),
-        ({"input": [1, 2]}, "invalid_parameter", "input", "input"),
+        ({"input": [1, "a"]}, "invalid_parameter", "input", "input"),
+        ({"input": [[1], "a"]}, "invalid_parameter", "input", "input"),
+        ({"input": [3, -1]}, "invalid_parameter", "input", "input"),
+        ({"input": [[1], []]}, "invalid_parameter", "input", "input[1]"),
+        ({"input": [[1]] * 257}, "invalid_parameter", "input", "256"),
         ({"input": "a", "pooling": "max"}, "invalid_parameter", "pooling", "pooling"),
         ({"input": "a", "encoding_format": "hex"}, "invalid_parameter", "encoding_format", "encoding_format"),
         ({"input": "a", "dimensions": 8}, "field_not_honoured", "dimensions", "dimensions"),
@@ -130,3 +134,29 @@ def test_embeddings_carry_no_steering_header_and_report_unused_fields(tiny_serve
     assert reply.status_code == 200
     assert reply.headers["x-millm-ignored-fields"] == '"user"'
     assert "x-millm-steering" not in reply.headers
+
+
+def test_token_ids_embed_as_the_text_they_stand_for(echo_app):
+    """The echo model's token ids are UTF-8 bytes: [72, 105] is "Hi"."""
+    text = embed(echo_app, input=["Hi", "h"]).json()
+    nested = embed(echo_app, input=[[72, 105], [104]]).json()
+    flat = embed(echo_app, input=[72, 105]).json()
+    assert [d["embedding"] for d in nested["data"]] == [d["embedding"] for d in text["data"]]
+    assert flat["data"][0]["embedding"] == text["data"][0]["embedding"] and len(flat["data"]) == 1
+    assert nested["usage"] == text["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    sdk = echo_app.openai().embeddings.create(model=echo_app.model_id, input=[[72, 105]])  # base64 on the wire
+    assert sdk.data[0].embedding == pytest.approx(text["data"][0]["embedding"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("token_input", "param"),
+    [([[1, 2], [3, 257]], "input[1][1]"), ([5, 300], "input[1]"), ([[2**40]], "input[0][0]")],
+)
+def test_token_ids_outside_the_vocabulary_are_named(echo_app, token_input, param):
+    error = assert_error(embed(echo_app, input=token_input), 400, "invalid_parameter", param)
+    assert "vocabulary" in error["message"] and "check_embedding_ctx_length=False" in error["message"]
+
+
+def test_token_ids_over_the_window_are_refused_never_truncated(echo_app):
+    assert_error(embed(echo_app, input=[1] * 513), 400, "context_length_exceeded", "input")
+    assert_error(embed(echo_app, input=[[1], [1] * 513]), 400, "context_length_exceeded", "input[1]")

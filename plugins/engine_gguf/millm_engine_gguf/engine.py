@@ -27,6 +27,7 @@ from millm_host.api import (
     SamplingParams,
 )
 
+from .distribution import Distribution, needed
 from .embeddings import MeanPoolingContext
 from .loader import LoadOptions, load_llama
 from .spec import ENGINE_NAME
@@ -115,6 +116,8 @@ class GGUFEngine(GGUFTextEngine):
 
     def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Iterator[int]:
         greedy = params.temperature == 0
+        # logprobs or logit_bias: the first stage of the chain applies the bias and penalties itself
+        distribution = Distribution(params, self.llm.n_vocab(), len(prompt)) if needed(params) else None
         tokens = self.llm.generate(
             prompt,
             temp=0.0 if greedy else params.temperature,
@@ -123,14 +126,15 @@ class GGUFEngine(GGUFTextEngine):
             min_p=0.0,
             typical_p=1.0,
             repeat_penalty=1.0,
-            frequency_penalty=params.frequency_penalty,
-            presence_penalty=params.presence_penalty,
+            frequency_penalty=0.0 if distribution else params.frequency_penalty,
+            presence_penalty=0.0 if distribution else params.presence_penalty,
+            logits_processor=llama_cpp.LogitsProcessorList([distribution]) if distribution else None,
             reset=True,
         )
         used = len(prompt)
         try:
             for token in tokens:
-                yield token
+                yield distribution.token(token) if distribution else token
                 used += 1
                 if used >= window:  # the next token would not fit in the KV cache
                     return

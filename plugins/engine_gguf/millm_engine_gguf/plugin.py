@@ -10,9 +10,10 @@ from millm_host.api import FieldNotHonoured, hookimpl
 from .spec import ENGINE_NAME, SPEC
 
 #: What the GGUF engine honours beyond the host's own fields. Chat and text
-#: completions need nothing more: seed, n > 1, logprobs, response_format, tools,
-#: steering and scoring fields stay unclaimed, so the host refuses them before
-#: any load, and chat_template_kwargs and tool-call history are reported.
+#: completions need nothing more (generation logprobs and logit_bias come with the
+#: ``LOGPROBS`` capability): seed, n > 1, response_format, tools, steering and
+#: scoring fields stay unclaimed or are refused by capability before any load,
+#: and chat_template_kwargs and tool-call history are reported.
 EMBEDDING_FIELDS = ("input", "encoding_format", "pooling", "normalize")
 
 

@@ -2,7 +2,9 @@
 
 Each message is one ``multiprocessing.connection.Connection`` frame whose first
 byte says what it is. Requests are pickled once each; a generated token travels
-as 5 raw bytes (its tag and a little-endian int32), never pickled.
+as 5 raw bytes (its tag and a little-endian int32), never pickled; with logprobs
+(a ``GeneratedToken``) its float32 logprob follows, then an (int32 id, float32
+logprob) pair per alternative.
 
 Generation, seen from the server::
 
@@ -22,9 +24,10 @@ LOADED or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
 from __future__ import annotations
 
 import pickle
+import struct
 from typing import Any
 
-from millm_host.api import MillmError
+from millm_host.api import GeneratedToken, MillmError, TokenLogprob
 
 LOAD, PROGRESS, LOADED = b"l", b"o", b"r"
 GENERATE, TOKEN, PAUSED, CONTINUE, STOP, END = b"g", b"t", b"p", b"c", b"s", b"e"
@@ -32,12 +35,26 @@ EMBED, VECTOR = b"m", b"v"
 ERROR, CLOSE = b"x", b"q"
 
 
+_LOGPROB = struct.Struct("<f")
+_ALTERNATIVE = struct.Struct("<if")
+
+
 def token_frame(tag: bytes, token: int) -> bytes:
-    return tag + int(token).to_bytes(4, "little")
+    frame = tag + int(token).to_bytes(4, "little")
+    if isinstance(token, GeneratedToken):
+        frame += _LOGPROB.pack(token.logprob)
+        frame += b"".join(_ALTERNATIVE.pack(alt.token_id, alt.logprob) for alt in token.top)
+    return frame
 
 
 def frame_token(frame: bytes) -> int:
-    return int.from_bytes(frame[1:5], "little")
+    """The token a TOKEN or PAUSED frame carries: a ``GeneratedToken`` when it has logprobs."""
+    token = int.from_bytes(frame[1:5], "little")
+    if len(frame) == 5:
+        return token
+    (logprob,) = _LOGPROB.unpack_from(frame, 5)
+    top = [TokenLogprob(i, lp) for i, lp in _ALTERNATIVE.iter_unpack(frame[5 + _LOGPROB.size :])]
+    return GeneratedToken(token, logprob, top)
 
 
 def pack(tag: bytes, value: Any) -> bytes:

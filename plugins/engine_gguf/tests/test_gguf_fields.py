@@ -21,8 +21,6 @@ STEERING = {"features": [{"index": 1, "strength": 2.0}]}
 SCORING_AND_STEERING = [
     ("seed", 7),
     ("n", 2),
-    ("logprobs", True),
-    ("top_logprobs", 2),
     ("allowed_token_ids", [1, 2]),
     ("return_tokens_as_token_ids", True),
     ("scoring_precision", "float32"),
@@ -33,7 +31,6 @@ SCORING_AND_STEERING = [
     ("steering_intensity", 0.5),
     ("steering", STEERING),
     ("return_sae_activations", {"features": [1]}),
-    ("logit_bias", {"1": 5}),
 ]
 CHAT_REFUSED = [("chat.completions", f, v) for f, v in SCORING_AND_STEERING]
 COMPLETIONS_REFUSED = [
@@ -41,7 +38,6 @@ COMPLETIONS_REFUSED = [
     for f, v in [
         ("seed", 7),
         ("n", 2),
-        ("logprobs", 1),
         ("allowed_token_ids", [1, 2]),
         ("return_tokens_as_token_ids", True),
         ("scoring_precision", "float32"),

@@ -76,13 +76,26 @@ def test_streaming_chat_equals_the_whole_answer(gguf_server):
             stream_options={"include_usage": True},
         )
     )
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    *chunks, usage_chunk = chunks  # the usage chunk is last, as OpenAI sends it, and the only one without a choice
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert text == whole.choices[0].message.content
     assert finish == [whole.choices[0].finish_reason]
-    usage = [c.usage for c in chunks if c.usage is not None]  # extension chunks may follow it
-    assert [u.completion_tokens for u in usage] == [whole.usage.completion_tokens]
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].model_extra["millm_steering"] == "none"  # the extras ride on the finish chunk
+    assert {c.system_fingerprint for c in [*chunks, usage_chunk]} == {whole.system_fingerprint}
+
+
+def test_the_plain_completion_stream_loop_reads_choices_0_of_every_chunk(gguf_server):
+    client = gguf_server.openai()
+    whole = client.completions.create(model=DEFAULT_ID, prompt="One, two, three,", temperature=0, max_tokens=8)
+    chunks = list(
+        client.completions.create(model=DEFAULT_ID, prompt="One, two, three,", temperature=0, max_tokens=8, stream=True)
+    )
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].model_extra["millm_steering"] == "none"
 
 
 def test_greedy_completion_equals_llama_cpp_create_completion(gguf_server, reference_llama):
@@ -134,7 +147,7 @@ def test_stop_sequences_streaming_and_not(gguf_server):
     streamed = client.chat.completions.create(
         model=DEFAULT_ID, messages=messages, temperature=0, max_tokens=32, stop=stop, stream=True
     )
-    chunks = [c for c in streamed if c.choices]
+    chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
     completion = client.completions.create(

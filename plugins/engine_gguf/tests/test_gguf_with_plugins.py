@@ -18,5 +18,6 @@ def test_every_completion_says_it_was_not_steered(gguf_server):
     assert chat.headers["x-millm-steering"] == "none"
     assert completion.headers["x-millm-steering"] == "none"
     assert lines[-1] == "data: [DONE]"
-    assert json.loads(lines[-2][len("data: ") :])["millm_steering"] == "none"
+    final = json.loads(lines[-2][len("data: ") :])
+    assert final["millm_steering"] == "none" and final["choices"][0]["finish_reason"] is not None
     assert "millm_probe_verdicts" not in chat.json()

@@ -31,7 +31,7 @@ from . import hooks as layer_hooks
 from .embedding import pooled_last_hidden
 from .float32 import score_in_float32
 from .loader import load_model
-from .sampling import Penalties, choose, generator_for
+from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
 from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME, SETTINGS
 
@@ -141,6 +141,9 @@ class TransformersEngine(Engine):
     def token_bytes(self, token_id: int) -> bytes:
         return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)  # spaces a word-piece joins are kept
+
     def render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -195,6 +198,7 @@ class TransformersEngine(Engine):
     ) -> Iterator[int]:
         generator = generator_for(params, self.device)
         penalties = Penalties(params, self.info.vocab_size, self.device)
+        bias = LogitBias(params, self.device)
         cache = transformers.DynamicCache()
         window = self.info.context_window
         position = len(prompt_ids)
@@ -202,11 +206,11 @@ class TransformersEngine(Engine):
         generated: list[int] = []
         while True:
             logits = output.logits[0, -1].float()
-            logits = penalties.apply(logits)
+            logits = penalties.apply(bias.apply(logits))
             for process in processors:
                 logits = process(generated, logits)
             token = choose(logits, params, generator)
-            yield token
+            yield token if params.logprobs is None else with_logprobs(token, logits, params)
             generated.append(token)
             penalties.record(token)
             if window is not None and position >= window:

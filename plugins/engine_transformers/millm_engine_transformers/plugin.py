@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import BaseModel, Field
+
 from millm_host.api import hookimpl
 
 from .spec import ENGINE_NAME, SPEC
@@ -22,3 +26,15 @@ def register_request_fields(register) -> None:
     register("chat.completions", ("seed", "n", "chat_template_kwargs", *CHAT_SCORING_FIELDS), engines=engines)
     register("completions", ("seed", "n", *COMPLETION_SCORING_FIELDS), engines=engines)
     register("embeddings", ("pooling",), engines=engines)
+
+
+class ChatTemplateFields(BaseModel):
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="Extra variables for the model's chat template (transformers engine)"
+    )
+
+
+@hookimpl
+def register_request_schemas(register) -> None:
+    """``chat_template_kwargs``, in the chat completion request schema of ``/openapi.json``."""
+    register("chat.completions", ChatTemplateFields)

@@ -1,4 +1,4 @@
-"""Choosing the next token: penalties, temperature, nucleus, a per-request generator."""
+"""Choosing the next token: logit bias, penalties, temperature, nucleus, a per-request generator."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from millm_host.api import SamplingParams
+from millm_host.api import GeneratedToken, SamplingParams, TokenLogprob
 
 #: Temperatures this small are greedy: their limit is greedy, and dividing by them
 #: overflows the logits to infinity (and the softmax to NaN).
@@ -38,6 +38,35 @@ class Penalties:
     def record(self, token: int) -> None:
         if self.active:
             self.counts[token] += 1
+
+
+class LogitBias:
+    """OpenAI's ``logit_bias``: fixed amounts added to some tokens' logits."""
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.active = bool(params.logit_bias)
+        self.ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=device)
+        self.values = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return logits
+        return logits.index_add(0, self.ids, self.values)
+
+
+def with_logprobs(token: int, logits: torch.Tensor, params: SamplingParams) -> GeneratedToken:
+    """``token`` with its log-probability and the ``params.logprobs`` best, under what ``choose`` drew from.
+
+    That is ``logits`` (after bias, penalties and processors) over the temperature,
+    unscaled when greedy, before the nucleus cut.
+    """
+    if params.temperature >= GREEDY_BELOW:
+        logits = logits / params.temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    count = min(params.logprobs or 0, logprobs.numel())
+    values, ids = torch.topk(logprobs, count)
+    top = [TokenLogprob(i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    return GeneratedToken(token, float(logprobs[token]), top)
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -10,6 +10,7 @@ from millm_host.api import (
     EMBEDDINGS,
     LAYER_HOOKS,
     LOGITS_PROCESSORS,
+    LOGPROBS,
     SCORING,
     EngineSpec,
     ModelDescriptor,
@@ -39,7 +40,7 @@ SPEC = EngineSpec(
     factory="millm_engine_transformers.engine:TransformersEngine",
     describe="millm_engine_transformers.spec:describe",
     formats=frozenset({"hf", "gguf"}),
-    capabilities=frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS}),
+    capabilities=frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, LOGPROBS, SCORING, EMBEDDINGS}),
     memory_estimate="millm_engine_transformers.spec:memory_estimate",
     settings=SETTINGS,
     preference=1,  # the reference engine: it serves .gguf files too unless MILLM_ENGINE names another

@@ -156,7 +156,7 @@ def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:
 
 
 def extras(ctx: RequestContext) -> list[ResponseExtra] | None:
-    """``millm_probe_verdicts`` beside ``choices`` (a terminal chunk on a stream)."""
+    """``millm_probe_verdicts`` beside ``choices`` (on a stream's finish chunk)."""
     request = ctx.state.get(STATE)
     if request is None or request.results is None:
         return None

@@ -16,7 +16,6 @@ from millm_host.api import hookimpl
 from . import live, routes, store
 from .runtime import Runtime
 from .settings import SETTINGS
-from .stateless import ScoreRequest
 
 log = logging.getLogger("millm.probes")
 
@@ -51,7 +50,6 @@ def register_routes(host, add_route) -> None:
     """The management API under ``/api/probes``."""
     runtime = _start(host)
     routes.install(runtime, add_route)
-    host.openapi_bodies.append(("/api/probes/score", ScoreRequest))
 
 
 @hookimpl
@@ -104,5 +102,5 @@ def render_headers(ctx):
 
 @hookimpl
 def response_extras(ctx):
-    """``millm_probe_verdicts`` in the body, or a terminal chunk on a stream."""
+    """``millm_probe_verdicts`` in the body, or on a stream's finish chunk."""
     return live.extras(ctx)

@@ -6,11 +6,13 @@ import asyncio
 
 import falcon
 
-from millm_host.api import InvalidParameter, JsonResource
+from millm_host.api import InvalidParameter, JsonResource, Param, operation
 
 from . import manage, stateless, store
-from .definition import WINDOWS
+from .definition import WINDOWS, ProbeDefinition
+from .manage import ArmRequest, RecalibrationRequest
 from .runtime import Runtime
+from .stateless import ScoreRequest
 
 
 class _Resource(JsonResource):
@@ -24,9 +26,17 @@ class _Resource(JsonResource):
 class Probes(_Resource):
     """``GET /api/probes``; ``POST /api/probes/import``."""
 
+    @operation("The imported probes")
     async def on_get(self, req, resp) -> None:
         resp.media = await asyncio.to_thread(manage.probe_list, self.runtime)
 
+    @operation(
+        "Import a probe definition",
+        request=ProbeDefinition,
+        status=201,
+        errors=(409,),
+        query=[Param("on_conflict", {"enum": ["fail", "rename"]}, "What to do when the name exists (default fail)")],
+    )
     async def on_post_import(self, req, resp) -> None:
         raw = await self.raw_body(req)  # a definition is stored as the bytes received
         document = await self.parse_json(raw)
@@ -38,34 +48,42 @@ class Probes(_Resource):
 class ProbeItem(_Resource):
     """One probe: read, delete, its definition, parity, arming and its bar."""
 
+    @operation("One probe", errors=(404,))
     async def on_get(self, req, resp, probe_id: str) -> None:
         resp.media = await manage.probe_detail(self.runtime, probe_id)
 
+    @operation("Delete a probe", errors=(404, 409))
     async def on_delete(self, req, resp, probe_id: str) -> None:
         resp.media = await manage.delete(self.runtime, probe_id)
 
+    @operation("The definition as imported", errors=(404,))
     async def on_get_definition(self, req, resp, probe_id: str) -> None:
         row = await asyncio.to_thread(store.get_probe, self.runtime.host.db, probe_id)
         resp.content_type = falcon.MEDIA_JSON
         resp.text = row.definition
 
+    @operation("The probe's parity reports", errors=(404,))
     async def on_get_parity(self, req, resp, probe_id: str) -> None:
         await asyncio.to_thread(store.get_probe, self.runtime.host.db, probe_id)
         reports = await asyncio.to_thread(store.parity_reports, self.runtime.host.db, probe_id)
         resp.media = {"object": "list", "data": reports}
 
+    @operation("Check parity on the resident model", errors=(404, 409, 503))
     async def on_post_parity(self, req, resp, probe_id: str) -> None:
         await self.json(req, required=False)
         resp.media = await manage.check_parity(self.runtime, probe_id)
 
+    @operation("Arm the probe", request=ArmRequest, request_required=False, errors=(404, 409, 503))
     async def on_post_arm(self, req, resp, probe_id: str) -> None:
         body = await self.json(req, required=False)
         resp.media = await manage.arm(self.runtime, probe_id, body)
 
+    @operation("Disarm the probe", errors=(404,))
     async def on_post_disarm(self, req, resp, probe_id: str) -> None:
         await self.json(req, required=False)
         resp.media = await manage.disarm(self.runtime, probe_id)
 
+    @operation("Replace the probe's bar", request=RecalibrationRequest, errors=(404, 409))
     async def on_post_recalibrate(self, req, resp, probe_id: str) -> None:
         body = await self.json(req)
         resp.media = await manage.recalibrate(self.runtime, probe_id, body)
@@ -74,6 +92,7 @@ class ProbeItem(_Resource):
 class Score(_Resource):
     """``POST /api/probes/score``: stateless scoring."""
 
+    @operation("Score inputs with probes, statelessly", request=ScoreRequest, errors=(404, 409, 503))
     async def on_post(self, req, resp) -> None:
         body = await self.json(req)
         resp.media = await stateless.score(self.runtime, body, self.headers(req))
@@ -82,6 +101,7 @@ class Score(_Resource):
 class Status(_Resource):
     """``GET /api/probes/status``: what is armed, why a quiet probe is quiet, the last overhead."""
 
+    @operation("What is armed, and why a quiet probe is quiet")
     async def on_get(self, req, resp) -> None:
         resp.media = self.runtime.status()
 
@@ -100,6 +120,19 @@ def _bool_param(req, name: str) -> bool | None:
 class Events(_Resource):
     """``GET /api/probes/events`` and ``GET /api/probes/events/{result_id}`` (the detail, with text)."""
 
+    @operation(
+        "Probe results, newest first",
+        query=[
+            Param("probe_id"),
+            Param("result_id"),
+            Param("trace_id"),
+            Param("fired", {"type": "boolean"}),
+            Param("window", {"enum": list(WINDOWS)}),
+            Param("limit", {"type": "integer", "minimum": 1, "maximum": store.EVENT_LIST_MAX}),
+            Param("after", description="Continue after this cursor"),
+        ],
+        errors=(404,),
+    )
     async def on_get(self, req, resp) -> None:
         window = req.get_param("window")
         if window is not None and window not in WINDOWS:
@@ -119,6 +152,7 @@ class Events(_Resource):
             after=req.get_param("after"),
         )
 
+    @operation("One result, with its text", errors=(404,))
     async def on_get_detail(self, req, resp, result_id: str) -> None:
         resp.media = await asyncio.to_thread(store.get_event, self.runtime.host.db, result_id)
 

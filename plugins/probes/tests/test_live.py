@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -69,7 +70,7 @@ def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model
     assert {r["request_id"] for r in results} == {completion.id.removeprefix("chatcmpl-")}
 
 
-def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pair, model_id):
+def test_streaming_sends_the_verdicts_on_the_finish_chunk(probes_server, armed_pair, model_id):
     client = probes_server.openai()
     stream = client.chat.completions.create(
         model=model_id, messages=CHAT, max_tokens=5, temperature=0, stream=True, stream_options={"include_usage": True}
@@ -78,10 +79,10 @@ def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pai
     extras = [i for i, c in enumerate(chunks) if (c.model_extra or {}).get("millm_probe_verdicts")]
     assert len(extras) == 1
     chunk = chunks[extras[0]]
-    assert chunk.choices == [] and chunk.object == "chat.completion.chunk"
-    usage_at = next(i for i, c in enumerate(chunks) if c.usage is not None)
-    after = chunks[extras[0] + 1 :]  # only the steering chunk (when that plugin is installed) follows
-    assert usage_at < extras[0] and all(c.choices == [] and "millm_steering" in c.model_extra for c in after)
+    assert chunk.choices[0].finish_reason is not None and chunk.object == "chat.completion.chunk"
+    assert extras[0] == len(chunks) - 2  # then only the usage chunk, last, as OpenAI sends it
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert all(c.choices and c.usage is None for c in chunks[:-1])
     results = chunk.model_extra["millm_probe_verdicts"]
     assert len(results) == 4 and all(r["status"] == "final" for r in results)
     with probes_server.http() as http:
@@ -91,7 +92,8 @@ def test_streaming_sends_one_terminal_chunk_before_done(probes_server, armed_pai
             assert "x-millm-probe-verdicts" not in response.headers  # no header before the body
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    assert any("millm_probe_verdicts" in line for line in lines[-3:-1])
+    final = json.loads(lines[-2][len("data: ") :])
+    assert "millm_probe_verdicts" in final and final["choices"][0]["finish_reason"] is not None
 
 
 def test_a_disconnected_stream_stores_interrupted_results(probes_server, armed_pair, model_id):

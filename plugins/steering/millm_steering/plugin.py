@@ -14,6 +14,7 @@ from millm_host.api import LAYER_HOOKS, ORDER_SAE_ACTIVATIONS, ORDER_STEERING, R
 
 from . import request, routes
 from .header import INTENSITY, STEERING
+from .schemas import SteeringFields
 from .service import SteeringService
 
 MIGRATIONS = Path(__file__).parent / "migrations" / "versions"
@@ -86,6 +87,13 @@ def register_request_fields(register) -> None:
     (elsewhere the host refuses them: they change the output)."""
     for endpoint in ("chat.completions", "completions"):
         register(endpoint, REQUEST_FIELDS, requires=LAYER_HOOKS)
+
+
+@hookimpl
+def register_request_schemas(register) -> None:
+    """The steering fields, in the chat and text completion request schemas of ``/openapi.json``."""
+    for endpoint in ("chat.completions", "completions"):
+        register(endpoint, SteeringFields)
 
 
 @hookimpl
@@ -180,7 +188,7 @@ def render_headers(ctx) -> dict[str, str] | None:
 
 @hookimpl
 def response_extras(ctx) -> list[ResponseExtra] | None:
-    """The ``millm`` activations object; on a stream, the terminal ``millm_steering`` chunk (always)."""
+    """The ``millm`` activations object; on a stream, ``millm_steering`` on the finish chunk (always)."""
     if ctx.endpoint not in request.GENERATION_ENDPOINTS:
         return None
     if ctx.scoring:

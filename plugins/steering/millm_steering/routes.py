@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from millm_host.api import InvalidParameter, JsonResource, check_display_name
+from millm_host.api import InvalidParameter, JsonResource, check_display_name, operation
 
 from .features import Features, non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
+from .schemas import CreateProfile, LayerBody, LockBody, RegisterSAE, SetSteering
 
 if TYPE_CHECKING:
     from millm_host.api import Host
@@ -69,9 +70,11 @@ class _Resource(JsonResource):
 class SAEs(_Resource):
     """``/api/saes``."""
 
+    @operation("The registered SAEs")
     async def on_get(self, req, resp) -> None:
         resp.media = {"object": "list", "data": await self.service.list_saes()}
 
+    @operation("Register a SAELens directory", request=RegisterSAE, errors=(404, 409))
     async def on_post(self, req, resp) -> None:
         body = _body(await self.json(req), ("path",), ("sae_id",))
         resp.media = await self.service.register_sae(_string(body, "path"), _string(body, "sae_id"))
@@ -80,17 +83,23 @@ class SAEs(_Resource):
 class SAE(_Resource):
     """``/api/saes/{sae_id}`` and its ``attach`` / ``detach`` actions."""
 
+    @operation("One SAE", errors=(404,))
     async def on_get(self, req, resp, sae_id: str) -> None:
         resp.media = await self.service.get_sae(sae_id)
 
+    @operation("Forget an SAE", errors=(404, 409))
     async def on_delete(self, req, resp, sae_id: str) -> None:
         await self.service.delete_sae(sae_id)
         resp.media = {"sae_id": sae_id, "deleted": True}
 
+    @operation(
+        "Attach the SAE to the resident model", request=LayerBody, request_required=False, errors=(404, 409, 503)
+    )
     async def on_post_attach(self, req, resp, sae_id: str) -> None:
         body = _body(await self.json(req, required=False), (), ("layer",))
         resp.media = await self.service.attach(sae_id, _layer(body))
 
+    @operation("Detach the SAE", request=LayerBody, request_required=False, errors=(404, 409, 503))
     async def on_post_detach(self, req, resp, sae_id: str) -> None:
         body = _body(await self.json(req, required=False), (), ("layer",))
         resp.media = await self.service.detach(sae_id, _layer(body))
@@ -99,14 +108,17 @@ class SAE(_Resource):
 class Steering(_Resource):
     """``/api/steering``: the live (manual) values."""
 
+    @operation("The live steering values")
     async def on_get(self, req, resp) -> None:
         resp.media = self.service.steering_view(self.service.state.snapshot())
 
+    @operation("Set the live steering values", request=SetSteering, errors=(404, 409))
     async def on_put(self, req, resp) -> None:
         body = _body(await self.json(req), ("sae_id", "features"), ("layer",))
         features = await _features(body["features"], max_abs=STRENGTH_LIMIT)
         resp.media = self.service.set_manual(_string(body, "sae_id"), _layer(body), features)
 
+    @operation("Clear the live steering values")
     async def on_delete(self, req, resp) -> None:
         resp.media = self.service.clear_manual()
 
@@ -114,13 +126,16 @@ class Steering(_Resource):
 class Lock(_Resource):
     """``/api/steering/lock``: narrow ``/v1/models`` to one model."""
 
+    @operation("The model lock")
     async def on_get(self, req, resp) -> None:
         resp.media = self.service.lock_view()
 
+    @operation("Lock /v1/models to one model", request=LockBody, request_required=False, errors=(404, 409, 503))
     async def on_post(self, req, resp) -> None:
         body = _body(await self.json(req, required=False), (), ("model",))
         resp.media = await self.service.set_lock(self.service.lock_target(_string(body, "model")))
 
+    @operation("Lift the model lock", errors=(409, 503))
     async def on_delete(self, req, resp) -> None:
         resp.media = await self.service.set_lock(None)
 
@@ -128,9 +143,11 @@ class Lock(_Resource):
 class Profiles(_Resource):
     """``/api/profiles`` and ``/api/profiles/deactivate``."""
 
+    @operation("The saved profiles")
     async def on_get(self, req, resp) -> None:
         resp.media = {"object": "list", "data": await self.service.list_profiles()}
 
+    @operation("Save a profile", request=CreateProfile, errors=(404, 409))
     async def on_post(self, req, resp) -> None:
         body = _body(await self.json(req), ("name", "sae_id", "features"), ("layer",))
         features = await _features(body["features"])
@@ -140,6 +157,7 @@ class Profiles(_Resource):
             _profile_name(_string(body, "name")), _string(body, "sae_id"), _layer(body), features
         )
 
+    @operation("Deactivate the active profile", errors=(409,))
     async def on_post_deactivate(self, req, resp) -> None:
         resp.media = self.service.deactivate()
 
@@ -147,13 +165,16 @@ class Profiles(_Resource):
 class Profile(_Resource):
     """``/api/profiles/{name}`` and its ``activate`` action."""
 
+    @operation("One profile", errors=(404,))
     async def on_get(self, req, resp, name: str) -> None:
         resp.media = await self.service.get_profile(name)
 
+    @operation("Delete a profile", errors=(404, 409))
     async def on_delete(self, req, resp, name: str) -> None:
         await self.service.delete_profile(name)
         resp.media = {"name": name, "deleted": True}
 
+    @operation("Activate a profile", errors=(404, 409))
     async def on_post_activate(self, req, resp, name: str) -> None:
         resp.media = await self.service.activate(name)
 

@@ -89,7 +89,7 @@ def test_read_points_around_this_layers_steering(ask):
     assert post["positions"] != plain["positions"]
 
 
-def test_a_stream_sends_activations_before_the_steering_chunk(client, model_id, ask):
+def test_a_stream_sends_activations_and_steering_on_the_finish_chunk(client, model_id, ask):
     body = {
         "model": model_id,
         "messages": [{"role": "user", "content": "Hi"}],
@@ -100,12 +100,12 @@ def test_a_stream_sends_activations_before_the_steering_chunk(client, model_id, 
     }
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
         lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
-    activations, steering = json.loads(lines[-3]), json.loads(lines[-2])
+    final = json.loads(lines[-2])
     assert lines[-1] == "[DONE]"
-    assert activations["choices"] == [] and set(activations["millm"]) == {"sae_activations"}
-    assert len(activations["millm"]["sae_activations"]["positions"]) == 2
-    assert steering["choices"] == [] and steering["millm_steering"] == "none"
-    assert "millm" not in json.loads(lines[-4])
+    assert final["choices"][0]["finish_reason"] is not None and set(final["millm"]) == {"sae_activations"}
+    assert len(final["millm"]["sae_activations"]["positions"]) == 2
+    assert final["millm_steering"] == "none"
+    assert not any("millm" in json.loads(line) or "millm_steering" in json.loads(line) for line in lines[:-2])
 
 
 @pytest.mark.parametrize(

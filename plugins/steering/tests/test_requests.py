@@ -264,7 +264,7 @@ def test_text_completions_and_several_prompts(attach, chat):
     assert kind == "inline" and params["hash"] == spec_hash("sae-a", [(4, 6.0)])
 
 
-def test_a_stream_ends_with_the_steering_chunk(client, attach, model_id):
+def test_a_stream_says_its_steering_on_the_finish_chunk(client, attach, model_id):
     def stream(**fields):
         body = {
             "model": model_id,
@@ -281,14 +281,15 @@ def test_a_stream_ends_with_the_steering_chunk(client, attach, model_id):
     headers, lines = stream()
     assert "x-millm-steering" not in headers
     assert lines[-1] == "[DONE]" and json.loads(lines[-2])["millm_steering"] == "none"
-    assert json.loads(lines[-2])["choices"] == []
+    assert json.loads(lines[-2])["choices"][0]["finish_reason"] is not None
+    assert all(json.loads(line)["choices"] for line in lines[:-1])  # no choice-less chunk
 
     attach("sae-a")
     client.put("/api/steering", json={"sae_id": "sae-a", "features": [{"index": 7, "strength": 2.0}]})
     headers, lines = stream(steering_intensity=0.5)
     assert headers["x-millm-steering-intensity"] == '"0.5"' and "x-millm-steering" not in headers
     final = json.loads(lines[-2])
-    assert final["object"] == "chat.completion.chunk" and final["choices"] == []
+    assert final["object"] == "chat.completion.chunk" and final["choices"][0]["finish_reason"] is not None
     [(kind, params)] = members(final["millm_steering"])
     assert kind == "manual" and params["hash"] == spec_hash("sae-a", [(7, 2.0)], 0.5)
 

@@ -28,6 +28,7 @@ from .constraint import ConstraintCompiler, JsonConstraint
 from .errors import ConstrainedOutputInvalid, ResponseFormatUnsupported
 from .headers import HEADER, constrained_header
 from .response_format import PARAM, ResponseFormat, parse_response_format
+from .schemas import StructuredOutputFields
 from .tools.filter import ToolCallFilter
 from .tools.formats import CallFormat
 from .tools.generic import describe_tools, reply_format, show_tools, write_generic_history
@@ -97,6 +98,12 @@ def register_request_fields(register) -> None:
     processors only."""
     history = (*(f"messages[].{f}" for f in _HISTORY_FIELDS), *(f"extra_messages[][].{f}" for f in _HISTORY_FIELDS))
     register("chat.completions", (*_RESPONSE_FORMAT_FIELDS, *_TOOL_FIELDS, *history), requires=LOGITS_PROCESSORS)
+
+
+@hookimpl
+def register_request_schemas(register) -> None:
+    """response_format and tools, in the chat completion request schema of ``/openapi.json``."""
+    register("chat.completions", StructuredOutputFields)
 
 
 @hookimpl

@@ -1,7 +1,7 @@
 """An example third-party detector: flags replies that shout (many capital letters).
 
 It uses nothing but millm's public hooks: a setting, a header and a body field on
-every chat completion (a terminal chunk when streaming). Enabled only when
+every chat completion (on the finish chunk when streaming). Enabled only when
 ``DETECTOR_EXAMPLE_ENABLED`` is true, so it does not change other tests' responses.
 """
 

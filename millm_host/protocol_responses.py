@@ -1,0 +1,213 @@
+"""Response bodies of the OpenAI endpoints and of the host's own routes, as pydantic models.
+
+``/openapi.json`` publishes them, and tests hold real responses to them
+(``tests/test_openapi_document.py``), so the document says what is sent.
+Bodies that plugins extend (``millm_steering``, ``millm_probe_verdicts``, a
+message's ``tool_calls``) allow extra keys; the rest declare every key.
+Requests are in ``protocol.py``; scoring mode's bodies in ``scoring/protocol.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .protocol import ResponseModel
+from .scoring.protocol import ChatLogprobs, CompletionLogprobs, Usage
+
+
+class Extensible(BaseModel):
+    """A body plugins may add keys to (``millm_*`` fields, tool calls)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorObject(Extensible):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(ResponseModel):
+    """Every refusal, in OpenAI's shape; an error may carry more keys (a probe's ``mismatches``)."""
+
+    error: ErrorObject
+
+
+# --- chat completions ----------------------------------------------------------------
+
+
+class ToolCallFunction(Extensible):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCall(Extensible):
+    index: int | None = Field(default=None, description="Set in streamed deltas only")
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ToolCallFunction | None = None
+
+
+class ChatCompletionMessage(Extensible):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatCompletionChoice(Extensible):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = Field(description='"stop", "length", "tool_calls", ...')
+
+
+class ChatCompletionResponse(Extensible):
+    """``POST /v1/chat/completions``, not streamed."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatCompletionChoice]
+    usage: Usage
+
+
+class ChatCompletionDelta(Extensible):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatCompletionChunkChoice(Extensible):
+    index: int
+    delta: ChatCompletionDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(Extensible):
+    """One ``data:`` event of a streamed chat completion (the stream ends with ``data: [DONE]``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatCompletionChunkChoice]
+    usage: Usage | None = Field(default=None, description="On the last chunk, with stream_options.include_usage")
+
+
+# --- text completions ----------------------------------------------------------------
+
+
+class CompletionChoice(Extensible):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(Extensible):
+    """``POST /v1/completions``, not streamed."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(Extensible):
+    """One ``data:`` event of a streamed text completion (the stream ends with ``data: [DONE]``)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+# --- models --------------------------------------------------------------------------
+
+
+class Model(ResponseModel):
+    """``GET /v1/models/{model_id}``."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(ResponseModel):
+    """``GET /v1/models``."""
+
+    object: Literal["list"]
+    data: list[Model]
+
+
+class ModelDetail(Extensible):
+    """``GET /api/models/{model_id}``: state, and the loaded weights' identity while resident."""
+
+    id: str
+    state: str
+    engine: str
+    format: str | None = None
+    path: str | None = None
+    quantization: str | None = None
+    hf_id: str | None = None
+    revision: str | None = None
+    error: str | None = None
+
+
+class ModelDetailList(ResponseModel):
+    """``GET /api/models``."""
+
+    data: list[ModelDetail]
+
+
+# --- health --------------------------------------------------------------------------
+
+
+class PluginLoaded(ResponseModel):
+    name: str
+    version: str | None
+
+
+class PluginFailed(ResponseModel):
+    name: str
+    error: str | None
+
+
+class QueueState(ResponseModel):
+    admitted: int
+    max_waiting: int
+    generating: bool
+    stalled: bool
+    shutting_down: bool
+
+
+class Health(ResponseModel):
+    """``GET /api/health``."""
+
+    status: Literal["ok", "loading", "unloading", "failed", "no_model"]
+    model: str | None = Field(description="The resident model, the one loading, or the start model that failed")
+    engine: str | None
+    phase: str | None
+    progress: str | None
+    error: str | None
+    engine_status: dict[str, Any] | None
+    engines: list[str]
+    plugins: list[PluginLoaded]
+    failed_plugins: list[PluginFailed]
+    queue: QueueState

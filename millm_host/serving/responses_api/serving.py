@@ -1,0 +1,65 @@
+"""``ServingResponses``: a Responses request served as the chat completion it translates to.
+
+The context is the chat completion's (``ctx.endpoint == "chat.completions"``,
+``ctx.body`` the translated chat body), so every plugin serves it as it serves
+chat: steering and its headers, probe verdicts, structured output, tools.
+Only the reading (``translate``) and the writing (``render``, ``events``) differ.
+A refusal names the location in the Responses body (``text.format``, not
+``response_format``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ...errors import MillmError
+from ...fields import strict_mode
+from ...openapi import Operation
+from ..base import ClientGone, Result, Serving
+from ..chat import ServingChat
+from .events import response_events
+from .protocol import ResponseObject, ResponsesRequest, ResponseStreamEvent
+from .render import from_completion
+from .translate import Translation, translate
+
+
+class ServingResponses(ServingChat):
+    """``POST /v1/responses`` (see the module docstring)."""
+
+    #: The key of ``host.serving`` and the resource's endpoint name (the context's stays chat's).
+    route = "responses"
+    #: Stream events are named (``event: response.created``), as OpenAI sends them.
+    named_events = True
+
+    def describe(self) -> Operation:
+        """``/openapi.json``: the Responses request and object, not the chat completion it is served as."""
+        return Operation(
+            summary="Create a model response (OpenAI's Responses API), served as a chat completion",
+            request=(ResponsesRequest,),
+            response=(ResponseObject,),
+            stream=ResponseStreamEvent,
+            errors=self.refusals,
+        )
+
+    async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
+        translation: Translation | None = None
+        try:
+            translation = await asyncio.to_thread(translate, body, strict_mode(headers))
+            ctx = await asyncio.to_thread(self.build_context, translation.chat, headers)
+            ctx.plan = translation
+            ctx.unused_fields = [*translation.reported, *ctx.unused_fields]
+            # Serving.serve, not ServingGeneration.handle: a Responses body is never scoring mode
+            result = await Serving.serve(self, ctx, gone)
+        except MillmError as exc:
+            if translation is not None and exc.param is not None:
+                renamed = translation.param(exc.param)
+                if renamed != exc.param:  # the message names the chat field too: name the Responses one
+                    exc.message = exc.message.replace(exc.param, renamed or "", 1)
+                    exc.args = (exc.message,)
+                exc.param = renamed
+            raise
+        if result.stream is not None:
+            return Result(headers=result.headers, stream=response_events(result.stream, ctx, translation))
+        assert result.body is not None
+        return Result(headers=result.headers, body=from_completion(ctx, translation, result.body))

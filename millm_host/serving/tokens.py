@@ -1,0 +1,91 @@
+"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's shapes): the server's own tokenization, shown.
+
+A prompt is tokenized as ``/v1/completions`` tokenizes one, a chat as
+``/v1/chat/completions`` renders and tokenizes it (the same template path, one
+BOS), so ``count`` is the ``usage.prompt_tokens`` generation reports. Both go
+through the ``Serving`` lifecycle like every endpoint (model resolution,
+admission, plugin hooks, errors); the text work runs on the text thread and
+nothing runs on the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..admission import Admission
+from ..context import RequestContext
+from ..errors import InvalidParameter
+from ..protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from .base import Result, Serving, add_extras
+from .chat import _conversation, _full_messages  # chat's own reading: what it renders, tokenize renders
+from .prompts import chat_prompts
+
+
+class TextOnlyServing(Serving):
+    """A request answered from the tokenizer alone: ``tokenize`` does the work, ``render`` writes it."""
+
+    async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
+        admission.release()
+        if watcher is not None:
+            watcher.cancel()
+        ctx.finished = True
+        body = add_extras(self.host, ctx, self.render(ctx, None))
+        return Result(headers=self.headers(ctx), body=body)
+
+
+class ServingTokenize(TextOnlyServing):
+    """``/tokenize``: a prompt or a chat to the ids generation would run on."""
+
+    endpoint = "tokenize"
+    protocol = TokenizeRequest
+    response_model = TokenizeResponse
+
+    def read(self, ctx: RequestContext) -> None:
+        messages = ctx.params.messages
+        if messages is not None:
+            ctx.conversations = [_conversation(messages)]
+            ctx.messages = [_full_messages(messages)]
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        engine = ctx.engine
+        assert engine is not None
+        params = ctx.params
+        if params.messages is not None:
+            ctx.prompts = chat_prompts(ctx, fallback=True)  # as chat completions: a model without a template too
+        else:
+            ctx.prompts = [engine.tokenize(params.prompt, add_special_tokens=params.add_special_tokens is not False)]
+        if params.return_token_strs:
+            ctx.plan = [engine.detokenize([t]) for t in ctx.prompts[0]]
+
+    def render(self, ctx: RequestContext, output: Any) -> dict[str, Any]:
+        assert ctx.engine is not None
+        ids = ctx.prompts[0]
+        response = TokenizeResponse(
+            count=len(ids), max_model_len=ctx.engine.info.context_window, tokens=ids, token_strs=ctx.plan
+        )
+        return response.model_dump(mode="json", exclude_none=ctx.plan is None)
+
+
+class ServingDetokenize(TextOnlyServing):
+    """``/detokenize``: token ids to text, special tokens kept (``/tokenize`` of a chat round-trips)."""
+
+    endpoint = "detokenize"
+    protocol = DetokenizeRequest
+    response_model = DetokenizeResponse
+
+    def tokenize(self, ctx: RequestContext) -> None:
+        engine = ctx.engine
+        assert engine is not None
+        vocab = engine.info.vocab_size
+        for j, token in enumerate(ctx.params.tokens):
+            if token >= vocab:
+                raise InvalidParameter(
+                    f"tokens[{j}]: token id {token} is outside this model's vocabulary (ids 0-{vocab - 1})",
+                    param=f"tokens[{j}]",
+                )
+        ctx.prompts = [list(ctx.params.tokens)]
+        ctx.plan = engine.detokenize(ctx.prompts[0])
+
+    def render(self, ctx: RequestContext, output: Any) -> dict[str, Any]:
+        return DetokenizeResponse(prompt=ctx.plan).model_dump(mode="json")
