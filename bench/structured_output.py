@@ -3,8 +3,10 @@
 Runs the transformers engine in process on SmolLM2-135M-Instruct (float32, CPU)
 and generates from the same chat prompt, greedy, alternating an unconstrained
 run and a constrained one (the structured_output plugin's own constraint), so
-both see the same machine load. Decode speed is tokens per second after the
-first token (the prompt pass is the same for both and left out). Prints the
+both see the same machine load. Two rows: a json_schema response_format, and
+the generic tool-call format (SmolLM2's template takes no tools; ``tool_choice:
+"auto"``, so the constraint allows every tool's call or an answer). Decode speed is tokens per second after the
+first token (the prompt pass is the same for both and left out). Prints, per row, the
 median of each and their ratio (and the median of the per-run ratios) (target: constrained / unconstrained >= 0.8),
 and the median time the constraint itself takes per token.
 
@@ -46,6 +48,42 @@ MESSAGES = [
         "content": "Review by Ana: 'Great little cafe, friendly staff, the cake was dry "
         "and the coffee was excellent, I will come back.' 4 stars.",
     },
+]
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search_flights",
+            "description": "Flights between two airports on a day",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "origin": {"type": "string", "maxLength": 3},
+                    "destination": {"type": "string", "maxLength": 3},
+                    "date": {"type": "string", "format": "date"},
+                    "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+                },
+                "required": ["origin", "destination", "date"],
+            },
+        },
+    },
+]
+TOOL_MESSAGES = [
+    {"role": "user", "content": "What is the weather like in Paris, and are there flights LHR to CDG on 2025-06-01?"}
 ]
 
 
@@ -102,19 +140,38 @@ def main() -> None:
     import torch
 
     from millm_host.engine import SamplingParams
-    from millm_structured_output.constraint import ConstraintCompiler, JsonConstraint
     from millm_structured_output.response_format import parse_response_format
+    from millm_structured_output.tools.generic import describe_tools, reply_format, show_tools
+    from millm_structured_output.tools.request import parse_tool_request
 
     print(f"torch threads: {torch.get_num_threads()}")
     engine = load_engine()
-    prompt = engine.chat_ids(MESSAGES)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0)
-    fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "review", "schema": REVIEW}})
+    schema_format = parse_response_format({"type": "json_schema", "json_schema": {"name": "review", "schema": REVIEW}})
+    tools = parse_tool_request({"tools": TOOLS})
+    conversation = [dict(m) for m in TOOL_MESSAGES]
+    show_tools(conversation, describe_tools(tools), engine.info.chat_template)
+    rows = {
+        "json_schema": measure(engine, engine.chat_ids(MESSAGES), schema_format, params, args),
+        "generic tools": measure(engine, engine.chat_ids(conversation), reply_format(tools), params, args),
+    }
+    print()
+    for name, (plain, constrained, cost, paired) in rows.items():
+        print(
+            f"{name:14s} unconstrained {plain:6.1f} tok/s  constrained {constrained:6.1f} tok/s  "
+            f"constraint {cost:.3f} ms/token  ratio {constrained / plain:.3f} (paired {paired:.3f}; target >= 0.8)"
+        )
+
+
+def measure(engine, prompt, fmt, params, args) -> tuple[float, float, float, float]:
+    """Median unconstrained and constrained rates, the constraint's median ms/token, the median paired ratio."""
+    from millm_structured_output.constraint import ConstraintCompiler, JsonConstraint
+
     compiler = ConstraintCompiler()
     compiler.prepare(engine, fmt)  # compile once: the cache is what serving uses
     eos = sorted(engine.info.eos_token_ids)
-
-    plain_rates, constrained_rates, per_token_ms, lengths = [], [], [], []
+    print(f"-- {fmt.name}")
+    plain_rates, constrained_rates, per_token_ms = [], [], []
     decode_rate(engine, prompt, params, None, 8)  # warm-up
     for run in range(max(5, args.runs)):
         plain, _ = decode_rate(engine, prompt, params, None, args.tokens)
@@ -123,19 +180,17 @@ def main() -> None:
         plain_rates.append(plain)
         constrained_rates.append(constrained)
         per_token_ms.append(1000 * timed.seconds / timed.calls)
-        lengths.append(length)
         print(
             f"run {run}: unconstrained {plain:6.1f} tok/s   constrained {constrained:6.1f} tok/s "
             f"({length} tokens, constraint {per_token_ms[-1]:.3f} ms/token)"
         )
-
-    plain, constrained = statistics.median(plain_rates), statistics.median(constrained_rates)
-    print(f"median unconstrained: {plain:.1f} tok/s")
-    print(f"median constrained:   {constrained:.1f} tok/s")
-    print(f"median constraint cost: {statistics.median(per_token_ms):.3f} ms/token")
     paired = statistics.median(c / p for c, p in zip(constrained_rates, plain_rates, strict=True))
-    print(f"median of paired ratios: {paired:.3f}")
-    print(f"ratio constrained/unconstrained: {constrained / plain:.3f} (target >= 0.8)")
+    return (
+        statistics.median(plain_rates),
+        statistics.median(constrained_rates),
+        statistics.median(per_token_ms),
+        paired,
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ Both shape a reply: ``response_format`` constrains the tokens (a logits
 processor per sequence, the finished document validated: a failure is a 500, or on a stream, where the
 tokens are already sent, a verdict in the last chunk), tools are rendered by
 the model's own template and the reply parsed back into ``tool_calls`` (an
-output filter per sequence). A request that uses neither gets nothing installed.
+output filter per sequence). A template that shows tools in none of the formats
+read here gets the generic format (``tools/generic.py``): tools described in a
+system message, the reply constrained to JSON. A request that uses neither gets
+nothing installed.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import Any
 from millm_host.api import (
     LOGITS_PROCESSORS,
     FieldNotHonoured,
+    InvalidParameter,
     LogitsProcessorFactory,
-    NoChatTemplate,
     OutputFilterFactory,
     ResponseExtra,
     hookimpl,
@@ -30,6 +33,8 @@ from .response_format import PARAM, ResponseFormat, parse_response_format
 from .schemas import StructuredOutputFields
 from .tools.filter import ToolCallFilter
 from .tools.formats import CallFormat
+from .tools.generic import describe_tools, reply_format, show_tools, write_generic_history
+from .tools.generic_filter import GenericToolFilter
 from .tools.history import add_tool_history, write_calls_into_content
 from .tools.request import ToolRequest, parse_tool_request
 from .tools.template import template_traits
@@ -50,7 +55,7 @@ _RESPONSE_FORMAT_FIELDS = (
     "response_format.json_schema.schema",
     "response_format.json_schema.strict",
 )
-# tools[].function.strict is not claimed: tool arguments are parsed, not constrained.
+# tools[].function.strict is not claimed: a native family's tool arguments are parsed, not constrained.
 _TOOL_FIELDS = (
     "tools",
     "tools[].type",
@@ -89,6 +94,8 @@ class Plan:
     opening: str = ""
     #: Per choice, set after a streamed constrained generation: {"index", "status", "message"?}.
     verdicts: list[dict[str, Any]] | None = None
+    #: The generic format's reply constraint (set when the tools are shown that way).
+    generic: ResponseFormat | None = None
 
 
 @hookimpl
@@ -146,32 +153,43 @@ def before_tokenize(ctx) -> None:
         COMPILER.prepare(ctx.engine, plan.response_format)  # a failure refuses the request before it queues
     info = ctx.engine.info
     traits = template_traits(info.chat_template) if info.chat_template else None
+    native = traits is not None and traits.takes_tools and traits.call_format is not None
     tools = plan.tools
     if tools is not None and tools.shown:
-        if traits is None or not traits.takes_tools:
-            raise FieldNotHonoured(f"the chat template of {info.id} takes no tools", param="tools")
-        if traits.call_format is None:
-            raise FieldNotHonoured(
-                f"{info.id} writes tool calls in a format this server cannot read "
-                "(recognised: LFM2 pythonic, Hermes/Qwen2.5 <tool_call>, Llama 3 JSON)",
-                param="tools",
-            )
-        plan.call_format = traits.call_format
+        if native:
+            plan.call_format = traits.call_format
+        else:
+            plan.generic = _prepare_generic(ctx.engine, tools)
     if plan.history:
-        if traits is None:
-            raise NoChatTemplate(
-                f"{info.id} has no chat template to render tool-call history with", param=plan.history[0]
-            )
-        if not traits.renders_tool_calls:
-            if traits.call_format is None:
-                raise FieldNotHonoured(
-                    f"the chat template of {info.id} cannot render tool calls", param=plan.history[0]
-                )
-            write_calls_into_content(ctx.conversations, traits.call_format, ctx.messages)
-    if tools is not None and tools.opens_call:  # opens_call implies shown, so call_format is set
+        _write_history(ctx, plan, traits)
+    if plan.generic is not None:
+        ctx.chat_tools = None  # the system message shows them, in the shapes the constraint allows
+        for conversation in ctx.conversations:
+            show_tools(conversation, describe_tools(tools), info.chat_template)
+    if tools is not None and tools.opens_call and plan.call_format is not None:
         plan.opening = plan.call_format.opening(tools.forced)
         for conversation in ctx.conversations:
             _open_call(conversation, plan.opening)
+
+
+def _prepare_generic(engine, tools: ToolRequest) -> ResponseFormat:
+    """The generic reply constraint for ``tools``, compiled for ``engine`` (a failure refuses the request)."""
+    fmt = reply_format(tools)
+    try:
+        COMPILER.prepare(engine, fmt)
+    except ResponseFormatUnsupported as exc:
+        raise InvalidParameter(f"the tools' parameters cannot be enforced: {exc.message}", param="tools") from None
+    return fmt
+
+
+def _write_history(ctx, plan: Plan, traits) -> None:
+    """Tool-call history: the template renders it, or it is written into content (the family's or the generic syntax)."""
+    if plan.generic is None and traits is not None and traits.renders_tool_calls:
+        return  # the template renders tool_calls and tool results itself
+    if plan.generic is None and traits is not None and traits.call_format is not None:
+        write_calls_into_content(ctx.conversations, traits.call_format, ctx.messages)
+        return
+    write_generic_history(ctx.conversations, plan.tools.parallel if plan.tools is not None else True)
 
 
 def _open_call(conversation: list[dict[str, Any]], opening: str) -> None:
@@ -191,16 +209,13 @@ def before_forward(ctx) -> list[Any] | None:
         return None
     installed: list[Any] = []
     engine = ctx.engine
-    fmt = plan.response_format
-    if fmt is not None:
-        ready = COMPILER.prepare(engine, fmt)
-        vocab_size, eos_ids = engine.info.vocab_size, sorted(engine.info.eos_token_ids)
-        installed.append(
-            LogitsProcessorFactory(
-                make=lambda index: JsonConstraint(ready.deep_copy(), vocab_size, eos_ids), owner=NAME
-            )
-        )
-    if plan.call_format is not None:  # set exactly when the tools are shown
+    if plan.response_format is not None:
+        installed.append(_constraint(engine, plan.response_format))
+    if plan.generic is not None and plan.tools is not None:
+        names, parallel = plan.tools.names, plan.tools.parallel
+        installed.append(_constraint(engine, plan.generic))
+        installed.append(OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel), owner=NAME))
+    if plan.call_format is not None:  # set exactly when the tools are shown natively
         tools, call_format, opening = plan.tools, plan.call_format, plan.opening
         installed.append(
             OutputFilterFactory(
@@ -208,6 +223,13 @@ def before_forward(ctx) -> list[Any] | None:
             )
         )
     return installed or None
+
+
+def _constraint(engine, fmt: ResponseFormat) -> LogitsProcessorFactory:
+    """A fresh llguidance matcher per sequence, copied from the one compiled for ``engine``."""
+    ready = COMPILER.prepare(engine, fmt)
+    vocab_size, eos_ids = engine.info.vocab_size, sorted(engine.info.eos_token_ids)
+    return LogitsProcessorFactory(make=lambda index: JsonConstraint(ready.deep_copy(), vocab_size, eos_ids), owner=NAME)
 
 
 @hookimpl

@@ -46,3 +46,34 @@ def test_json_schema_outputs_validate(default_server, seed):
     choice = completion.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     jsonschema.validate(json.loads(choice.message.content), REVIEW)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.mark.real_model
+def test_generic_tool_call(default_server):
+    """SmolLM2's template takes no tools: the generic format calls the tool, arguments as the schema says."""
+    client = default_server.openai()
+    completion = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "What is the weather like in Paris right now?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        max_tokens=60,
+        temperature=0.0,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER_TOOL["function"]["parameters"])
+    print("default model's call:", arguments)

@@ -292,28 +292,6 @@ def test_lfm2_required_and_stream_helper(family_server):
 
 
 @pytest.mark.parametrize(
-    "model, why",
-    [
-        ("tiny-smollm2", "takes no tools"),
-        ("tiny-no-template", "takes no tools"),
-        ("tiny-unknown-calls", "format"),
-    ],
-)
-def test_templates_that_cannot_call_are_refused_before_the_stream(http, model, why):
-    body = {"model": model, "messages": QUESTION, "tools": [WEATHER_TOOL], "max_tokens": 4}
-    error = assert_error(http.post("/v1/chat/completions", json=body), 400, "field_not_honoured", "tools")
-    assert why in error["message"]
-    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
-        streamed.read()
-        assert_error(streamed, 400, "field_not_honoured", "tools")
-
-
-def test_tool_history_without_a_template_is_refused(http):
-    body = {"model": "tiny-no-template", "messages": HISTORY, "max_tokens": 4}
-    assert_error(http.post("/v1/chat/completions", json=body), 400, "no_chat_template", "messages[1].tool_calls")
-
-
-@pytest.mark.parametrize(
     "extra, param",
     [
         (

@@ -15,12 +15,36 @@ from typing import Any
 
 from millm_host.api import FilterResult
 
-from .formats import CallFormat, ParsedReply
+from .formats import CallFormat, ParsedCall, ParsedReply
 
 
 def call_id() -> str:
     """An OpenAI-style tool call id (``call_`` and 24 random characters)."""
     return "call_" + secrets.token_urlsafe(18)
+
+
+def calls_result(calls: list[ParsedCall], text: str = "", *, has_content: bool = False) -> FilterResult:
+    """The end of a sequence that called ``calls``: OpenAI ``tool_calls`` (one stream delta for them all).
+
+    ``text`` is still to be sent as content; ``has_content``: the reply has some, else ``content`` is null.
+    """
+    tool_calls = [
+        {
+            "id": call_id(),
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for c in calls
+    ]
+    extras: dict[str, Any] = {"tool_calls": tool_calls}
+    if not has_content:
+        extras["content"] = None
+    return FilterResult(
+        text=text,
+        finish_reason="tool_calls",
+        message_extras=extras,
+        stream_delta={"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls)]},
+    )
 
 
 class ToolCallFilter:
@@ -52,24 +76,8 @@ class ToolCallFilter:
         if reply is None or not self._offered(reply):
             return FilterResult(text=held)
         calls = reply.calls if self.parallel else reply.calls[:1]
-        tool_calls = [
-            {
-                "id": call_id(),
-                "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-            }
-            for c in calls
-        ]
         trailing = reply.trailing if reply.trailing.strip() else ""
-        extras: dict[str, Any] = {"tool_calls": tool_calls}
-        if not (self.text[: self.released] + trailing).strip():
-            extras["content"] = None
-        return FilterResult(
-            text=trailing,
-            finish_reason="tool_calls",
-            message_extras=extras,
-            stream_delta={"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls)]},
-        )
+        return calls_result(calls, trailing, has_content=bool((self.text[: self.released] + trailing).strip()))
 
     def _offered(self, reply: ParsedReply) -> bool:
         return all(call.name in self.names for call in reply.calls)

@@ -35,7 +35,7 @@ class ParsedReply:
     trailing: str = ""
 
 
-def _call_from(obj: Any, argument_keys: tuple[str, ...]) -> ParsedCall | None:
+def call_from(obj: Any, argument_keys: tuple[str, ...]) -> ParsedCall | None:
     """``{"name": ..., "<arguments key>": {...}}`` (arguments may be a JSON string)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -112,7 +112,7 @@ class HermesFormat(CallFormat):
             close = text.find(self.end, body_start)
             body = text[body_start:] if close < 0 else text[body_start:close]
             try:
-                call = _call_from(json.loads(body), ("arguments", "parameters"))
+                call = call_from(json.loads(body), ("arguments", "parameters"))
             except ValueError:
                 return None
             if call is None:
@@ -193,7 +193,7 @@ class Llama3JsonFormat(CallFormat):
                 obj, pos = decoder.raw_decode(body, pos)
             except ValueError:
                 return None
-            call = _call_from(obj, ("parameters", "arguments"))
+            call = call_from(obj, ("parameters", "arguments"))
             if call is None:
                 return None
             calls.append(call)
@@ -248,7 +248,7 @@ def _json_calls(body: str) -> list[ParsedCall] | None:
     except ValueError:
         return None
     items = items if isinstance(items, list) else [items]
-    calls = [_call_from(item, ("arguments", "parameters")) for item in items]
+    calls = [call_from(item, ("arguments", "parameters")) for item in items]
     return calls if calls and all(calls) else None  # type: ignore[return-value]
 
 
