@@ -48,7 +48,7 @@ def grammar_schema(schema: Any) -> Any:
 
 def _closable(node: dict[str, Any]) -> bool:
     properties = node.get("properties")
-    if not isinstance(properties, dict) or "additionalProperties" in node:
+    if not isinstance(properties, dict) or "additionalProperties" in node or "patternProperties" in node:
         return False
     required = node.get("required")
     return not isinstance(required, list) or all(name in properties for name in required)

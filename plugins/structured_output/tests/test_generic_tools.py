@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import transformers
 
+from millm_structured_output.grammar_schema import grammar_schema
 from millm_structured_output.tools.generic import (
     describe_tools,
     parse_reply,
@@ -62,7 +63,7 @@ def matcher(schema):
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer_dir())
     import llguidance.hf
 
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(grammar_schema(schema))  # as the plugin compiles it
     return tokenizer, llguidance.LLMatcher(llguidance.hf.from_tokenizer(tokenizer), grammar)
 
 
@@ -126,7 +127,7 @@ def test_a_property_named_properties_is_not_taken_for_a_keyword():
             },
         },
     }
-    defs = reply_schema(parse_tool_request({"tools": [tool]}))["$defs"]["tool_0"]
+    defs = grammar_schema(reply_schema(parse_tool_request({"tools": [tool]})))["$defs"]["tool_0"]
     assert defs["properties"] == {"properties": {"type": "string"}} and defs["additionalProperties"] is False
 
 

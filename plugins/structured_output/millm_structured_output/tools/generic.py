@@ -65,11 +65,10 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
 
 
 def _arguments_schema(parameters: dict[str, Any] | None, name: str) -> dict[str, Any]:
-    """A function's parameters, moved under ``#/$defs/<name>`` (local refs follow) and closed.
+    """A function's parameters, moved under ``#/$defs/<name>`` (local refs follow).
 
-    OpenAI reads an object's listed ``properties`` as all it may have; without
-    ``additionalProperties: false`` the constraint would let a model add keys until
-    ``max_tokens``, so objects that list properties and say nothing else are closed.
+    Objects that list properties and say nothing else are closed where the reply
+    schema is compiled (``grammar_schema``), as a ``response_format``'s are.
     """
     if parameters is None:  # OpenAI: a function that takes no arguments
         return _object({})
@@ -94,7 +93,7 @@ _SCHEMA_ONE = (
 
 
 def _rewrite(schema: Any, base: str) -> Any:
-    """A copy of ``schema`` with local ``$ref``s rebased under ``base`` and listed-property objects closed."""
+    """A copy of ``schema`` with local ``$ref``s rebased under ``base``."""
     if not isinstance(schema, dict):
         return schema  # true/false
     out: dict[str, Any] = {}
@@ -109,9 +108,7 @@ def _rewrite(schema: Any, base: str) -> Any:
             out[key] = _rewrite(value, base)
         else:
             out[key] = value
-    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+    return out  # objects are closed to their listed keys where every schema is compiled (grammar_schema)
 
 
 def describe_tools(request: ToolRequest) -> str:
