@@ -66,3 +66,23 @@ def pii(**changes: Any) -> dict[str, Any]:
 def docs() -> SimpleNamespace:
     """The shared documents and texts (test modules are not importable under --import-mode=importlib)."""
     return SimpleNamespace(PII=PII, pii=pii, CARD=CARD, BAD_CARD=BAD_CARD, IBAN=IBAN, BAD_IBAN=BAD_IBAN)
+
+
+#: Until ``pip install -r requirements.txt`` installs this plugin (entry point ``rulesets``), the tests
+#: load it by module; once installed, the entry point wins and this entry is skipped.
+MODULE_ENTRY = "rulesets=millm_rulesets.plugin"
+
+
+def with_rulesets(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` whose ``MILLM_PLUGIN_MODULES`` names this plugin besides the test-only plugins."""
+    from millm_host.testing.extra_plugins import module_entries
+
+    out = dict(env or {})
+    named = [m for m in out.get("MILLM_PLUGIN_MODULES", "").split(",") if m.strip()]
+    out["MILLM_PLUGIN_MODULES"] = ",".join([*named, *module_entries(), MODULE_ENTRY])
+    return out
+
+
+@pytest.fixture(scope="session")
+def rulesets_env():
+    return with_rulesets
