@@ -86,3 +86,24 @@ def with_rulesets(env: dict[str, str] | None = None) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def rulesets_env():
     return with_rulesets
+
+
+def _probes_test_helpers() -> Any:
+    """The probes plugin's test conftest (its ``Lab`` builds probes that pass parity on a tiny model).
+
+    Loaded by path: test modules are not importable under ``--import-mode=importlib``.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "probes" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("millm_probes_tests_conftest", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_probes = _probes_test_helpers()
+probe_model_dir = _probes.probe_model_dir
+lab = _probes.lab
