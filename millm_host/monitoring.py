@@ -50,4 +50,5 @@ def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[di
     """Every plugin's results for ``monitored`` (hook ``monitor_results``), in one flat list."""
     from . import hookcalls
 
+    assert ctx.host is not None, "a monitored request runs on a host"
     return hookcalls.monitor(ctx.host.pm, ctx, monitored)
