@@ -47,6 +47,7 @@ SIGNAL_KINDS = ("pattern", "proximity", "validator", "wordlist", "code_rule")
 EXPRESSION_FORMS = ("signal", "all", "any", "not", "within_n")
 OUTPUT_USES = ("fired", "count", "field")
 MAX_PATTERN_MEMORY = 8 << 20  # bytes RE2 may use per compiled pattern
+MAX_NAMES = 200  # signals and expressions together: bounds how deep a chain of references can go
 
 
 @dataclass(frozen=True)
@@ -390,6 +391,8 @@ def parse(doc: Any) -> RuleSet:
         raise _refuse("signals must name at least one signal", "signals")
     signals = {name: _signal(name, raw) for name, raw in raw_signals.items()}
     raw_expressions = _object(doc.get("expressions"), "expressions", required=False)
+    if len(raw_signals) + len(raw_expressions) > MAX_NAMES:
+        raise _refuse(f"a rule set names at most {MAX_NAMES} signals and expressions together", "expressions")
     expressions = {name: _expression(name, raw) for name, raw in raw_expressions.items()}
     _check_references(signals, expressions)
     known = set(signals) | set(expressions)

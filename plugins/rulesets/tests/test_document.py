@@ -190,3 +190,15 @@ def test_semantics(docs):
     assert got["no_threat"].fires is False and got["no_threat"].count == 0
     quiet = evaluate(rs, "kill time")  # weighs 2 < 3: no fire, so no count either
     assert quiet["threat_words"].count == 0 and quiet["no_threat"].fires and quiet["no_threat"].count == 1
+
+
+def test_a_long_chain_of_references_is_refused_not_a_crash(docs):
+    doc = docs.pii(cases=[], vetoes=[], outputs=[])
+    doc["expressions"] = {f"e{i}": {"not": f"e{i + 1}"} for i in range(300)}
+    doc["expressions"]["e300"] = "card"
+    with pytest.raises(InvalidRuleSet) as refused:
+        parse(doc)
+    assert refused.value.param == "/expressions"
+    doc["expressions"] = {f"e{i}": {"not": f"e{i + 1}"} for i in range(150)}
+    doc["expressions"]["e150"] = "card"
+    assert evaluate(parse(doc), "nothing")["e0"].fires is False  # 150 nots over a silent card
