@@ -30,6 +30,9 @@ What is here:
   ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
+- Results beside the probes': ``MonitoredRequest``, ``WindowText`` and
+  ``monitor_results(ctx, monitored)`` (hook ``monitor_results``): the probes plugin
+  calls it, other plugins implement the hook.
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,
@@ -89,6 +92,7 @@ from .errors import (
 from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
+from .monitoring import MonitoredRequest, WindowText, monitor_results
 from .naming import check_display_name, split_gguf_name
 from .openapi import Param, operation
 from .output import (
@@ -156,6 +160,7 @@ __all__ = [
     "ModelDescriptor",
     "ModelInfo",
     "ModelNotLoaded",
+    "MonitoredRequest",
     "NextTokenScores",
     "NoChatTemplate",
     "NonFiniteLogits",
@@ -171,6 +176,7 @@ __all__ = [
     "Settings",
     "Token",
     "TokenLogprob",
+    "WindowText",
     "available_memory",
     "fallback_chat_render",
     "hookimpl",
@@ -178,6 +184,7 @@ __all__ = [
     "loc_to_param",
     "lower_headers",
     "message_text",
+    "monitor_results",
     "operation",
     "parse_list",
     "read_body",

@@ -33,6 +33,9 @@ Plugins are called in pluggy's order (last registered first; ``tryfirst`` and
     non-streamed response, and on a stream the header for what failed before it
     opened plus ``"millm_plugin_errors": [...]`` on the stream's last finish chunk
     when any rendering failed.
+``monitor``
+    ``monitor_results``. Each plugin in turn; one that raises is logged and its
+    results left out: a companion never costs the probes their own results.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ LIFECYCLE = "lifecycle"
 REQUEST = "request"
 AFTER_GENERATE = "after_generate"
 RENDERING = "rendering"
+MONITOR = "monitor"
 
 #: The policy of every hook.
 POLICIES: dict[str, str] = {
@@ -74,6 +78,7 @@ POLICIES: dict[str, str] = {
     "after_generate": AFTER_GENERATE,
     "render_headers": RENDERING,
     "response_extras": RENDERING,
+    "monitor_results": MONITOR,
 }
 
 #: The response header naming the plugins whose rendering failed (policy ``rendering``).
@@ -152,4 +157,17 @@ def rendering(pm: pluggy.PluginManager, name: str, ctx: RequestContext) -> list[
             continue
         if result is not None:
             results.append(result)
+    return results
+
+
+def monitor(pm: pluggy.PluginManager, ctx: RequestContext, monitored: Any) -> list[Any]:
+    """Policy ``monitor``: each plugin's results, flattened; a plugin that raises is logged and left out."""
+    results: list[Any] = []
+    for impl in _impls(pm, "monitor_results", MONITOR):
+        try:
+            found = _call(impl, {"ctx": ctx, "monitored": monitored})
+        except Exception:
+            log.exception("plugin %s failed in monitor_results; its results are left out", impl.plugin_name)
+            continue
+        results.extend(found or ())
     return results

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .app import Host
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
+    from .monitoring import MonitoredRequest
     from .output import OutputFilterFactory, ResponseExtra
     from .settings import Setting
 
@@ -331,4 +332,24 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
     Policy: rendering (``millm_host.hookcalls``): a plugin that raises never fails
     the response: its contribution is left out and it is named in ``X-miLLM-Plugin-
     Errors`` (on a stream, also in ``millm_plugin_errors`` on the last finish chunk).
+    """
+
+
+@hookspec
+def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[dict[str, Any]] | None:
+    """Report results beside the probes' on a monitored request (e.g. rule signals).
+
+    Called by the probes plugin once per request while at least one probe is armed,
+    on the engine thread, from its ``after_generate`` (so before rendering), also for
+    a request it skips (``monitored.skip``: judge traffic, an unscored engine) or one
+    that was interrupted (``monitored.interrupted``). ``monitored.behaviours`` maps
+    each armed behaviour key to the windows its probes report; ``monitored.window(name)``
+    is that window's decoded text, or the outcome and reason the probes report for it.
+    Return ``mi.probe.result/v1`` objects with a ``kind`` of your own (not ``"probe"``),
+    ``probe_id: None``, a ``name``, a ``window`` and ``fires``: the probes plugin lists
+    them after its own in the header, the body, the stream and the events list, and
+    stores them. A returned result never changes a probe result.
+
+    Policy: monitor (``millm_host.hookcalls``): every plugin runs; one that raises is
+    logged and its results are left out.
     """

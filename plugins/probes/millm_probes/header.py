@@ -24,8 +24,25 @@ def _decimal(value: float | None) -> float | None:
     return value if value is not None and abs(value) < DECIMAL_LIMIT else None
 
 
+def other_member(result: dict[str, Any]) -> http_sfv.Item:
+    """Another plugin's result (hook ``monitor_results``): its name, kind, fires and count."""
+    params: dict[str, Any] = {"kind": Token(result["kind"])}
+    if result.get("fires") is not None:
+        params["fires"] = bool(result["fires"])
+    if isinstance(result.get("count"), int):
+        params["count"] = result["count"]
+    if result.get("reason") is not None:
+        params["reason"] = Token(result["reason"])
+    params["window"] = Token(result["window"])
+    if result.get("behaviour") is not None:
+        params["behaviour"] = result["behaviour"]
+    return item(result["name"], params)
+
+
 def member(result: dict[str, Any]) -> http_sfv.Item:
     """One result as a header member: the probe's name, then its reading as parameters."""
+    if result.get("kind", "probe") != "probe":
+        return other_member(result)
     params: dict[str, Any] = {}
     if result["score"] is not None and result["status"] == "final":
         params["score"] = _decimal(result["score"])
@@ -44,7 +61,9 @@ def member(result: dict[str, Any]) -> http_sfv.Item:
 
 def _group(result: dict[str, Any]) -> Any:
     """What is kept or left out whole: a behaviour's results; a probe naming none is a group of its own."""
-    return result["behaviour"] if result["behaviour"] is not None else ("probe", result["probe_id"])
+    if result["behaviour"] is not None:
+        return result["behaviour"]
+    return ("probe", result["probe_id"]) if result.get("probe_id") else (result.get("kind"), result["name"])
 
 
 def render(results: Sequence[dict[str, Any]], max_bytes: int) -> str:

@@ -14,7 +14,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from millm_host.api import ORDER_PROBE_VERDICTS, LayerHook, RequestContext, ResponseExtra
+from millm_host.api import (
+    ORDER_PROBE_VERDICTS,
+    LayerHook,
+    MonitoredRequest,
+    RequestContext,
+    ResponseExtra,
+    WindowText,
+    monitor_results,
+)
 
 from . import header, store
 from .capture import Capture
@@ -22,7 +30,7 @@ from .evaluate import detail, read_pairs
 from .results import Reading, Served, Trace, result_object
 from .runtime import Runtime, Snapshot
 from .trace import new_trace
-from .windows import measure
+from .windows import Layout, NotScored, measure, window_span
 
 log = logging.getLogger("millm.probes")
 
@@ -89,6 +97,7 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     pairs = plan.pairs
     copies = 0
     ids: list[int] = []
+    layout: Layout | None = None
     if request.skip is not None and not ctx.interrupted:
         readings = [Reading("skipped", request.skip) for _ in pairs]
     elif capture is None:
@@ -121,6 +130,9 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         for (view, window), reading in zip(pairs, readings, strict=True)
     ]
     details = [detail(ctx.engine, ids, reading) if ids else None for reading in readings]
+    others = monitor_results(ctx, _monitored(ctx, request, layout, ids))
+    results += others  # listed, stored and rendered after the probes' own
+    details += [None] * len(others)
     try:
         store.write_events(runtime.host.db, results, details)
     except Exception:
@@ -144,6 +156,37 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             "device_to_host_copies": copies,
             "results": len(results),
         },
+    )
+
+
+def _monitored(ctx: RequestContext, request: LiveRequest, layout: Layout | None, ids: list[int]) -> MonitoredRequest:
+    """The request as other plugins' results see it (hook ``monitor_results``)."""
+    behaviours: dict[str, list[str]] = {}
+    for view, window in request.snapshot.plan.pairs:
+        if view.behaviour is not None and window not in behaviours.setdefault(view.behaviour, []):
+            behaviours[view.behaviour].append(window)
+
+    def read_window(window: str) -> WindowText:
+        if ctx.interrupted:
+            return WindowText(None, "interrupted", ctx.interrupted, "unavailable")
+        if request.skip is not None:
+            return WindowText(None, "skipped", request.skip)
+        if layout is None:
+            return WindowText(None, "skipped", "no_scored_tokens")
+        span = window_span(layout, window, False)
+        if isinstance(span, NotScored):
+            return WindowText(None, span.outcome, span.reason)
+        end = len(ids) if span.end >= layout.positions else span.end  # the last token has no residual, yet is text
+        return WindowText(ctx.engine.decode(list(ids[span.start : end])))
+
+    return MonitoredRequest(
+        behaviours={key: tuple(windows) for key, windows in behaviours.items()},
+        request_id=ctx.request_id,
+        trace_id=request.trace.trace_id,
+        span_id=request.trace.span_id,
+        skip=request.skip,
+        interrupted=ctx.interrupted,
+        read_window=read_window,
     )
 
 

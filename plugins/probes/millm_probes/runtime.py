@@ -125,6 +125,8 @@ class Runtime:
     # --- what the status route reports ------------------------------------------------
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
         for result in results:
+            if result.get("kind") != "probe":  # another plugin's result (hook monitor_results)
+                continue
             self.last_results[result["probe_id"]] = {
                 "outcome": result["outcome"],
                 "reason": result["reason"],

@@ -7,6 +7,8 @@ every chat completion (on the finish chunk when streaming). Enabled only when
 
 from __future__ import annotations
 
+import uuid
+
 from millm_host.api import ResponseExtra, Setting, hookimpl
 
 __version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
@@ -44,3 +46,36 @@ def response_extras(ctx):
     if scores is None:
         return None
     return [ResponseExtra({"detector_example": {"shouting": scores}}, order=400)]
+
+
+@hookimpl
+def monitor_results(ctx, monitored):
+    """Beside armed probes: a ``shouting`` result per armed behaviour and window (hook ``monitor_results``)."""
+    if not ctx.settings["DETECTOR_EXAMPLE_ENABLED"]:
+        return None
+    results = []
+    for behaviour, windows in monitored.behaviours.items():
+        for window in windows:
+            text = monitored.window(window)
+            score = _score(text.text) if text.text is not None else None
+            results.append(
+                {
+                    "schema": "mi.probe.result/v1",
+                    "kind": "detector_example",
+                    "result_id": str(uuid.uuid4()),
+                    "request_id": monitored.request_id,
+                    "trace_id": monitored.trace_id,
+                    "span_id": monitored.span_id,
+                    "probe_id": None,
+                    "name": "shouting",
+                    "behaviour": behaviour,
+                    "window": window,
+                    "outcome": "completed" if score is not None else text.outcome,
+                    "reason": text.reason,
+                    "status": text.status if score is None else "final",
+                    "fires": score > 0.5 if score is not None else None,
+                    "count": 0,
+                    "score": score,
+                }
+            )
+    return results

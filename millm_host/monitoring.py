@@ -1,0 +1,54 @@
+"""What a monitoring plugin (probes) hands the plugins that report results beside its own.
+
+The probes plugin builds one ``MonitoredRequest`` per monitored request and calls
+``monitor_results`` (hook ``monitor_results``, policy ``monitor``); what the other
+plugins return is listed, stored and rendered with the probe results on every
+surface. Plugins never import each other: this is the whole contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import RequestContext
+
+
+@dataclass(frozen=True)
+class WindowText:
+    """One window's text, or why it has none (the reason the probes report for that window)."""
+
+    text: str | None
+    outcome: str | None = None  # skipped, failed or interrupted when ``text`` is None
+    reason: str | None = None
+    status: str = "final"  # unavailable: an interrupted request
+
+
+@dataclass
+class MonitoredRequest:
+    """A monitored request as the probes see it: who is armed, on which windows, and their texts."""
+
+    behaviours: Mapping[str, tuple[str, ...]]  # each armed behaviour key -> the windows its probes report
+    request_id: str | None
+    trace_id: str
+    span_id: str
+    skip: str | None  # why no window is scored (judge_traffic, engine_unsupported, …); None: scored
+    interrupted: str | None
+    read_window: Callable[[str], WindowText]  # decodes a window's text (engine thread; cached here)
+    _texts: dict[str, WindowText] = field(default_factory=dict)
+
+    def window(self, name: str) -> WindowText:
+        """The text of ``name`` (``all``, ``prompt``, ``response``, ``last_user``), decoded once."""
+        if name not in self._texts:
+            self._texts[name] = self.read_window(name)
+        return self._texts[name]
+
+
+def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[dict[str, Any]]:
+    """Every plugin's results for ``monitored`` (hook ``monitor_results``), in one flat list."""
+    from . import hookcalls
+
+    assert ctx.host is not None, "a monitored request runs on a host"
+    return hookcalls.monitor(ctx.host.pm, ctx, monitored)

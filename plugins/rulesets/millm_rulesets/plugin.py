@@ -1,0 +1,61 @@
+"""Hook implementations of the rulesets plugin.
+
+One ``Runtime`` per host, made at ``startup`` and kept in ``host.state["rulesets"]``.
+The plugin talks to the probes plugin only through the ``monitor_results`` hook.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from millm_host.api import hookimpl
+
+from . import live, routes
+from .runtime import Runtime
+from .settings import SETTINGS
+
+__version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
+STATE_KEY = "rulesets"
+
+
+def _start(host: Any) -> Runtime:
+    return host.state.setdefault(STATE_KEY, Runtime(host))
+
+
+@hookimpl
+def register_settings(register) -> None:
+    """RULE_TIME_BUDGET_MS, RULE_SIGNALS_ENABLED."""
+    for setting in SETTINGS:
+        register(setting)
+
+
+@hookimpl
+def register_migrations(register) -> None:
+    """The rule tables, in their own version table (``alembic_version_rulesets``)."""
+    register("rulesets", str(Path(__file__).parent / "migrations" / "versions"))
+
+
+@hookimpl
+def register_routes(host, add_route) -> None:
+    """``/api/rule-sets`` and ``/api/probes/behaviours/{key}/rule-signals``."""
+    routes.install(_start(host), add_route)
+
+
+@hookimpl
+def startup(host) -> None:
+    """Re-prove every stored set's cases: one this build disagrees with is marked vectors_failed."""
+    _start(host).load()
+
+
+@hookimpl
+def shutdown(host) -> None:
+    host.state.pop(STATE_KEY, None)
+
+
+@hookimpl
+def monitor_results(ctx, monitored):
+    """A rule result per attached expression and window, beside the armed probes."""
+    runtime = ctx.host.state.get(STATE_KEY)
+    return live.results(runtime, monitored) if runtime is not None else None

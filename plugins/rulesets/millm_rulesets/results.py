@@ -1,0 +1,64 @@
+"""Rule results: ``mi.probe.result/v1`` objects of ``kind: "rule"``, one per named expression and window.
+
+They carry ``fires`` and ``count``, never the matched text. An undecided result
+(skipped, failed, pending) has ``fires: null`` and ``count: 0``: check ``status``
+(or ``fires``) before trusting ``count``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import uuid6
+
+from .evaluate import Outcome
+from .runtime import Loaded
+
+SCHEMA = "mi.probe.result/v1"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def rule_result(
+    loaded: Loaded,
+    name: str,
+    window: str | None,
+    outcome: Outcome | None,
+    *,
+    reason: str | None = None,
+    result_outcome: str | None = None,
+    status: str | None = None,
+    behaviour: str | None = None,
+    request_id: str | None = None,
+    trace_id: str | None = None,
+    span_id: str | None = None,
+    persistence: str = "persisted",
+) -> dict[str, Any]:
+    """The result of expression ``name``; ``outcome`` None means undecided (``reason`` says why)."""
+    decided = outcome is not None
+    return {
+        "schema": SCHEMA,
+        "kind": "rule",
+        "result_id": str(uuid6.uuid7()),
+        "request_id": request_id,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "probe_id": None,
+        "name": name,
+        "behaviour": behaviour,
+        "version": loaded.version,
+        "rule_set_id": loaded.id,
+        "ruleset_id": loaded.ruleset_id,
+        "rule_set_digest": loaded.digest,
+        "window": window,
+        "outcome": result_outcome or ("completed" if decided else "failed"),
+        "reason": reason,
+        "status": status or ("final" if decided else "unavailable"),
+        "persistence": persistence,
+        "fires": outcome.fires if outcome is not None else None,
+        "count": outcome.count if outcome is not None else 0,
+        "recorded_at": now_iso(),
+    }

@@ -1,0 +1,125 @@
+"""The rule-set API on an in-process app: validate writes nothing, import stores, evaluate, attach, restart."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def app(app_factory, rulesets_env):
+    return app_factory(plugins=["rulesets"], env=rulesets_env())
+
+
+@pytest.fixture
+def http(app):
+    with app.http() as client:
+        yield client
+        for attached in ("pii-behaviour",):
+            client.delete(f"/api/probes/behaviours/{attached}/rule-signals")
+        for s in client.get("/api/rule-sets").json()["data"]:
+            client.delete(f"/api/rule-sets/{s['id']}")
+
+
+def test_validate_writes_nothing(http, docs):
+    r = http.post("/api/rule-sets/validate", json=docs.PII)
+    assert r.status_code == 200, r.text
+    assert r.json()["valid"] is True and r.json()["cases"] == len(docs.PII["cases"])
+    assert http.get("/api/rule-sets").json()["data"] == []
+
+
+def test_import_get_list_delete(http, docs):
+    r = http.post("/api/rule-sets/import", json=docs.PII)
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert made["status"] == "published" and made["id"].startswith("rs_")
+    assert [s["id"] for s in http.get("/api/rule-sets").json()["data"]] == [made["id"]]
+    got = http.get(f"/api/rule-sets/{made['id']}").json()
+    assert got["document"] == docs.PII
+    again = http.post("/api/rule-sets/import", json=docs.PII)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "rule_set_exists"
+    assert http.delete(f"/api/rule-sets/{made['id']}").json()["deleted"] is True
+    assert http.get(f"/api/rule-sets/{made['id']}").status_code == 404
+
+
+def test_refusals_are_openai_errors_naming_the_pointer(http, docs):
+    doc = docs.pii()
+    doc["signals"]["email"]["pattern"] = r"(\w+)\1"
+    for route in ("validate", "import"):
+        r = http.post(f"/api/rule-sets/{route}", json=doc)
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["code"] == "rule_pattern_refused" and error["param"] == "/signals/email/pattern"
+    doc = docs.pii()
+    doc["signals"]["custom"] = {"kind": "code_rule", "wat": "(module)"}
+    doc["expressions"]["near"] = {"within_n": {"a": "custom", "b": "card", "n": 3}}
+    error = http.post("/api/rule-sets/import", json=doc).json()["error"]
+    assert error["code"] == "code_rule_in_within_n" and error["expression"] == "near"
+    assert http.get("/api/rule-sets").json()["data"] == []
+
+
+def test_a_set_failing_its_cases_is_refused(http, docs):
+    doc = docs.pii()
+    doc["cases"].append({"text": "nothing here", "expect": {"pii": True}})
+    r = http.post("/api/rule-sets/import", json=doc)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "rule_set_cases_failed" and error["param"] == f"/cases/{len(doc['cases']) - 1}/expect/pii"
+    assert error["failures"] == [
+        {"case": len(doc["cases"]) - 1, "name": "pii", "expected": {"fires": True}, "got": {"fires": False, "count": 0}}
+    ]
+
+
+def test_evaluate_returns_counts_and_spans_only_on_request(http, docs):
+    made = http.post("/api/rule-sets/import", json=docs.PII).json()
+    text = f"card {docs.CARD}, mail a@b.example"
+    plain = http.post(f"/api/rule-sets/{made['id']}/evaluate", json={"text": text}).json()
+    pii = next(r for r in plain["results"] if r["name"] == "pii")
+    assert pii["kind"] == "rule" and pii["fires"] is True and pii["count"] == 2 and "spans" not in pii
+    assert docs.CARD not in str(plain)  # never the matched text
+    spans = http.post(
+        f"/api/rule-sets/{made['id']}/evaluate", json={"text": text, "return_rule_positions": True}
+    ).json()
+    pii = next(r for r in spans["results"] if r["name"] == "pii")
+    assert [text[s["start"] : s["end"]].strip(" ,") for s in pii["spans"]] == [docs.CARD, "a@b.example"]
+    bad = http.post(f"/api/rule-sets/{made['id']}/evaluate", json={"text": 3})
+    assert bad.status_code == 400
+    assert http.post("/api/rule-sets/rs_nothing/evaluate", json={"text": "x"}).status_code == 404
+
+
+def test_attach_detach_and_delete_of_an_attached_set(http, docs):
+    made = http.post("/api/rule-sets/import", json=docs.PII).json()
+    r = http.put("/api/probes/behaviours/pii-behaviour/rule-signals", json={"rule_set_id": made["id"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["rule_set"]["id"] == made["id"]
+    assert http.get("/api/probes/behaviours/pii-behaviour/rule-signals").json()["rule_set"]["id"] == made["id"]
+    refused = http.delete(f"/api/rule-sets/{made['id']}")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "rule_set_attached"
+    missing = http.put("/api/probes/behaviours/pii-behaviour/rule-signals", json={"rule_set_id": "rs_none"})
+    assert missing.status_code == 404
+    assert http.delete("/api/probes/behaviours/pii-behaviour/rule-signals").json()["rule_set"] is None
+
+
+def test_a_stored_set_this_build_disagrees_with_is_marked_vectors_failed_at_start(app_factory, docs, rulesets_env):
+    """Re-proved at every start: a stored document whose case no longer holds stops being evaluated."""
+    import json
+
+    import sqlalchemy as sa
+
+    first = app_factory(plugins=["rulesets"], env=rulesets_env())
+    with first.http() as http:
+        made = http.post("/api/rule-sets/import", json=docs.PII).json()
+    broken = copy.deepcopy(docs.PII)
+    broken["cases"][0]["expect"]["pii"] = False  # what a build with other semantics would disagree on
+    with first.host.db.engine.begin() as connection:
+        connection.execute(
+            sa.text("UPDATE rule_sets SET document = :d WHERE id = :i"), {"d": json.dumps(broken), "i": made["id"]}
+        )
+    first.stop()
+    first.start()  # a restart on the same data directory: startup re-proves every stored set
+    with first.http() as http:
+        got = http.get(f"/api/rule-sets/{made['id']}").json()
+        assert got["status"] == "vectors_failed" and "cases disagree" in got["status_detail"]
+        result = http.post(f"/api/rule-sets/{made['id']}/evaluate", json={"text": "x"}).json()["results"][0]
+        assert result["reason"] == "rule_set_vectors_failed" and result["fires"] is None and result["count"] == 0
