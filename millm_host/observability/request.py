@@ -42,10 +42,10 @@ class Observation:
         self.ended = False
         tracing = host.tracing
         self.span: Any = tracing.start(endpoint, headers, self.timing.received) if tracing.enabled else None
-        ids = span_ids(self.span)
+        ids = span_ids(self.span) or caller_trace(headers)
         #: The request's trace and span ids in hex (None without tracing), for the logs.
         self.trace_id: str | None = ids[0] if ids else None
-        self.span_id: str | None = ids[1] if ids else None
+        self.span_id: str | None = ids[1] if ids and self.span is not None else None
 
     def attach(self, ctx: RequestContext) -> None:
         """The request's context is built: it takes this request's id and timing."""
@@ -112,6 +112,18 @@ class Observation:
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=ended)
+
+
+def caller_trace(headers: Mapping[str, str]) -> tuple[str, str] | None:
+    """``(trace_id, parent span id)`` of a W3C ``traceparent`` header, for the logs when tracing is off."""
+    parts = headers.get("traceparent", "").strip().split("-")
+    if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16 and parts[1] != "0" * 32:
+        try:
+            int(parts[1], 16), int(parts[2], 16)
+        except ValueError:
+            return None
+        return parts[1].lower(), parts[2].lower()
+    return None
 
 
 def _completion(ctx: RequestContext | None) -> int:
