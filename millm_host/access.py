@@ -20,8 +20,8 @@ Keys (``Authorization: Bearer <key>``, as OpenAI clients send) are optional:
 
 - ``MILLM_API_KEYS`` guards ``/v1`` (and ``/tokenize``, ``/detokenize``); admin keys are accepted there too.
 - ``MILLM_ADMIN_API_KEYS`` guards everything else (every ``/api`` route, reads
-  included, since they show paths and probe data) except ``/api/health`` and
-  ``/openapi.json``. Without admin keys these routes take the API keys instead,
+  included, since they show paths and probe data; ``/metrics`` too) except
+  ``/api/health`` (and its ``/live`` and ``/ready``) and ``/openapi.json``. Without admin keys these routes take the API keys instead,
   so setting only ``MILLM_API_KEYS`` never leaves management open.
 - A missing or wrong key is ``401 invalid_api_key`` in OpenAI's shape.
 """
@@ -41,8 +41,8 @@ log = logging.getLogger("millm.access")
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: Paths anyone who can reach the server may read: liveness and the API's description.
-PUBLIC_PATHS = frozenset({"/api/health", "/openapi.json"})
+#: Paths anyone who can reach the server may read: health, liveness, readiness and the API's description.
+PUBLIC_PATHS = frozenset({"/api/health", "/api/health/live", "/api/health/ready", "/openapi.json"})
 #: Client routes outside ``/v1`` (vLLM's paths), guarded like ``/v1``: clients call them with API keys.
 CLIENT_PATHS = frozenset({"/tokenize", "/detokenize"})
 

@@ -18,7 +18,10 @@ What is here:
   ``host.engine_slot(model_id)`` (admitted work on the engine thread),
   ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
   (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
-  ``resident``, ``engine``).
+  ``resident``, ``engine``), ``host.metrics`` (what a plugin records for ``/metrics``
+  and the request's trace, without importing prometheus or OpenTelemetry:
+  ``probe_results(ctx, results, overhead_seconds)``, ``rule_results(ctx, results)``,
+  ``steering(ctx, kinds)``).
 - ``/openapi.json``: every route added is listed; ``@operation(summary, request=Model,
   response=Model, errors=(404,), query=[Param(...)])`` on a responder says what it takes
   and answers (``ResponseModel``: the base of a response body whose keys are all declared;

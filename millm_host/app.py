@@ -21,6 +21,9 @@ from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
 from .fields import ENDPOINTS, FieldRegistry
+from .observability.metrics import Metrics
+from .observability.request import CURRENT, Observation
+from .observability.tracing import Tracing
 from .plugins import build_plugin_manager
 from .registry import ModelRegistry
 from .scheduler import Scheduler
@@ -55,6 +58,12 @@ class Host:
         self.fields = FieldRegistry(self.engines)
         hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
+        #: Prometheus metrics (``/metrics``); plugins record through its methods (see ``millm_host.api``).
+        self.metrics = Metrics()
+        #: OpenTelemetry spans, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``tracing.enabled``).
+        self.tracing = Tracing(settings["OTEL_EXPORTER_OTLP_ENDPOINT"], settings["OTEL_SERVICE_NAME"])
+        if settings["MILLM_METRICS"]:
+            self.scheduler.watch = self.metrics.queue_changed
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
         #: One request lifecycle per endpoint: ``await host.serving[endpoint].handle(body, headers)``
@@ -121,6 +130,15 @@ class Host:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
 
+    def observe(self, endpoint: str, headers: Mapping[str, str]) -> Observation | None:
+        """A request's ``Observation`` (None when metrics, tracing and JSON logs are all off)."""
+        settings = self.settings
+        if not (settings["MILLM_METRICS"] or self.tracing.enabled or settings["MILLM_LOG_FORMAT"] == "json"):
+            return None
+        if CURRENT.get() is not None:  # already observed (a body served inside another request)
+            return None
+        return Observation(self, endpoint, headers)
+
     def keep(self, task: asyncio.Task) -> None:
         """Hold a background task until it ends (the event loop keeps only weak references)."""
         self._background.add(task)
@@ -177,6 +195,7 @@ class Host:
             except Exception:
                 log.exception("closing the model failed")
         self.scheduler.shutdown()
+        self.tracing.shutdown()
         self.db.dispose()
 
 

@@ -65,7 +65,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log.info("millm %s on http://%s:%d/v1 (model %s)", "serving", shown, args.port, start.id if start else "none")
     grace = settings["MILLM_SHUTDOWN_GRACE_S"]
     # uvicorn cancels what still runs a little after the host's own grace: a backstop.
-    config = uvicorn.Config(app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=grace + 5)
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=grace + 5,
+        # JSON logs: uvicorn's loggers go through the root logger's JSON handler, not their own
+        **({"log_config": None} if settings["MILLM_LOG_FORMAT"] == "json" else {}),
+    )
 
     class Server(uvicorn.Server):
         """uvicorn's server, telling the host when SIGTERM or SIGINT arrives, so its shutdown grace starts then."""
@@ -136,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    if os.environ.get("MILLM_LOG_FORMAT", "").strip().lower() == "json":
+        from .observability.logs import use_json
+
+        use_json(logging.getLogger().level)
     return args.func(args)
 
 

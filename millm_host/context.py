@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .observability.timing import Timing
+
 if TYPE_CHECKING:
     from .app import Host
     from .engine import Engine, ModelDescriptor, SamplingParams
@@ -103,6 +105,10 @@ class RequestContext:
     unused_fields: list[str] = field(default_factory=list)
     #: Plugins whose ``render_headers`` or ``response_extras`` raised (``X-miLLM-Plugin-Errors``).
     plugin_errors: list[str] = field(default_factory=list)
+    #: When the request arrived, waited, started and made each token (the engine thread marks it).
+    timing: Timing = field(default_factory=Timing)
+    #: The request's ``Observation`` (metrics, trace, log context) when one is kept (host use).
+    observation: Any = None
 
     @property
     def is_chat(self) -> bool:

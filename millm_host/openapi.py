@@ -81,6 +81,8 @@ class Operation:
     query: Sequence[Param] = ()
     endpoint: str | None = None
     operation_id: str | None = None
+    #: The success body's media type; anything but JSON is described as a string.
+    media_type: str = "application/json"
 
 
 def operation(
@@ -92,6 +94,7 @@ def operation(
     status: int = 200,
     errors: Sequence[int] = (),
     query: Sequence[Param] = (),
+    media_type: str = "application/json",
 ) -> Callable[[F], F]:
     """Describe a responder (``on_get``, ``on_post_load``, ...) in ``/openapi.json``."""
     described = Operation(
@@ -102,6 +105,7 @@ def operation(
         status=status,
         errors=tuple(errors),
         query=tuple(query),
+        media_type=media_type,
     )
 
     def mark(responder: F) -> F:
@@ -205,9 +209,10 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
                 "content": {"application/json": {"schema": one_of(requests)}},
             }
         success: dict[str, Any] = {"description": STATUS_TEXT.get(op.status, "the response")}
-        content: dict[str, Any] = {
-            "application/json": {"schema": one_of(op.response) if op.response else {"type": "object"}}
-        }
+        if op.media_type != "application/json":
+            content: dict[str, Any] = {op.media_type: {"schema": {"type": "string"}}}
+        else:
+            content = {"application/json": {"schema": one_of(op.response) if op.response else {"type": "object"}}}
         if op.stream is not None:
             content["text/event-stream"] = {
                 "schema": {

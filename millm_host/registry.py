@@ -345,7 +345,9 @@ class ModelRegistry:
         entry.progress = "starting"
         engine = entry.spec.load(entry.descriptor, self.host.settings, progress)
         engine.info.load_id = uuid.uuid4().hex[:16]
-        log.info("model %s loaded in %.1f s", entry.id, time.monotonic() - started)
+        seconds = time.monotonic() - started
+        log.info("model %s loaded in %.1f s", entry.id, seconds)
+        self.host.metrics.model_loaded(entry.id, entry.spec.name, seconds)
         hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
         return engine
 

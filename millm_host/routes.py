@@ -13,6 +13,7 @@ from .errors import MillmError
 from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
 from .resources.health import Health
+from .resources.metrics import MetricsResource
 from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels
 from .resources.serving import ServingResource
 
@@ -62,7 +63,11 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/v1/responses", ServingResource(host, "responses"))
     add_route("/v1/models", OpenAIModels(host))
     add_route("/v1/models/{model_id}", OpenAIModel(host))
-    add_route("/api/health", Health(host))
+    health = Health(host)
+    add_route("/api/health", health)
+    add_route("/api/health/live", health, suffix="live")
+    add_route("/api/health/ready", health, suffix="ready")
+    add_route("/metrics", MetricsResource(host))
     add_route("/api/models", ManagedModels(host))
     managed = ManagedModel(host)
     add_route("/api/models/{model_id}", managed)

@@ -18,6 +18,7 @@ waits behind it is failed rather than left waiting.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 import time
@@ -63,7 +64,8 @@ class Worker:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         future: Future[T] = Future()
-        self._jobs.put((future, fn, args))
+        # in the submitter's context: the request's log context and observation go along
+        self._jobs.put((future, contextvars.copy_context().run, (fn, *args)))
         return future
 
     def _loop(self) -> None:
@@ -102,6 +104,8 @@ class Scheduler:
         self._text = Worker("millm-text")
         self._lock = threading.Lock()
         self._admitted = 0  # waiting + running
+        #: Told ``(admitted, running)`` whenever either changes (the queue metrics).
+        self.watch: Callable[[int, int], None] | None = None
         self._beat: float | None = None  # last progress of the running generation; None while none runs
         #: Set when shutdown begins: new requests are refused (``503 shutting_down``).
         self.closing = False
@@ -124,20 +128,30 @@ class Scheduler:
             if self._admitted >= self.queue_max + 1:
                 raise QueueFull(f"the request queue is full ({self.queue_max} waiting); retry later")
             self._admitted += 1
+        self._changed()
         return Ticket(self)
 
     def _release(self) -> None:
         with self._lock:
             self._admitted -= 1
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.watch is not None:
+            self.watch(self._admitted, int(self._beat is not None))
 
     # --- progress ---------------------------------------------------------------------
     def beat(self) -> None:
         """A generation made progress (engine thread: at its start and at every token)."""
+        starting = self._beat is None
         self._beat = time.monotonic()
+        if starting:
+            self._changed()
 
     def rest(self) -> None:
         """The running generation ended (engine thread)."""
         self._beat = None
+        self._changed()
 
     @property
     def generating(self) -> bool:

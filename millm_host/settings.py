@@ -130,6 +130,17 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "Seconds running and queued requests get to finish after SIGTERM; the rest then fail with "
         "503 shutting_down (an error event on a stream)",
     ),
+    Setting("MILLM_METRICS", bool, True, "Record Prometheus metrics of every request (served at /metrics)"),
+    Setting(
+        "MILLM_LOG_FORMAT", str, "text", "Log format: text, or json (one object a line, with request and trace ids)"
+    ),
+    Setting(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        str,
+        None,
+        "OpenTelemetry collector base URL (OTLP over HTTP, spans to <url>/v1/traces); tracing is off without it",
+    ),
+    Setting("OTEL_SERVICE_NAME", str, "millm", "The service name of exported spans"),
 )
 
 

@@ -53,3 +53,66 @@ def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
+    """Prometheus multiprocess mode: a scrape of any worker counts every worker's requests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    env = {
+        **os.environ,
+        "MILLM_DATA_DIR": str(tmp_path),
+        "MILLM_MODEL": str(tiny_model_dir),
+        "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-c",
+        "python:millm_host.observability.gunicorn",
+        "-k",
+        "uvicorn_worker.UvicornWorker",
+        "-w",
+        "2",
+        "-b",
+        f"127.0.0.1:{port}",
+        "millm_host.app:create_app()",
+    ]
+    # the schema first: two workers starting at once would both migrate the fresh SQLite file
+    subprocess.run([sys.executable, "-m", "millm_host.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(1200):
+            try:
+                if httpx.get(f"{base}/api/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        model = httpx.get(f"{base}/api/health/ready").json()["model"]
+        sent = 8
+        for _ in range(sent):  # new connections: the kernel spreads them over the workers
+            reply = httpx.post(
+                f"{base}/v1/chat/completions",
+                timeout=60,
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+            )
+            assert reply.status_code == 200
+        for _ in range(4):  # each scrape on a new connection, whichever worker answers it
+            counted = [
+                sample.value
+                for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text)
+                for sample in family.samples
+                if sample.name == "millm_requests_total" and sample.labels["status"] == "200"
+            ]
+            assert sum(counted) == sent
+        assert len(list(metrics_dir.glob("gauge_livesum_*.db"))) >= 2  # a file per worker (and one of db upgrade)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)

@@ -1,14 +1,35 @@
-"""``GET /api/health``."""
+"""``GET /api/health``, and the load balancer's two questions: ``/api/health/live`` and ``/api/health/ready``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
+from pydantic import Field
+
+from ..errors import SERVER_ERROR, MillmError
 from ..openapi import operation
+from ..protocol import ResponseModel
 from ..protocol_responses import Health as HealthBody
 
 if TYPE_CHECKING:
     from ..app import Host
+
+
+class NotReady(MillmError):
+    status, code, type = 503, "not_ready", SERVER_ERROR
+
+
+class Live(ResponseModel):
+    """``GET /api/health/live``: the process answers."""
+
+    status: Literal["live"]
+
+
+class Ready(ResponseModel):
+    """``GET /api/health/ready``: this replica takes requests."""
+
+    status: Literal["ready"]
+    model: str = Field(description="The resident model")
 
 
 class Health:
@@ -52,3 +73,31 @@ class Health:
                 "shutting_down": scheduler.closing,
             },
         }
+
+    @operation("Liveness: the server answers (for a load balancer or an orchestrator)", response=Live)
+    async def on_get_live(self, req, resp) -> None:
+        resp.media = {"status": "live"}
+
+    @operation(
+        "Readiness: a model is loaded and the server is not draining (503 not_ready otherwise)",
+        response=Ready,
+        errors=(503,),
+    )
+    async def on_get_ready(self, req, resp) -> None:
+        resp.media = {"status": "ready", "model": ready_model(self.host)}
+
+
+def ready_model(host: Host) -> str:
+    """The resident model's id when this server takes requests; ``503 not_ready`` saying why not."""
+    registry = host.registry
+    if host.scheduler.closing:
+        raise NotReady("the server is shutting down (draining its requests)")
+    if registry._transition is not None:
+        kind, entry = registry._transition[0], registry._transition[1]
+        raise NotReady(f"model {entry.id!r} is {kind}ing")
+    if registry.resident is None or registry.engine is None:
+        raise NotReady("no model is loaded")
+    state = registry.engine.status().get("state")
+    if state in ("failed", "closed", "restarting"):
+        raise NotReady(f"the engine is {state}")
+    return registry.resident.id

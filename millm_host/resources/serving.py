@@ -39,7 +39,7 @@ class ServingResource:
         body = await read_json(req, self.host.settings)
         # a client that leaves cancels its request, streamed or not
         serving = self.host.serving[self.endpoint]
-        result = await serving.handle(body, lower_headers(req), gone=client_gone(req))
+        result = await serving.observed(body, lower_headers(req), gone=client_gone(req))
         resp.set_headers(result.headers)
         if result.stream is not None:
             resp.sse = _events(result.stream, named=getattr(serving, "named_events", False))

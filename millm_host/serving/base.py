@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
 from ..admission import Admission, admit
 from ..context import Endpoint, RequestContext
-from ..errors import ClientDisconnected, RequestCancelled
+from ..errors import ClientDisconnected, MillmError, RequestCancelled
 from ..fields import check_fields, strict_mode
 from ..headers import serialize_string_list
+from ..observability.request import CURRENT
 from ..openapi import Operation
 from ..output import ResponseExtra
 from ..protocol import validate
@@ -88,6 +89,36 @@ class Serving:
         )
 
     # --- the lifecycle ------------------------------------------------------------------
+    async def observed(
+        self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None
+    ) -> Result:
+        """``handle``, recorded: metrics, the request's span, its id in the logs (what a resource calls).
+
+        The request is recorded once it is over: when ``handle`` refuses it, when it
+        returns a body, or when its stream ends.
+        """
+        observation = self.host.observe(getattr(self, "route", self.endpoint), headers)
+        if observation is None:
+            return await self.handle(body, headers, gone=gone)
+        token = CURRENT.set(observation)
+        try:
+            result = await self.handle(body, headers, gone=gone)
+        except MillmError as exc:
+            observation.finish(exc.status)
+            raise
+        except asyncio.CancelledError:
+            observation.finish(ClientDisconnected.status)
+            raise
+        except BaseException:
+            observation.finish(500)
+            raise
+        finally:
+            CURRENT.reset(token)
+        if result.stream is None:
+            observation.finish(200)
+            return result
+        return replace(result, stream=observation.follow(result.stream))
+
     async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
         """Serve one request: ``body`` is the parsed JSON, ``headers`` the request's, names lower-cased.
 
@@ -131,6 +162,9 @@ class Serving:
             engine_capabilities=entry.spec.capabilities,
             streaming=bool(getattr(params, "stream", False)),
         )
+        observation = CURRENT.get()
+        if observation is not None:
+            observation.attach(ctx)
         ctx.unused_fields = check_fields(host.fields, self.endpoint, entry.spec.name, body, strict)
         self.read(ctx)
         return ctx

@@ -68,6 +68,7 @@ class GenerationJob:
 
     def __call__(self) -> None:
         ctx, scheduler = self.ctx, self.host.scheduler
+        ctx.timing.start()
         scheduler.beat()
         try:
             if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
@@ -134,10 +135,12 @@ class GenerationJob:
             self._logprobs[out.index] = logprobs
             out.logprobs = logprobs.entries
         tokens = engine.generate(prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors])
-        beat = self.host.scheduler.beat
+        beat, mark = self.host.scheduler.beat, ctx.timing.token
+        ctx.timing.sequence()
         try:
             for token in tokens:
                 beat()
+                mark()
                 if ctx.cancel_event.is_set():
                     raise RequestCancelled()
                 if token in eos:

@@ -165,6 +165,7 @@ class Flight:
         self.error: MillmError | None = None
         self.ended = False
         self.job = GenerationJob(host, ctx, self._emit if streaming else None)
+        ctx.timing.queue()
         self.future = host.scheduler.submit(self.job)
         self.future.add_done_callback(lambda _: self._emit(FINISHED))
         if gone is not None:

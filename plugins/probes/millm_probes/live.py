@@ -142,11 +142,14 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     request.results = results
     done = time.perf_counter()
     hooks_ms = (capture.seconds if capture else 0.0) * 1000
+    overhead_s = request.setup_seconds + hooks_ms / 1000 + (done - started)
+    if ctx.host is not None:  # verdict counts, overhead, and the results as events of the request's span
+        ctx.host.metrics.probe_results(ctx, results, overhead_s)
     runtime.record(
         results,
         {
             "request_id": ctx.request_id,
-            "overhead_ms": round(request.setup_seconds * 1000 + hooks_ms + (done - started) * 1000, 3),
+            "overhead_ms": round(overhead_s * 1000, 3),
             "setup_ms": round(request.setup_seconds * 1000, 3),
             "hooks_ms": round(hooks_ms, 3),
             "scoring_ms": round((scored_at - started) * 1000, 3),

@@ -232,7 +232,10 @@ def finish(ctx: RequestContext) -> None:
     if req is None or req.plan is None:
         return
     try:
-        req.header = steering_value(req.plan.applied(), req.plan.changed())
+        applied = req.plan.applied()
+        req.header = steering_value(applied, req.plan.changed())
+        if ctx.host is not None:
+            ctx.host.metrics.steering(ctx, [entry.kind for entry in applied])
     except Exception:
         log.exception("reading the applied steering failed")
         req.header = unknown_value("read_failed")

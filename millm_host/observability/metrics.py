@@ -1,0 +1,215 @@
+"""``Metrics`` (``host.metrics``): the Prometheus metrics the host and its plugins record, and ``/metrics``.
+
+What the host records itself: requests by endpoint, model and status; prompt
+and completion tokens; request duration, time to first token and inter-token
+latency; queue depth and running batch size; model load time; engine restarts
+(an engine that reports ``restarts`` in its ``status()``, as the GGUF child
+process does).
+
+What plugins record, through methods of this object (``ctx.host.metrics``; they
+never import ``prometheus_client``): ``probe_results`` (verdicts by behaviour
+and probe, probe overhead per request), ``rule_results`` (by signal) and
+``steering`` (by kind). Probe and rule results also become span events of the
+request's trace.
+
+Multi-process servers (gunicorn workers) set ``PROMETHEUS_MULTIPROC_DIR`` to an
+empty directory shared by the workers: every worker writes its values there and
+a scrape of any worker answers the sum (prometheus_client's multiprocess mode).
+Gunicorn's ``child_exit`` should call ``mark_process_dead`` (see
+``millm_host.observability.gunicorn``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from ..context import RequestContext
+    from ..engine import Engine
+    from .timing import Timing
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: Latency buckets (seconds), from a fast token to a long generation.
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``), or None."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir") or None
+
+
+class Metrics:
+    """Every metric of one host, in its own registry (two hosts in one process never collide)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "millm_requests",
+            "Requests served, by endpoint, model and HTTP status",
+            ["endpoint", "model", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "millm_prompt_tokens", "Prompt tokens of served requests", ["endpoint", "model"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "millm_completion_tokens", "Generated tokens of served requests", ["endpoint", "model"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "millm_request_duration_seconds",
+            "From the request's arrival to its last byte (a stream's end)",
+            ["endpoint", "model"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "millm_time_to_first_token_seconds",
+            "From the request's arrival to its first generated token",
+            ["model"],
+            buckets=TOKEN_BUCKETS + (30.0, 60.0),
+            registry=r,
+        )
+        self.itl = Histogram(
+            "millm_inter_token_latency_seconds",
+            "Between consecutive generated tokens of one sequence",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "millm_queue_depth", "Admitted requests not running on the engine", registry=r, multiprocess_mode="livesum"
+        )
+        self.running = Gauge(
+            "millm_running_batch_size",
+            "Requests generating on the engine now (one engine thread: 0 or 1 per process)",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.load_seconds = Histogram(
+            "millm_model_load_seconds", "Time to load a model", ["model", "engine"], buckets=LOAD_BUCKETS, registry=r
+        )
+        self.engine_restarts = Counter(
+            "millm_engine_restarts", "Restarts of an engine's child process", ["engine", "model"], registry=r
+        )
+        self.probe_overhead = Histogram(
+            "millm_probe_overhead_seconds",
+            "Probe work added to one monitored request (setup, hooks, scoring, recording)",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.verdicts = Counter(
+            "millm_probe_verdicts",
+            "Probe verdicts reached, by behaviour, probe and verdict (true: the probe fired)",
+            ["behaviour", "probe", "verdict"],
+            registry=r,
+        )
+        self.rules = Counter(
+            "millm_rule_results", "Rule results, by signal and outcome", ["signal", "outcome"], registry=r
+        )
+        self.steered = Counter(
+            "millm_steering", "Steering applied to generations, by kind (profile, inline, manual)", ["kind"], registry=r
+        )
+        self._restarts_seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # --- what the host records -------------------------------------------------------
+    def request_ended(self, endpoint: str, ctx: RequestContext | None, status: int, timing: Timing, ended: int) -> None:
+        """One request is over: its status, its tokens and its latencies."""
+        model = ctx.entry.id if ctx is not None and ctx.entry is not None else ""
+        self.requests.labels(endpoint, model, str(status)).inc()
+        self.request_seconds.labels(endpoint, model).observe((ended - timing.received) / 1e9)
+        if ctx is None:
+            return
+        prompt = sum(len(p) for p in ctx.prompts)
+        completion = sum(len(o.token_ids) for o in ctx.outputs)
+        if prompt:
+            self.prompt_tokens.labels(endpoint, model).inc(prompt)
+        if completion:
+            self.completion_tokens.labels(endpoint, model).inc(completion)
+        if timing.first_token is not None:
+            self.ttft.labels(model).observe((timing.first_token - timing.received) / 1e9)
+        if timing.gaps:
+            itl = self.itl.labels(model)
+            for gap in timing.gaps:
+                itl.observe(gap / 1e9)
+        if ctx.engine is not None:
+            self.engine_seen(ctx.engine)
+
+    def queue_changed(self, admitted: int, running: int) -> None:
+        """The scheduler's admitted and running requests changed (called by the scheduler)."""
+        self.queue_depth.set(max(admitted - running, 0))
+        self.running.set(running)
+
+    def model_loaded(self, model: str, engine: str, seconds: float) -> None:
+        self.load_seconds.labels(model, engine).observe(seconds)
+
+    def engine_seen(self, engine: Engine) -> None:
+        """Count restarts the engine reports (``status()["restarts"]``) since this was last called."""
+        try:
+            restarts = engine.status().get("restarts")
+        except Exception:
+            return
+        if not isinstance(restarts, int):
+            return
+        key = engine.info.load_id or engine.info.id
+        with self._lock:
+            new = restarts - self._restarts_seen.get(key, 0)
+            self._restarts_seen[key] = restarts
+        if new > 0:
+            self.engine_restarts.labels(engine.info.engine, engine.info.id).inc(new)
+
+    # --- what plugins record ---------------------------------------------------------
+    def probe_results(
+        self, ctx: RequestContext, results: Iterable[Mapping[str, Any]], overhead_seconds: float | None = None
+    ) -> None:
+        """A monitored request's ``mi.probe.result/v1`` objects and the probe work it cost.
+
+        Counts each reached verdict by behaviour and probe, observes the overhead,
+        and adds each result to the request's span as an event (no text is ever in one).
+        """
+        results = list(results)
+        for result in results:
+            verdict = result.get("verdict")
+            if verdict is not None:
+                behaviour = str(result.get("behaviour") or "")
+                self.verdicts.labels(behaviour, str(result.get("name") or ""), "true" if verdict else "false").inc()
+        if overhead_seconds is not None:
+            self.probe_overhead.observe(overhead_seconds)
+        _span_events(ctx, results, default_name="mi.probe.result/v1")
+
+    def rule_results(self, ctx: RequestContext, results: Iterable[Mapping[str, Any]]) -> None:
+        """A request's rule results (each with ``signal`` and ``outcome``): counted, and added as span events."""
+        results = list(results)
+        for result in results:
+            self.rules.labels(str(result.get("signal") or ""), str(result.get("outcome") or "")).inc()
+        _span_events(ctx, results, default_name="mi.rule.result/v1")
+
+    def steering(self, ctx: RequestContext, kinds: Iterable[str]) -> None:
+        """Steering a generation applied: one count per applied feature set, by its kind."""
+        for kind in kinds:
+            self.steered.labels(kind).inc()
+
+    # --- /metrics --------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        """The text format: this process's registry, or every worker's in multiprocess mode."""
+        if multiprocess_dir():
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+
+def _span_events(ctx: RequestContext, results: list[Mapping[str, Any]], default_name: str) -> None:
+    observation = getattr(ctx, "observation", None)
+    if observation is not None:
+        for result in results:
+            observation.event(str(result.get("schema") or default_name), result)
