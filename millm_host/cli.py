@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lifespan="on",
         timeout_graceful_shutdown=grace + 5,
         # JSON logs: uvicorn's loggers go through the root logger's JSON handler, not their own
-        **({"log_config": None} if settings["MILLM_LOG_FORMAT"] == "json" else {}),
+        log_config=None if settings["MILLM_LOG_FORMAT"] == "json" else uvicorn.config.LOGGING_CONFIG,
     )
 
     class Server(uvicorn.Server):

@@ -187,10 +187,15 @@ class Metrics:
         _span_events(ctx, results, default_name="mi.probe.result/v1")
 
     def rule_results(self, ctx: RequestContext, results: Iterable[Mapping[str, Any]]) -> None:
-        """A request's rule results (each with ``signal`` and ``outcome``): counted, and added as span events."""
+        """A request's rule results (``kind: "rule"``): counted by expression and outcome, added as span events.
+
+        The outcome label is ``fired`` or ``clear`` for a decided result, else its ``reason``.
+        """
         results = list(results)
         for result in results:
-            self.rules.labels(str(result.get("signal") or ""), str(result.get("outcome") or "")).inc()
+            fires = result.get("fires")
+            outcome = "fired" if fires is True else "clear" if fires is False else str(result.get("reason") or "")
+            self.rules.labels(str(result.get("name") or ""), outcome).inc()
         _span_events(ctx, results, default_name="mi.rule.result/v1")
 
     def steering(self, ctx: RequestContext, kinds: Iterable[str]) -> None:

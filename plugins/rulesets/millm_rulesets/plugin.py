@@ -58,4 +58,8 @@ def shutdown(host) -> None:
 def monitor_results(ctx, monitored):
     """A rule result per attached expression and window, beside the armed probes."""
     runtime = ctx.host.state.get(STATE_KEY)
-    return live.results(runtime, monitored) if runtime is not None else None
+    if runtime is None:
+        return None
+    results = live.results(runtime, monitored)
+    ctx.host.metrics.rule_results(ctx, results)
+    return results

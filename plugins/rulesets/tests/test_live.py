@@ -8,6 +8,7 @@ the header, the body, the stream and the events list; never the matched text.
 from __future__ import annotations
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from millm_host.api import parse_list
 from millm_host.testing import chat as post_chat, stream_post
@@ -84,6 +85,17 @@ def test_a_pii_chat_reports_rule_results_beside_the_probe(server, model_id, arme
     with server.http() as http:
         stored = http.get("/api/probes/events", params={"trace_id": results[0]["trace_id"]}).json()["data"]
     assert {r["result_id"] for r in stored} == {r["result_id"] for r in results}
+    # /metrics counts them by expression and outcome
+    with server.http() as http:
+        scraped = http.get("/metrics").text
+    counted = {
+        (sample.labels["signal"], sample.labels["outcome"]): sample.value
+        for family in text_string_to_metric_families(scraped)
+        if family.name == "millm_rule_results"
+        for sample in family.samples
+        if sample.name == "millm_rule_results_total"
+    }
+    assert counted[("pii", "fired")] >= 2 and counted[("threat_words", "clear")] >= 3
 
 
 def test_the_stream_carries_rule_results_on_its_finish_chunk(server, model_id, armed, docs):
