@@ -66,10 +66,11 @@ def register_settings(register) -> None:
         Setting(
             "MILLM_EMBEDDING_TOKEN_IDS",
             str,
-            "model",
-            "Whose ids a token-id /v1/embeddings input holds: model (the model's own, as POST /tokenize gives "
-            "them) or cl100k_base / o200k_base (OpenAI's tiktoken ids, decoded to text and embedded as that "
-            "text: what LangChain's OpenAIEmbeddings sends by default)",
+            "cl100k_base",
+            "Whose ids a token-id /v1/embeddings input holds: cl100k_base (default) / o200k_base (OpenAI's "
+            "tiktoken ids, as OpenAI's embeddings endpoint reads them and LangChain's OpenAIEmbeddings sends "
+            "them: decoded to text and embedded as that text) or model (the model's own, as POST /tokenize "
+            "gives them)",
         )
     )
 

@@ -172,8 +172,8 @@ class EmbeddingRequest(_Strict):
         | Annotated[list[Annotated[list[TokenId], FAIL_FAST]], FAIL_FAST]
     ) = Field(
         description="A string, a list of strings, token ids or a list of token-id lists; none may be empty. "
-        "Token ids are the model's own (as POST /tokenize gives them), or OpenAI's tiktoken ids when the "
-        "server runs with MILLM_EMBEDDING_TOKEN_IDS=cl100k_base or o200k_base"
+        "Token ids are OpenAI's tiktoken ids (cl100k_base by default), or the model's own (as POST /tokenize "
+        "gives them) when the server runs with MILLM_EMBEDDING_TOKEN_IDS=model"
     )
     encoding_format: Literal["float", "base64"] | None = Field(
         default=None, description='"float" (default) or "base64" (little-endian float32)'

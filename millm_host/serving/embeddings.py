@@ -1,10 +1,10 @@
 """``POST /v1/embeddings``: ``ServingEmbeddings``, one vector per input, pooled from the last hidden layer, never steered.
 
-An input is text or token ids (as OpenAI accepts token arrays). By default the ids are the
-model's own, as vLLM and llama.cpp's server take them, checked against its vocabulary. With
-``MILLM_EMBEDDING_TOKEN_IDS`` set to a tiktoken vocabulary (``cl100k_base``, ``o200k_base``) they
-are OpenAI's: each id list is decoded to its text and embedded as that text (what LangChain's
-``OpenAIEmbeddings`` sends with its defaults).
+An input is text or token ids (as OpenAI accepts token arrays). By default the ids are
+OpenAI's, as its embeddings endpoint reads them (``MILLM_EMBEDDING_TOKEN_IDS=cl100k_base``):
+each id list is decoded to its text and embedded as that text, which is what LangChain's
+``OpenAIEmbeddings`` sends with its defaults. With ``model`` they are the model's own, as vLLM
+and llama.cpp's server take them (``POST /tokenize`` gives them), checked against its vocabulary.
 No HTTP here and no tensor math: inputs are checked before any model load, every
 input is tokenized and measured before anything runs (inputs are never
 truncated), the engine pools each vector on the engine thread (with no layer hook

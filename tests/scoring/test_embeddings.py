@@ -136,8 +136,15 @@ def test_embeddings_carry_no_steering_header_and_report_unused_fields(tiny_serve
     assert "x-millm-steering" not in reply.headers
 
 
-def test_token_ids_embed_as_the_text_they_stand_for(echo_app):
+@pytest.fixture(scope="module")
+def model_ids_app(app_factory):
+    """Token ids read as the model's own (``MILLM_EMBEDDING_TOKEN_IDS=model``; the default is OpenAI's cl100k)."""
+    return app_factory(env={"MILLM_EMBEDDING_TOKEN_IDS": "model"})
+
+
+def test_token_ids_embed_as_the_text_they_stand_for(model_ids_app):
     """The echo model's token ids are UTF-8 bytes: [72, 105] is "Hi"."""
+    echo_app = model_ids_app
     text = embed(echo_app, input=["Hi", "h"]).json()
     nested = embed(echo_app, input=[[72, 105], [104]]).json()
     flat = embed(echo_app, input=[72, 105]).json()
@@ -152,8 +159,8 @@ def test_token_ids_embed_as_the_text_they_stand_for(echo_app):
     ("token_input", "param"),
     [([[1, 2], [3, 257]], "input[1][1]"), ([5, 300], "input[1]"), ([[2**40]], "input[0][0]")],
 )
-def test_token_ids_outside_the_vocabulary_are_named(echo_app, token_input, param):
-    error = assert_error(embed(echo_app, input=token_input), 400, "invalid_parameter", param)
+def test_token_ids_outside_the_vocabulary_are_named(model_ids_app, token_input, param):
+    error = assert_error(embed(model_ids_app, input=token_input), 400, "invalid_parameter", param)
     assert "vocabulary" in error["message"] and "check_embedding_ctx_length=False" in error["message"]
 
 

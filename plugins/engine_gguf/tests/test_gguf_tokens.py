@@ -25,13 +25,14 @@ def test_tokenize_counts_what_chat_and_completions_report(gguf_server):
     assert text.endswith("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_token_ids_embed_as_the_text_they_come_from(gguf_server):
+def test_token_ids_embed_as_the_text_they_come_from(gguf_server, offline_tiktoken):
+    """Token ids are OpenAI's (cl100k_base, the default): they embed as the text they encode."""
     text = "The quick brown fox."
+    ids = offline_tiktoken.get_encoding("cl100k_base").encode_ordinary(text)
     with gguf_server.http() as http:
-        ids = http.post("/tokenize", json={"model": DEFAULT_ID, "prompt": text}).json()["tokens"]
         by_text = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": text}).json()
         by_ids = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": [ids]}).json()
-        outside = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": [ids, [1, 49152]]})
+        outside = http.post("/v1/embeddings", json={"model": DEFAULT_ID, "input": [ids, [1, 10**6]]})
     np.testing.assert_allclose(by_ids["data"][0]["embedding"], by_text["data"][0]["embedding"], rtol=1e-5, atol=1e-6)
     assert by_ids["usage"] == by_text["usage"]
     assert_error(outside, 400, "invalid_parameter", "input[1][1]")
