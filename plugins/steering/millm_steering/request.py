@@ -156,9 +156,11 @@ def _inline_attachment(snap: Snapshot, inline: InlineSet):
 def recheck(ctx: RequestContext, service: SteeringService) -> None:
     """The model is resident and the prompts tokenized (``after_tokenize``): check again, settle the echo."""
     req = ctx.state.get(STATE_KEY)
-    if req is None:
-        return
     snap = service.state.snapshot()
+    if req is None:
+        if ctx.endpoint not in GENERATION_ENDPOINTS or ctx.scoring or not snap.circuits:
+            return
+        req = ctx.state[STATE_KEY] = RequestSteering(dialing=Dialing(None, service.limits()))  # for the rung
     _check(snap, req)
     if req.activations is not None:
         generated = 0 if ctx.scoring else ctx.sampling.max_tokens  # scoring generates nothing
@@ -195,7 +197,7 @@ def _echoed_lam(snap: Snapshot, req: RequestSteering) -> float | None:
 
 def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
     """Build the request's plan and hooks (``before_forward``, engine thread: generation only)."""
-    req = ctx.state.setdefault(STATE_KEY, RequestSteering())
+    req = ctx.state.setdefault(STATE_KEY, RequestSteering(dialing=Dialing(None, service.limits())))
     snap = service.state.snapshot()
     if snap.model_load_id != ctx.engine.info.load_id:
         snap = Snapshot(snap.epoch, {}, {}, snap.active, snap.model_load_id)  # state of another model
