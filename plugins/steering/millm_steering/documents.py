@@ -139,7 +139,7 @@ def read_circuit(doc: Any) -> CircuitDoc:
     doc = _object(doc, "")
     _format(doc, CIRCUIT_FORMAT, "")
     rung = doc.get("rung")
-    if rung not in RUNG_LANGUAGE or isinstance(rung, bool):
+    if not isinstance(rung, int) or isinstance(rung, bool) or rung not in RUNG_LANGUAGE:
         raise InvalidParameter(f"rung must be an integer from 0 to 3, not {rung!r}", param="rung")
     members = doc.get("members")
     if not isinstance(members, list) or not members:

@@ -96,6 +96,7 @@ def test_import_list_get_export_activate_delete(client, attach):
     assert_error(client.post("/api/circuits", json=doc), 409, "circuit_exists")
     assert_error(client.post("/api/circuits", json=circuit_doc("active")), 400, "invalid_parameter", "circuit_id")
     assert_error(client.post("/api/circuits", json=circuit_doc(rung=4)), 400, "invalid_parameter", "rung")
+    assert_error(client.post("/api/circuits", json=circuit_doc(rung={})), 400, "invalid_parameter", "rung")  # was a 500
     bad_member = [{"sae_id": "c0", "layer": 0, "features": [{"index": 1, "strength": "x"}]}]
     assert_error(
         client.post("/api/circuits", json=circuit_doc("crc_b", members=bad_member)),
