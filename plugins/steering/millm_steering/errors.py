@@ -21,6 +21,14 @@ class SAENotFound(MillmError):
     status, code, type = 404, "sae_not_found", INVALID_REQUEST
 
 
+class ClusterNotFound(MillmError):
+    status, code, type = 404, "cluster_not_found", INVALID_REQUEST
+
+
+class CircuitNotFound(MillmError):
+    status, code, type = 404, "circuit_not_found", INVALID_REQUEST
+
+
 class Conflict(MillmError):
     """A management change that contradicts stored state (a name taken, an SAE in use)."""
 

@@ -19,8 +19,10 @@ from typing import Any
 
 from millm_host.api import ORDER_WRITE_STEERING, LayerHook
 
-from .resolve import Entry
-from .state import AttachmentKey, Snapshot, SteeringState
+from .resolve import Entry, Served
+from .state import Snapshot, SteeringState
+
+SlotKey = tuple[str, str, int]  # (owner, sae_id, layer)
 
 
 class Slot:
@@ -29,7 +31,7 @@ class Slot:
     __slots__ = ("key", "layer", "point", "entry", "delta")
 
     def __init__(self, entry: Entry, dtype: Any) -> None:
-        self.key = entry.key
+        self.key = entry.slot
         self.layer = entry.attachment.layer
         self.point = entry.attachment.point
         self.entry: Entry | None = None
@@ -50,15 +52,16 @@ class Plan:
         self,
         state: SteeringState,
         snap: Snapshot,
-        entries: list[Entry],
+        served: Served,
         dtype: Any,
-        refresh: Callable[[Snapshot], list[Entry]] | None = None,
+        refresh: Callable[[Snapshot], Served] | None = None,
     ) -> None:
         self.state = state
         self.start_epoch = self.seen_epoch = snap.epoch
         self.dtype = dtype
         self._refresh = refresh
-        self.slots: dict[AttachmentKey, Slot] = {e.key: Slot(e, dtype) for e in entries}
+        self.problem = served.problem  # an ``unknown`` reason for the header, or None
+        self.slots: dict[SlotKey, Slot] = {e.slot: Slot(e, dtype) for e in served.entries}
 
     @property
     def live(self) -> bool:
@@ -92,7 +95,9 @@ class Plan:
         assert self._refresh is not None
         snap = self.state.snapshot()
         self.seen_epoch = snap.epoch
-        current = {e.key: e for e in self._refresh(snap)}
+        served = self._refresh(snap)
+        self.problem = served.problem
+        current = {e.slot: e for e in served.entries}
         for key, slot in self.slots.items():
             slot.apply(current.get(key), self.dtype)
 

@@ -13,7 +13,7 @@ from typing import Any
 from millm_host.api import LAYER_HOOKS, ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra, Setting, hookimpl
 
 from . import request, routes
-from .header import INTENSITY, STEERING
+from .header import INTENSITY, RUNG, STEERING
 from .schemas import SteeringFields
 from .service import SteeringService
 
@@ -79,6 +79,22 @@ def register_settings(register) -> None:
             'What "max" means, and the cap of a numeric steering_intensity, without a declared range',
         )
     )
+    register(
+        Setting(
+            "CIRCUIT_INTENSITY_MIN",
+            float,
+            0.0,
+            'The floor a circuit\'s λ is clamped to, and what "min" means, without a declared range',
+        )
+    )
+    register(
+        Setting(
+            "CIRCUIT_INTENSITY_MAX",
+            float,
+            2.0,
+            'The ceiling a circuit\'s λ is clamped to, and what "max" means, without a declared range',
+        )
+    )
 
 
 @hookimpl
@@ -116,7 +132,7 @@ def shutdown(host) -> None:
 
 @hookimpl
 def register_routes(host, add_route) -> None:
-    """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``)."""
+    """The management API (``/api/saes``, ``/api/steering``, ``/api/profiles``, ``/api/clusters``, ``/api/circuits``)."""
     routes.install(host, service(host), add_route)
 
 
@@ -172,7 +188,8 @@ def after_generate(ctx) -> None:
 @hookimpl
 def render_headers(ctx) -> dict[str, str] | None:
     """``X-miLLM-Steering`` after a non-streamed generation (``none`` on scoring responses);
-    ``X-miLLM-Steering-Intensity`` (a pre-generation echo) on streams too."""
+    ``X-miLLM-Steering-Intensity`` (a pre-generation echo) on streams too; ``X-miLLM-Circuit-Rung``
+    when a circuit steers (after generation; on a stream, what was about to steer)."""
     if ctx.endpoint not in request.GENERATION_ENDPOINTS:
         return None
     if ctx.scoring:
@@ -183,6 +200,8 @@ def render_headers(ctx) -> dict[str, str] | None:
         headers[INTENSITY] = req.echo
     if ctx.finished and not ctx.streaming:
         headers[STEERING] = request.header(ctx)
+    if req is not None and req.rung is not None and (ctx.streaming or ctx.finished):
+        headers[RUNG] = req.rung
     return headers or None
 
 

@@ -19,12 +19,11 @@ from . import activations
 from .activations import ActivationReader, ActivationsRequest
 from .errors import SAENotAttached
 from .features import Features, check_indices, non_negative_int, parse_features
-from .header import intensity_value, steering_value, unknown_value
-from .intensity import Dial, parse_dial
+from .header import intensity_value, rung_value, steering_value, unknown_value
+from .intensity import Dial, Dialing, Limits, parse_dial
 from .plan import Plan
-from .resolve import check_profile, global_entries, inline_entries, profile_entries, select_attachment
+from .resolve import Served, check_profile, inline_entries, profile_lam, select_attachment, serve
 from .state import Profile, Snapshot
-from .store import to_profile
 
 if TYPE_CHECKING:
     from millm_host.api import RequestContext
@@ -53,10 +52,11 @@ class RequestSteering:
 
     profile: Profile | None = None
     dial: Dial | None = None
-    lam: float = 1.0  # λ of the dial (1.0 without one): it depends on settings only, so validation settles it
+    dialing: Dialing = Dialing(None, Limits())  # the dial with the server's limits: λ per base
     inline: InlineSet | None = None
     activations: ActivationsRequest | None = None
     echo: str | None = None  # X-miLLM-Steering-Intensity, settled before generation
+    rung: str | None = None  # X-miLLM-Circuit-Rung: before generation (streams), then after it
     plan: Plan | None = None
     reader: ActivationReader | None = None
     header: str | None = None  # X-miLLM-Steering, settled after generation
@@ -108,12 +108,12 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
                 f"steering and {other} are mutually exclusive: send one of them", param=f"steering, {other}"
             )
     dial = parse_dial(body.get("steering_intensity"))
-    req = RequestSteering(dial=dial, lam=service.lam(dial))
+    req = RequestSteering(dial=dial, dialing=Dialing(dial, service.limits()))
     if "profile" in sent:
         name = body["profile"]
         if not isinstance(name, str) or not name:
             raise InvalidParameter("profile must be a profile name", param="profile")
-        req.profile = to_profile(service.store.profile(name))
+        req.profile = service.store.load_profile(name)
     if "steering" in sent:
         req.inline = parse_inline(body["steering"])
     req.activations = activations.parse(body.get("return_sae_activations"), ctx.settings["SAE_ACTIVATIONS_MAX_TOP_K"])
@@ -136,7 +136,7 @@ def _check(snap: Snapshot, req: RequestSteering) -> None:
     """Refuse what the attached SAEs cannot serve."""
     if req.inline is not None and req.inline.features:
         _inline_attachment(snap, req.inline)
-    if req.profile is not None and req.lam != 0.0:
+    if req.profile is not None and profile_lam(req.profile, req.dialing) != 0.0:  # off: the base is not checked
         check_profile(snap, req.profile)
     if req.activations is not None:
         activations.select(snap, req.activations)
@@ -156,9 +156,11 @@ def _inline_attachment(snap: Snapshot, inline: InlineSet):
 def recheck(ctx: RequestContext, service: SteeringService) -> None:
     """The model is resident and the prompts tokenized (``after_tokenize``): check again, settle the echo."""
     req = ctx.state.get(STATE_KEY)
-    if req is None:
-        return
     snap = service.state.snapshot()
+    if req is None:
+        if ctx.endpoint not in GENERATION_ENDPOINTS or ctx.scoring or not snap.circuits:
+            return
+        req = ctx.state[STATE_KEY] = RequestSteering(dialing=Dialing(None, service.limits()))  # for the rung
     _check(snap, req)
     if req.activations is not None:
         generated = 0 if ctx.scoring else ctx.sampling.max_tokens  # scoring generates nothing
@@ -171,36 +173,54 @@ def recheck(ctx: RequestContext, service: SteeringService) -> None:
                 param=activations.PARAM,
             )
     if req.dial is not None:
-        base = (req.profile.key in snap.attachments) if req.profile is not None else bool(global_entries(snap, 1.0))
-        req.echo = intensity_value(req.lam) if base else None
+        lam = _echoed_lam(snap, req)
+        req.echo = None if lam is None else intensity_value(lam)
+    if req.inline is None:
+        served = serve(snap, req.dialing, req.profile)
+        req.rung = None if served.problem else rung_value(served.entries)
+
+
+def _echoed_lam(snap: Snapshot, req: RequestSteering) -> float | None:
+    """λ of what the dial scales: the request's or active profile, else the live values, else the
+    first active circuit with an attached member; None when the dial changes nothing."""
+    profile = req.profile if req.profile is not None else snap.active
+    if profile is not None and profile.key in snap.attachments:
+        return profile_lam(profile, req.dialing)
+    if req.profile is None and any(snap.live_manual(key) for key in snap.manual):
+        return req.dialing.plain()
+    for circuit_id in sorted(snap.circuits):
+        active = snap.circuits[circuit_id]
+        if any(m.key in snap.attachments for m in active.doc.members):
+            return req.dialing.circuit(active.doc.intensity_range, active.dial)
+    return None
 
 
 def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
     """Build the request's plan and hooks (``before_forward``, engine thread: generation only)."""
-    req = ctx.state.setdefault(STATE_KEY, RequestSteering())
+    req = ctx.state.setdefault(STATE_KEY, RequestSteering(dialing=Dialing(None, service.limits())))
     snap = service.state.snapshot()
     if snap.model_load_id != ctx.engine.info.load_id:
         snap = Snapshot(snap.epoch, {}, {}, snap.active, snap.model_load_id)  # state of another model
     if not snap.attachments and req.inline is None and req.activations is None:
-        req.plan = Plan(service.state, snap, [], None)  # nothing attached: nothing to steer
+        req.plan = Plan(service.state, snap, Served(), None)  # nothing attached: nothing to steer
         return None
     from .sae import model_dtype
 
     dtype = model_dtype(ctx.engine.info.dtype)
     refresh = None
-    if req.inline is not None:
-        entries = (
+    if req.inline is not None:  # replaces every other steering, circuits included
+        served = Served(
             inline_entries(_inline_attachment(snap, req.inline), req.inline.features) if req.inline.features else []
         )
-    elif req.profile is not None:
-        if req.lam != 0.0:
+    elif req.profile is not None:  # frozen: its own profile, beside the active circuits
+        if profile_lam(req.profile, req.dialing) != 0.0:
             check_profile(snap, req.profile)
-        entries = profile_entries(snap, req.profile, req.lam, "request")
+        served = serve(snap, req.dialing, req.profile)
     else:
-        entries = global_entries(snap, req.lam)
-        if req.lam != 0.0:  # live: re-read the state when the epoch moves
-            refresh = functools.partial(global_entries, lam=req.lam)
-    req.plan = Plan(service.state, snap, entries, dtype, refresh)
+        served = serve(snap, req.dialing)
+        if req.dial is None or not req.dial.is_off:  # live: re-read the state when the epoch moves
+            refresh = functools.partial(serve, dialing=req.dialing)
+    req.plan = Plan(service.state, snap, served, dtype, refresh)
     installed = req.plan.hooks()
     if req.activations is not None:
         req.reader = ActivationReader(activations.select(snap, req.activations), req.activations, len(ctx.prompts[0]))
@@ -232,13 +252,16 @@ def finish(ctx: RequestContext) -> None:
     if req is None or req.plan is None:
         return
     try:
-        applied = req.plan.applied()
-        req.header = steering_value(applied, req.plan.changed())
+        applied, changed = req.plan.applied(), req.plan.changed()
+        if req.plan.problem is not None:
+            req.header, req.rung = unknown_value(req.plan.problem, changed), None
+        else:
+            req.header, req.rung = steering_value(applied, changed), rung_value(applied)
         if ctx.host is not None:
             ctx.host.metrics.steering(ctx, [entry.kind for entry in applied])
     except Exception:
         log.exception("reading the applied steering failed")
-        req.header = unknown_value("read_failed")
+        req.header, req.rung = unknown_value("read_failed"), None
     if req.reader is not None and ctx.outputs:
         out = ctx.outputs[0]
         req.millm = req.reader.payload(out.prompt_ids + out.token_ids)

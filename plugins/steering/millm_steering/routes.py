@@ -3,6 +3,7 @@
 ``/api/saes``: register, list, show, delete SAELens directories; attach and detach
 them on the resident model. ``/api/steering``: the live values (and
 ``/api/steering/lock``). ``/api/profiles``: saved profiles, activation.
+``/api/clusters`` and ``/api/circuits``: imported documents, activation, dials.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from millm_host.api import InvalidParameter, JsonResource, check_display_name, o
 
 from .features import Features, non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
-from .schemas import CreateProfile, LayerBody, LockBody, RegisterSAE, SetSteering
+from .schemas import (
+    CircuitDocument,
+    ClusterDocument,
+    CreateProfile,
+    IntensityBody,
+    LayerBody,
+    LockBody,
+    RegisterSAE,
+    SetSteering,
+)
 
 if TYPE_CHECKING:
     from millm_host.api import Host
@@ -179,6 +189,94 @@ class Profile(_Resource):
         resp.media = await self.service.activate(name)
 
 
+class Clusters(_Resource):
+    """``/api/clusters``: import and list ``mi.cluster/v1`` documents."""
+
+    @operation("The imported clusters")
+    async def on_get(self, req, resp) -> None:
+        resp.media = {"object": "list", "data": await self.service.catalog.list_clusters()}
+
+    @operation("Import a mi.cluster/v1 document", request=ClusterDocument, errors=(404, 409))
+    async def on_post(self, req, resp) -> None:
+        resp.media = await self.service.catalog.import_cluster(await self.json(req))
+
+
+class Cluster(_Resource):
+    """``/api/clusters/{cluster_id}`` and its actions."""
+
+    @operation("One cluster", errors=(404,))
+    async def on_get(self, req, resp, cluster_id: str) -> None:
+        resp.media = await self.service.catalog.get_cluster(cluster_id)
+
+    @operation("Delete a cluster (and the profile it is served as)", errors=(404, 409))
+    async def on_delete(self, req, resp, cluster_id: str) -> None:
+        await self.service.catalog.delete_cluster(cluster_id)
+        resp.media = {"cluster_id": cluster_id, "deleted": True}
+
+    @operation("The cluster's document, as imported", errors=(404,))
+    async def on_get_export(self, req, resp, cluster_id: str) -> None:
+        resp.media = await self.service.catalog.export_cluster(cluster_id)
+
+    @operation("Activate the cluster (as the active profile)", errors=(404, 409))
+    async def on_post_activate(self, req, resp, cluster_id: str) -> None:
+        resp.media = await self.service.catalog.activate_cluster(cluster_id)
+
+    @operation("Deactivate the cluster", errors=(404, 409))
+    async def on_post_deactivate(self, req, resp, cluster_id: str) -> None:
+        resp.media = await self.service.catalog.deactivate_cluster(cluster_id)
+
+    @operation("Set the cluster's persistent dial", request=IntensityBody, errors=(404, 409))
+    async def on_put_intensity(self, req, resp, cluster_id: str) -> None:
+        body = _body(await self.json(req), ("intensity",))
+        resp.media = await self.service.catalog.set_cluster_intensity(cluster_id, body["intensity"])
+
+
+class Circuits(_Resource):
+    """``/api/circuits`` and ``/api/circuits/active``."""
+
+    @operation("The imported circuits")
+    async def on_get(self, req, resp) -> None:
+        resp.media = {"object": "list", "data": await self.service.catalog.list_circuits()}
+
+    @operation("Import a mi.circuit/v1 document", request=CircuitDocument, errors=(409,))
+    async def on_post(self, req, resp) -> None:
+        resp.media = await self.service.catalog.import_circuit(await self.json(req))
+
+    @operation("The active circuits, and what each really steers")
+    async def on_get_active(self, req, resp) -> None:
+        resp.media = await self.service.catalog.active_circuits()
+
+
+class Circuit(_Resource):
+    """``/api/circuits/{circuit_id}`` and its actions."""
+
+    @operation("One circuit", errors=(404,))
+    async def on_get(self, req, resp, circuit_id: str) -> None:
+        resp.media = await self.service.catalog.get_circuit(circuit_id)
+
+    @operation("Delete a circuit", errors=(404, 409))
+    async def on_delete(self, req, resp, circuit_id: str) -> None:
+        await self.service.catalog.delete_circuit(circuit_id)
+        resp.media = {"circuit_id": circuit_id, "deleted": True}
+
+    @operation("The circuit's document, as imported", errors=(404,))
+    async def on_get_export(self, req, resp, circuit_id: str) -> None:
+        resp.media = await self.service.catalog.export_circuit(circuit_id)
+
+    @operation("Activate the circuit", errors=(404, 409))
+    async def on_post_activate(self, req, resp, circuit_id: str) -> None:
+        resp.media = await self.service.catalog.activate_circuit(circuit_id)
+
+    @operation("Deactivate the circuit", errors=(404, 409))
+    async def on_post_deactivate(self, req, resp, circuit_id: str) -> None:
+        resp.media = await self.service.catalog.deactivate_circuit(circuit_id)
+
+    @operation("Set the circuit's persistent dial", request=IntensityBody, errors=(404, 409))
+    async def on_put_intensity(self, req, resp, circuit_id: str) -> None:
+        body = _body(await self.json(req), ("intensity",))
+        resp.media = await self.service.catalog.set_circuit_intensity(circuit_id, body["intensity"])
+
+
 def install(host: Host, service: SteeringService, add_route) -> None:
     """Add every management route."""
     saes, sae = SAEs(host, service), SAE(host, service)
@@ -193,3 +291,14 @@ def install(host: Host, service: SteeringService, add_route) -> None:
     add_route("/api/profiles/deactivate", profiles, suffix="deactivate")
     add_route("/api/profiles/{name}", profile)
     add_route("/api/profiles/{name}/activate", profile, suffix="activate")
+    clusters, cluster = Clusters(host, service), Cluster(host, service)
+    add_route("/api/clusters", clusters)
+    add_route("/api/clusters/{cluster_id}", cluster)
+    for action in ("export", "activate", "deactivate", "intensity"):
+        add_route(f"/api/clusters/{{cluster_id}}/{action}", cluster, suffix=action)
+    circuits, circuit = Circuits(host, service), Circuit(host, service)
+    add_route("/api/circuits", circuits)
+    add_route("/api/circuits/active", circuits, suffix="active")
+    add_route("/api/circuits/{circuit_id}", circuit)
+    for action in ("export", "activate", "deactivate", "intensity"):
+        add_route(f"/api/circuits/{{circuit_id}}/{action}", circuit, suffix=action)

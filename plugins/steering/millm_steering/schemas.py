@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Feature(BaseModel):
@@ -77,3 +77,45 @@ class CreateProfile(BaseModel):
     sae_id: str = Field(min_length=1)
     layer: int | None = Field(default=None, ge=0)
     features: list[Feature] = Field(min_length=1)
+
+
+class ClusterDocument(BaseModel):
+    """A ``mi.cluster/v1`` document; other keys are kept as received."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["mi.cluster/v1"]
+    cluster_id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    sae_id: str = Field(min_length=1, max_length=200)
+    layer: int = Field(ge=0)
+    features: list[Feature] = Field(min_length=1)
+    intensity_range: list[float] | None = Field(default=None, min_length=2, max_length=2)
+
+
+class CircuitMember(BaseModel):
+    sae_id: str = Field(min_length=1, max_length=200)
+    layer: int = Field(ge=0)
+    features: list[Feature] = Field(min_length=1)
+
+
+class SliceFallback(BaseModel):
+    cluster: ClusterDocument
+
+
+class CircuitDocument(BaseModel):
+    """A ``mi.circuit/v1`` document; other keys are kept as received."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["mi.circuit/v1"]
+    circuit_id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    rung: int = Field(ge=0, le=3)
+    intensity_range: list[float] | None = Field(default=None, min_length=2, max_length=2)
+    members: list[CircuitMember] = Field(min_length=1)
+    slice_fallback: SliceFallback | None = None
+
+
+class IntensityBody(BaseModel):
+    intensity: float = Field(ge=0, le=2, description="The persistent dial λ, within [0, max]")

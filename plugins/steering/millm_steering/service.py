@@ -18,9 +18,9 @@ from millm_saelens import SAEUnreadable, describe as describe_sae_dir, read_conf
 
 from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
-from .header import steering_value
-from .intensity import Dial, resolve
-from .resolve import global_entries, select_attachment
+from .header import steering_value, unknown_value
+from .intensity import Dialing, Limits
+from .resolve import select_attachment, serve
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
 
@@ -45,12 +45,14 @@ class SteeringService:
         self.state = SteeringState()
         self.store = Store(host.db)
         self.locked_model: str | None = self.store.lock()
+        from .catalog import Catalog  # it imports this module's helpers
+
+        self.catalog = Catalog(self)
 
     # --- shared with the request path -----------------------------------------------------
-    def lam(self, dial: Dial | None) -> float:
-        """λ of a dial against a base with no declared range (the cluster rule, server bounds)."""
-        settings = self.host.settings
-        return resolve(dial, settings["CLUSTER_INTENSITY_MIN"], settings["CLUSTER_INTENSITY_MAX"])
+    def limits(self) -> Limits:
+        """The intensity bounds of bases and circuits that declare no range."""
+        return Limits.from_settings(self.host.settings)
 
     def is_resident(self, model_id: str) -> bool:
         registry = self.host.registry
@@ -74,7 +76,7 @@ class SteeringService:
         }
 
     def profile_view(self, record: ProfileRecord, snap: Snapshot) -> dict[str, Any]:
-        profile = to_profile(record)
+        profile = to_profile(record, self.store.cluster_of(record.name))
         active = snap.active is not None and snap.active.name == profile.name
         return {
             "name": profile.name,
@@ -84,24 +86,33 @@ class SteeringService:
             "created": record.created,
             "active": active,
             "live": active and profile.key in snap.attachments,
+            "cluster_id": profile.cluster_id,
         }
 
     def steering_view(self, snap: Snapshot) -> dict[str, Any]:
         """The whole live state, and the X-miLLM-Steering value a plain request would get now."""
+        served = serve(snap, Dialing(None, self.limits()))
+        claimed = {e.key for e in served.entries if e.owner != "base"}
         return {
             "epoch": snap.epoch,
             "model": self.host.registry.resident.id if self.host.registry.resident else None,
             "attached": [{"sae_id": a.sae_id, "layer": a.layer, "hook_point": a.hook_name} for a in snap.attached()],
             "active_profile": snap.active.name if snap.active else None,
             "active_profile_live": snap.active is not None and snap.active.key in snap.attachments,
-            "manual": [self.manual_view(snap, key) for key in sorted(snap.manual, key=lambda k: (k[1], k[0]))],
-            "applied": steering_value(global_entries(snap, 1.0), False),
+            "manual": [self.manual_view(snap, key, claimed) for key in sorted(snap.manual, key=lambda k: (k[1], k[0]))],
+            "active_circuits": sorted(snap.circuits),
+            "applied": unknown_value(served.problem) if served.problem else steering_value(served.entries, False),
         }
 
-    def manual_view(self, snap: Snapshot, key: tuple[str, int]) -> dict[str, Any]:
-        live = snap.live_manual(key)
+    def manual_view(self, snap: Snapshot, key: tuple[str, int], claimed: set | None = None) -> dict[str, Any]:
+        if claimed is None:
+            served = serve(snap, Dialing(None, self.limits()))
+            claimed = {e.key for e in served.entries if e.owner != "base"}
+        live = snap.live_manual(key) and key not in claimed
         reason = None
-        if not live:
+        if key in claimed and snap.live_manual(key):
+            reason = "claimed_by_circuit"
+        elif not live:
             if key not in snap.attachments:
                 reason = "sae_not_attached"
             elif not snap.manual.get(key):
@@ -273,7 +284,8 @@ class SteeringService:
 
     async def activate(self, name: str) -> dict[str, Any]:
         record = await asyncio.to_thread(self.store.profile, name)
-        snap = self.state.activate(to_profile(record))
+        profile = await asyncio.to_thread(self.store.load_profile, name)
+        snap = self.state.activate(profile)
         return {**self.profile_view(record, snap), "epoch": snap.epoch}
 
     def deactivate(self) -> dict[str, Any]:

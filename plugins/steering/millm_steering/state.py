@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from .documents import CircuitDoc
 from .features import Features
 
 if TYPE_CHECKING:
@@ -45,16 +46,31 @@ class Attachment:
 
 @dataclass(frozen=True)
 class Profile:
-    """A saved profile as steering applies it."""
+    """A saved profile as steering applies it; an imported cluster is one with its range and stored dial."""
 
     name: str
     sae_id: str
     layer: int
     features: Features
+    cluster_id: str | None = None
+    intensity_range: tuple[float, float] | None = None
+    dial: float = 1.0  # a cluster's persistent λ
 
     @property
     def key(self) -> AttachmentKey:
         return (self.sae_id, self.layer)
+
+
+@dataclass(frozen=True)
+class ActiveCircuit:
+    """An activated circuit and its persistent dial."""
+
+    doc: CircuitDoc
+    dial: float = 1.0
+
+    @property
+    def circuit_id(self) -> str:
+        return self.doc.circuit_id
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,7 @@ class Snapshot:
     manual: Mapping[AttachmentKey, Features]
     active: Profile | None
     model_load_id: str | None
+    circuits: Mapping[str, ActiveCircuit] = field(default_factory=lambda: MappingProxyType({}))
 
     def attached(self, sae_id: str | None = None) -> list[Attachment]:
         """Attachments (of ``sae_id`` when given), ordered by layer then SAE id."""
@@ -87,6 +104,7 @@ class SteeringState:
         self._attachments: dict[AttachmentKey, Attachment] = {}
         self._manual: dict[AttachmentKey, Features] = {}
         self._active: Profile | None = None
+        self._circuits: dict[str, ActiveCircuit] = {}
         self._model_load_id: str | None = None
         self._snapshot = self._take()
 
@@ -105,6 +123,7 @@ class SteeringState:
             manual=MappingProxyType(dict(self._manual)),
             active=self._active,
             model_load_id=self._model_load_id,
+            circuits=MappingProxyType(dict(self._circuits)),
         )
 
     def _commit(self) -> Snapshot:
@@ -149,6 +168,15 @@ class SteeringState:
     def activate(self, profile: Profile | None) -> Snapshot:
         with self._lock:
             self._active = profile
+            return self._commit()
+
+    def set_circuit(self, circuit_id: str, active: ActiveCircuit | None) -> Snapshot:
+        """Activate (or refresh) a circuit; None deactivates it."""
+        with self._lock:
+            if active is None:
+                self._circuits.pop(circuit_id, None)
+            else:
+                self._circuits[circuit_id] = active
             return self._commit()
 
     def profile_deleted(self, name: str) -> Snapshot:

@@ -1,4 +1,5 @@
-"""Stored steering data: registered SAEs, profiles and the lock (blocking; call off the event loop)."""
+"""Stored steering data: registered SAEs, profiles, the lock, imported clusters and circuits
+(blocking; call off the event loop)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ from sqlalchemy.exc import IntegrityError
 from millm_host.api import Database
 from millm_saelens import SAEConfig
 
-from .errors import Conflict, ProfileNotFound, SAENotFound
+from .documents import ClusterDoc, read_cluster
+from .errors import CircuitNotFound, ClusterNotFound, Conflict, ProfileNotFound, SAENotFound
 from .features import Features
 from .state import Profile
-from .tables import LockRecord, ProfileRecord, SAERecord
+from .tables import CircuitRecord, ClusterRecord, LockRecord, ProfileRecord, SAERecord
 
 LOCK_ROW = 1
 
 
-def to_profile(record: ProfileRecord) -> Profile:
-    return Profile(record.name, record.sae_id, record.layer, tuple((int(i), float(s)) for i, s in record.features))
+def to_profile(record: ProfileRecord, cluster: ClusterRecord | None = None) -> Profile:
+    """The profile as steering applies it; a cluster's carries its declared range and stored dial."""
+    features = tuple((int(i), float(s)) for i, s in record.features)
+    if cluster is None:
+        return Profile(record.name, record.sae_id, record.layer, features)
+    declared = read_cluster(cluster.document).intensity_range
+    return Profile(record.name, record.sae_id, record.layer, features, cluster.cluster_id, declared, cluster.intensity)
 
 
 class Store:
@@ -87,6 +94,15 @@ class Store:
             raise ProfileNotFound(f"no profile is named {name!r}", param="profile")
         return record
 
+    def cluster_of(self, name: str) -> ClusterRecord | None:
+        """The cluster a profile was imported from (None for a saved profile)."""
+        with self.db.session() as session:
+            return session.scalars(sa.select(ClusterRecord).where(ClusterRecord.profile_name == name)).first()
+
+    def load_profile(self, name: str) -> Profile:
+        """The profile ``name`` as steering applies it (404 ``profile_not_found``)."""
+        return to_profile(self.profile(name), self.cluster_of(name))
+
     def add_profile(self, name: str, sae_id: str, layer: int, features: Features) -> ProfileRecord:
         record = ProfileRecord(
             name=name, sae_id=sae_id, layer=layer, features=[list(f) for f in features], created=int(time.time())
@@ -105,6 +121,14 @@ class Store:
             record = session.get(ProfileRecord, name)
             if record is None:
                 raise ProfileNotFound(f"no profile is named {name!r}", param="name")
+            cluster = session.scalars(sa.select(ClusterRecord).where(ClusterRecord.profile_name == name)).first()
+            if cluster is not None:
+                raise Conflict(
+                    f"profile {name!r} is cluster {cluster.cluster_id!r}; delete it with DELETE /api/clusters/"
+                    f"{cluster.cluster_id}",
+                    param="name",
+                    code="profile_is_cluster",
+                )
             session.delete(record)
 
     # --- the lock -----------------------------------------------------------------------
@@ -123,3 +147,109 @@ class Store:
                 session.add(LockRecord(id=LOCK_ROW, model_id=model_id, locked=int(time.time())))
             else:
                 record.model_id, record.locked = model_id, int(time.time())
+
+    # --- clusters -----------------------------------------------------------------------
+    def clusters(self) -> list[tuple[ClusterRecord, ProfileRecord]]:
+        with self.db.session() as session:
+            rows = session.execute(
+                sa.select(ClusterRecord, ProfileRecord)
+                .join(ProfileRecord, ProfileRecord.name == ClusterRecord.profile_name)
+                .order_by(ClusterRecord.cluster_id)
+            )
+            return [(c, p) for c, p in rows]
+
+    def cluster(self, cluster_id: str) -> tuple[ClusterRecord, ProfileRecord]:
+        with self.db.session() as session:
+            record = session.get(ClusterRecord, cluster_id)
+            profile = None if record is None else session.get(ProfileRecord, record.profile_name)
+        if record is None or profile is None:
+            raise ClusterNotFound(f"no cluster is imported as {cluster_id!r}", param="cluster_id")
+        return record, profile
+
+    def add_cluster(self, document: dict, cluster: ClusterDoc) -> tuple[ClusterRecord, ProfileRecord]:
+        """Import: the document as received, and the profile it is served as (named by the cluster's name)."""
+        now = int(time.time())
+        profile = ProfileRecord(
+            name=cluster.name,
+            sae_id=cluster.sae_id,
+            layer=cluster.layer,
+            features=[list(f) for f in cluster.features],
+            created=now,
+        )
+        record = ClusterRecord(
+            cluster_id=cluster.cluster_id, profile_name=cluster.name, document=document, intensity=1.0, created=now
+        )
+        with self.db.session() as session, session.begin():
+            if session.get(SAERecord, cluster.sae_id) is None:
+                raise SAENotFound(f"no SAE is registered as {cluster.sae_id!r}", param="sae_id")
+            if session.get(ClusterRecord, cluster.cluster_id) is not None:
+                raise Conflict(
+                    f"a cluster is already imported as {cluster.cluster_id!r}",
+                    param="cluster_id",
+                    code="cluster_exists",
+                )
+            if session.get(ProfileRecord, cluster.name) is not None:
+                raise Conflict(f"a profile is already named {cluster.name!r}", param="name", code="profile_exists")
+            session.add(profile)
+            session.flush()
+            session.add(record)
+        return record, profile
+
+    def delete_cluster(self, cluster_id: str) -> str:
+        """Forget a cluster and its profile; returns the profile's name."""
+        with self.db.session() as session, session.begin():
+            record = session.get(ClusterRecord, cluster_id)
+            if record is None:
+                raise ClusterNotFound(f"no cluster is imported as {cluster_id!r}", param="cluster_id")
+            name = record.profile_name
+            session.delete(record)
+            session.flush()
+            profile = session.get(ProfileRecord, name)
+            if profile is not None:
+                session.delete(profile)
+        return name
+
+    def set_cluster_intensity(self, cluster_id: str, intensity: float) -> None:
+        with self.db.session() as session, session.begin():
+            record = session.get(ClusterRecord, cluster_id)
+            if record is None:
+                raise ClusterNotFound(f"no cluster is imported as {cluster_id!r}", param="cluster_id")
+            record.intensity = intensity
+
+    # --- circuits -----------------------------------------------------------------------
+    def circuits(self) -> list[CircuitRecord]:
+        with self.db.session() as session:
+            return list(session.scalars(sa.select(CircuitRecord).order_by(CircuitRecord.circuit_id)))
+
+    def circuit(self, circuit_id: str) -> CircuitRecord:
+        with self.db.session() as session:
+            record = session.get(CircuitRecord, circuit_id)
+        if record is None:
+            raise CircuitNotFound(f"no circuit is imported as {circuit_id!r}", param="circuit_id")
+        return record
+
+    def add_circuit(self, circuit_id: str, document: dict) -> CircuitRecord:
+        record = CircuitRecord(circuit_id=circuit_id, document=document, intensity=1.0, created=int(time.time()))
+        try:
+            with self.db.session() as session, session.begin():
+                session.add(record)
+        except IntegrityError:
+            raise Conflict(
+                f"a circuit is already imported as {circuit_id!r}", param="circuit_id", code="circuit_exists"
+            ) from None
+        return record
+
+    def delete_circuit(self, circuit_id: str) -> None:
+        with self.db.session() as session, session.begin():
+            record = session.get(CircuitRecord, circuit_id)
+            if record is None:
+                raise CircuitNotFound(f"no circuit is imported as {circuit_id!r}", param="circuit_id")
+            session.delete(record)
+
+    def set_circuit_intensity(self, circuit_id: str, intensity: float) -> CircuitRecord:
+        with self.db.session() as session, session.begin():
+            record = session.get(CircuitRecord, circuit_id)
+            if record is None:
+                raise CircuitNotFound(f"no circuit is imported as {circuit_id!r}", param="circuit_id")
+            record.intensity = intensity
+        return record

@@ -1,4 +1,4 @@
-"""This plugin's tables: registered SAEs, saved profiles and the steering lock."""
+"""This plugin's tables: registered SAEs, saved profiles, the steering lock, imported clusters and circuits."""
 
 from __future__ import annotations
 
@@ -48,3 +48,27 @@ class LockRecord(Base):
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     model_id: Mapped[str] = mapped_column(sa.String(400))
     locked: Mapped[int] = mapped_column(sa.Integer)
+
+
+class ClusterRecord(Base):
+    """An imported ``mi.cluster/v1`` document (as received), served as the profile ``profile_name``,
+    and its persistent intensity dial."""
+
+    __tablename__ = "steering_clusters"
+
+    cluster_id: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    profile_name: Mapped[str] = mapped_column(sa.String(200), sa.ForeignKey("steering_profiles.name"), unique=True)
+    document: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    intensity: Mapped[float] = mapped_column(sa.Float)
+    created: Mapped[int] = mapped_column(sa.Integer)
+
+
+class CircuitRecord(Base):
+    """An imported ``mi.circuit/v1`` document (as received) and its persistent intensity dial."""
+
+    __tablename__ = "steering_circuits"
+
+    circuit_id: Mapped[str] = mapped_column(sa.String(200), primary_key=True)
+    document: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    intensity: Mapped[float] = mapped_column(sa.Float)
+    created: Mapped[int] = mapped_column(sa.Integer)

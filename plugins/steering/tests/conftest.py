@@ -54,7 +54,11 @@ def steering_server(app_factory, tiny_model_dir, sae_root):
 
 
 def reset(client: httpx.Client) -> None:
-    """Back to nothing: no live values, profile, attachment, registration or lock."""
+    """Back to nothing: no live values, profile, cluster, circuit, attachment, registration or lock."""
+    for circuit in client.get("/api/circuits").json()["data"]:
+        client.delete(f"/api/circuits/{circuit['circuit_id']}").raise_for_status()
+    for cluster in client.get("/api/clusters").json()["data"]:
+        client.delete(f"/api/clusters/{cluster['cluster_id']}").raise_for_status()
     client.delete("/api/steering").raise_for_status()
     client.post("/api/profiles/deactivate").raise_for_status()
     client.delete("/api/steering/lock").raise_for_status()

@@ -174,6 +174,7 @@ def test_profiles(client, attach, sae_dir):
         "created": created["created"],
         "active": False,
         "live": False,
+        "cluster_id": None,
     }
     assert client.get("/api/profiles/humör").json() == created
     assert [p["name"] for p in client.get("/api/profiles").json()["data"]] == ["humör"]

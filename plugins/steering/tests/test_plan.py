@@ -9,8 +9,9 @@ from millm_saelens import describe
 from millm_saelens.testing import write_sae
 from millm_steering import sae as sae_weights
 from millm_steering.hashing import applied_set
+from millm_steering.intensity import Dialing, Limits
 from millm_steering.plan import Plan
-from millm_steering.resolve import Entry, global_entries
+from millm_steering.resolve import Entry, Served, serve
 from millm_steering.state import Attachment, SteeringState
 
 
@@ -28,8 +29,9 @@ def test_a_live_plan_follows_the_state_and_a_frozen_one_does_not(tmp_path):
     key = ("s", 0)
     state.set_manual(key, ((1, 2.0),))
     snap = state.snapshot()
-    live = Plan(state, snap, global_entries(snap, 1.0), torch.float32, lambda s: global_entries(s, 1.0))
-    frozen = Plan(state, snap, [Entry("inline", snap.attachments[key], applied_set([(3, 1.0)]))], torch.float32)
+    plain = Dialing(None, Limits())
+    live = Plan(state, snap, serve(snap, plain), torch.float32, lambda s: serve(s, plain))
+    frozen = Plan(state, snap, Served([Entry("inline", snap.attachments[key], applied_set([(3, 1.0)]))]), torch.float32)
     (live_hook,), (frozen_hook,) = live.hooks(), frozen.hooks()
     hidden = torch.zeros(1, 2, 8)
     w_dec = loaded.W_dec
