@@ -81,6 +81,8 @@ class Operation:
     query: Sequence[Param] = ()
     endpoint: str | None = None
     operation_id: str | None = None
+    #: A ``multipart/form-data`` body instead of JSON (``POST /v1/files``).
+    form: type[BaseModel] | None = None
 
 
 def operation(
@@ -92,6 +94,7 @@ def operation(
     status: int = 200,
     errors: Sequence[int] = (),
     query: Sequence[Param] = (),
+    form: type[BaseModel] | None = None,
 ) -> Callable[[F], F]:
     """Describe a responder (``on_get``, ``on_post_load``, ...) in ``/openapi.json``."""
     described = Operation(
@@ -102,6 +105,7 @@ def operation(
         status=status,
         errors=tuple(errors),
         query=tuple(query),
+        form=form,
     )
 
     def mark(responder: F) -> F:
@@ -171,7 +175,12 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
     merged = _merged_requests(operations, inputs.request_fields)
     models: list[type[BaseModel]] = [ErrorResponse]
     for _, _, op in operations:
-        for model in (*(op.request or ()), *(op.response or ()), *((op.stream,) if op.stream else ())):
+        for model in (
+            *(op.request or ()),
+            *(op.response or ()),
+            *((op.stream,) if op.stream else ()),
+            *((op.form,) if op.form else ()),
+        ):
             model = merged.get(model, model) if op.request and model in op.request else model
             if model not in models:
                 models.append(model)
@@ -204,6 +213,8 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
                 "required": op.request_required,
                 "content": {"application/json": {"schema": one_of(requests)}},
             }
+        if op.form is not None:
+            entry["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": ref(op.form)}}}
         success: dict[str, Any] = {"description": STATUS_TEXT.get(op.status, "the response")}
         content: dict[str, Any] = {
             "application/json": {"schema": one_of(op.response) if op.response else {"type": "object"}}
@@ -258,7 +269,7 @@ def _error_responses(
         statuses.add(401)
     if method in STATE_CHANGING:
         statuses |= {403, 415}  # the access checks: a browser's cross-origin request, a body that is not JSON
-        if op.request:
+        if op.request or op.form:
             statuses.add(413)
     body = {"content": {"application/json": {"schema": error}}}
     return {str(s): {"description": STATUS_TEXT.get(s, "refused"), **body} for s in sorted(statuses)}
