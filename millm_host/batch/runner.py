@@ -54,6 +54,8 @@ UNFINISHED = ("validating", "in_progress", "finalizing", "cancelling")
 #: Refusals worth waiting out rather than writing to the error file: the model is loading or unloading.
 TRANSIENT = frozenset({"model_busy", "queue_full"})
 RETRY_S = 1.0
+#: Seconds ``stop`` gives the batch tasks to leave on their own before cancelling them.
+STOP_S = 5.0
 RETRIES = 60
 WINDOW_S = {"24h": 24 * 3600}
 
@@ -102,6 +104,8 @@ class BatchRunner:
         self.db = host.db
         self._tasks: dict[str, asyncio.Task] = {}
         self._cancelled: dict[str, asyncio.Event] = {}
+        #: Set when the server stops: lines in flight are cancelled and stay pending.
+        self._stopping = asyncio.Event()
 
     # --- the routes' operations (event loop; database work on a worker thread) ----------------
     async def create(self, *, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
@@ -191,11 +195,18 @@ class BatchRunner:
             self._start(batch_id)
 
     async def stop(self) -> None:
-        """Stop every batch task; their unfinished lines stay pending for the next start."""
+        """Stop every batch task; their unfinished lines stay pending for the next start.
+
+        Lines in flight are cancelled as a client that leaves is (their generation
+        stops at the next token), so the engine thread is free for the shutdown.
+        """
+        self._stopping.set()
         tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=STOP_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _cancel_event(self, batch_id: str) -> asyncio.Event:
         return self._cancelled.setdefault(batch_id, asyncio.Event())
@@ -288,12 +299,19 @@ class BatchRunner:
         serving = self.host.serving[ENDPOINTS[row.endpoint]]
         todo: Iterator[tuple[int, str, dict[str, Any]]] = iter(pending)
 
+        stopping = self._stopping
+
         async def gone() -> None:
-            await cancelled.wait()
+            waits = [asyncio.ensure_future(cancelled.wait()), asyncio.ensure_future(stopping.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
         async def worker() -> None:
             for line, custom_id, body in todo:  # one shared iterator: each line taken once
-                if cancelled.is_set() or time.time() >= row.expires_at:
+                if cancelled.is_set() or stopping.is_set() or time.time() >= row.expires_at:
                     return
                 record = await self._run_line(serving, custom_id, body, gone)
                 if record is not None:
@@ -301,6 +319,8 @@ class BatchRunner:
 
         concurrency = max(1, self.host.settings["MILLM_BATCH_CONCURRENCY"])
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+        if stopping.is_set():
+            raise ShuttingDown("the server is stopping")
         if cancelled.is_set():
             await asyncio.to_thread(self._close_unrun, row.id, "batch_cancelled", "the batch was cancelled first")
         elif time.time() >= row.expires_at:
@@ -311,7 +331,7 @@ class BatchRunner:
     async def _run_line(
         self, serving: Any, custom_id: str, body: dict[str, Any], gone: Any
     ) -> tuple[str, dict[str, Any]] | None:
-        """``("done"|"failed", output line)``, or None when the batch was cancelled mid-line."""
+        """``("done"|"failed", output line)``, or None when the line was cut off (batch cancelled, server stopping)."""
         for attempt in range(RETRIES + 1):
             try:
                 result = await serving.handle(body, {}, gone=gone)
