@@ -45,6 +45,9 @@ STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 PUBLIC_PATHS = frozenset({"/api/health", "/api/health/live", "/api/health/ready", "/openapi.json"})
 #: Client routes outside ``/v1`` (vLLM's paths), guarded like ``/v1``: clients call them with API keys.
 CLIENT_PATHS = frozenset({"/tokenize", "/detokenize"})
+#: Routes whose body is a multipart form (file uploads), not JSON; a browser's cross-site form
+#: still carries ``Origin``, so the origin check covers them.
+MULTIPART_PATHS = frozenset({"/v1/files"})
 
 
 class Unauthorized(MillmError):
@@ -150,7 +153,12 @@ class Access:
                     "add the origin to MILLM_CORS_ORIGINS to allow it",
                     param="Origin",
                 )
-            check_media_type(req)
+            if not (req.path in MULTIPART_PATHS and _is_multipart(req)):
+                check_media_type(req)
+
+
+def _is_multipart(req) -> bool:
+    return (req.get_header("Content-Type") or "").split(";")[0].strip().lower() == "multipart/form-data"
 
 
 def check_key(authorization: str | None, keys: Iterable[bytes]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler, Ticket
 
 T = TypeVar("T")
+
+#: Set (``BACKGROUND.set(True)``) in a task whose requests are background work: the Batch API's
+#: runner. Its admissions wait while any live request is admitted (``Scheduler.reserve_background``).
+BACKGROUND: ContextVar[bool] = ContextVar("millm_background", default=False)
 
 
 @dataclass
@@ -51,7 +56,9 @@ class Admission:
 async def admit(host: Host, entry: ModelEntry) -> Admission:
     """A queue place, then a lease on ``entry`` (made resident if it is not); the caller releases it."""
     host.registry.check_available(entry)  # model_busy wins over queue_full
-    admission = Admission(host.scheduler, host.scheduler.reserve())
+    scheduler = host.scheduler
+    ticket = await scheduler.reserve_background() if BACKGROUND.get() else scheduler.reserve()
+    admission = Admission(scheduler, ticket)
     try:
         admission.lease = await host.registry.acquire(entry)
     except BaseException:

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import falcon
@@ -17,6 +18,8 @@ from pydantic import BaseModel
 from . import hookcalls
 from .access import Access
 from .admission import Admission, engine_slot
+from .batch.runner import BatchRunner
+from .batch.store import FileStore
 from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
@@ -44,6 +47,7 @@ T = TypeVar("T")
 #: Seconds ``stop`` waits for the engine thread to finish what was cancelled (plugins hear of it)
 #: before the plugins stop; past it the thread is hung and left behind (it is a daemon thread).
 DRAIN_S = 5.0
+BATCH_MIGRATIONS = Path(__file__).parent / "batch" / "migrations"
 
 
 class Host:
@@ -66,6 +70,8 @@ class Host:
             self.scheduler.watch = self.metrics.queue_changed
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
+        #: The Batch API: uploaded files and the batches run over them.
+        self.batches = BatchRunner(self, FileStore(settings.data_dir / "files", self.db))
         #: One request lifecycle per endpoint: ``await host.serving[endpoint].handle(body, headers)``
         #: (chat and completions hand scoring-mode bodies to their ``.scoring``).
         self.serving: dict[str, Serving] = {
@@ -145,7 +151,7 @@ class Host:
         task.add_done_callback(self._background.discard)
 
     def migrations(self) -> list[tuple[str, str]]:
-        found: list[tuple[str, str]] = []
+        found: list[tuple[str, str]] = [("batch", str(BATCH_MIGRATIONS))]  # the host's own tables
         hookcalls.startup(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
         return found
 
@@ -207,11 +213,13 @@ class _Lifespan:
 
     async def process_startup(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         self.host._load_task = asyncio.create_task(self.host.load_start_model())
+        self.host.batches.resume()  # batches a stop or a crash left unfinished
 
     async def process_shutdown(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         task = self.host._load_task
         if task is not None and not task.done():
             task.cancel()
+        await self.host.batches.stop()  # their unfinished lines stay pending for the next start
         await asyncio.to_thread(self.host.stop)
 
 

@@ -83,6 +83,8 @@ class Operation:
     operation_id: str | None = None
     #: The success body's media type; anything but JSON is described as a string.
     media_type: str = "application/json"
+    #: A ``multipart/form-data`` body instead of JSON (``POST /v1/files``).
+    form: type[BaseModel] | None = None
 
 
 def operation(
@@ -95,6 +97,7 @@ def operation(
     errors: Sequence[int] = (),
     query: Sequence[Param] = (),
     media_type: str = "application/json",
+    form: type[BaseModel] | None = None,
 ) -> Callable[[F], F]:
     """Describe a responder (``on_get``, ``on_post_load``, ...) in ``/openapi.json``."""
     described = Operation(
@@ -106,6 +109,7 @@ def operation(
         errors=tuple(errors),
         query=tuple(query),
         media_type=media_type,
+        form=form,
     )
 
     def mark(responder: F) -> F:
@@ -175,7 +179,12 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
     merged = _merged_requests(operations, inputs.request_fields)
     models: list[type[BaseModel]] = [ErrorResponse]
     for _, _, op in operations:
-        for model in (*(op.request or ()), *(op.response or ()), *((op.stream,) if op.stream else ())):
+        for model in (
+            *(op.request or ()),
+            *(op.response or ()),
+            *((op.stream,) if op.stream else ()),
+            *((op.form,) if op.form else ()),
+        ):
             model = merged.get(model, model) if op.request and model in op.request else model
             if model not in models:
                 models.append(model)
@@ -208,6 +217,8 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
                 "required": op.request_required,
                 "content": {"application/json": {"schema": one_of(requests)}},
             }
+        if op.form is not None:
+            entry["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": ref(op.form)}}}
         success: dict[str, Any] = {"description": STATUS_TEXT.get(op.status, "the response")}
         if op.media_type != "application/json":
             content: dict[str, Any] = {op.media_type: {"schema": {"type": "string"}}}
@@ -263,7 +274,7 @@ def _error_responses(
         statuses.add(401)
     if method in STATE_CHANGING:
         statuses |= {403, 415}  # the access checks: a browser's cross-origin request, a body that is not JSON
-        if op.request:
+        if op.request or op.form:
             statuses.add(413)
     body = {"content": {"application/json": {"schema": error}}}
     return {str(s): {"description": STATUS_TEXT.get(s, "refused"), **body} for s in sorted(statuses)}

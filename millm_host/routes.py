@@ -9,6 +9,7 @@ import falcon.asgi
 
 from . import hookcalls
 from .access import Access
+from .batch import resources as batch_resources
 from .errors import MillmError
 from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
@@ -74,5 +75,6 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/api/models/{model_id}/load", managed, suffix="load")
     add_route("/api/models/{model_id}/unload", managed, suffix="unload")
     add_route("/openapi.json", OpenAPI(host))
+    batch_resources.install(host, add_route)
 
     hookcalls.startup(host.pm, "register_routes", host=host, add_route=add_route)

@@ -37,14 +37,15 @@ TICK = 0.25
 class Ticket:
     """A reserved place in the queue; released exactly once."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, background: bool = False) -> None:
         self._scheduler = scheduler
         self._released = False
+        self.background = background
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._scheduler._release()
+            self._scheduler._release(self.background)
 
     def __enter__(self) -> Ticket:
         return self
@@ -106,6 +107,7 @@ class Scheduler:
         self._admitted = 0  # waiting + running
         #: Told ``(admitted, running)`` whenever either changes (the queue metrics).
         self.watch: Callable[[int, int], None] | None = None
+        self._background = 0  # of which background work (batch lines)
         self._beat: float | None = None  # last progress of the running generation; None while none runs
         #: Set when shutdown begins: new requests are refused (``503 shutting_down``).
         self.closing = False
@@ -120,20 +122,49 @@ class Scheduler:
     def admitted(self) -> int:
         return self._admitted
 
+    @property
+    def live(self) -> int:
+        """Admitted requests that are not background work."""
+        return self._admitted - self._background
+
     def reserve(self) -> Ticket:
-        """Take a place in the queue or raise ``QueueFull``. One runs, ``queue_max`` wait."""
+        """Take a place in the queue or raise ``QueueFull``. One runs, ``queue_max`` wait.
+
+        Background work is not counted: a batch never fills the queue live requests wait in.
+        """
         with self._lock:
             if self.closing:
                 raise ShuttingDown("the server is shutting down; retry once it is back")
-            if self._admitted >= self.queue_max + 1:
+            if self.live >= self.queue_max + 1:
                 raise QueueFull(f"the request queue is full ({self.queue_max} waiting); retry later")
             self._admitted += 1
         self._changed()
         return Ticket(self)
 
-    def _release(self) -> None:
+    async def reserve_background(self, poll: float = TICK / 5) -> Ticket:
+        """A place for background work (a batch line), taken only while no live request is admitted.
+
+        Waits (polling every ``poll`` seconds) while live requests wait or run, so a
+        live request is only ever queued behind the background work already admitted.
+        """
+        while True:
+            with self._lock:
+                if self.closing:
+                    raise ShuttingDown("the server is shutting down")
+                admitted = self.live == 0
+                if admitted:
+                    self._admitted += 1
+                    self._background += 1
+            if admitted:
+                self._changed()
+                return Ticket(self, background=True)
+            await asyncio.sleep(poll)
+
+    def _release(self, background: bool = False) -> None:
         with self._lock:
             self._admitted -= 1
+            if background:
+                self._background -= 1
         self._changed()
 
     def _changed(self) -> None:

@@ -108,6 +108,14 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
+    Setting("MILLM_FILES_MAX_BYTES", int, 200 * 1024 * 1024, "Largest file POST /v1/files accepts (413 above)"),
+    Setting("MILLM_BATCH_MAX_LINES", int, 50_000, "Most lines (requests) one batch input file may hold"),
+    Setting(
+        "MILLM_BATCH_CONCURRENCY",
+        int,
+        2,
+        "Lines of each batch admitted at once (live requests wait behind at most these)",
+    ),
     Setting("MILLM_MAX_JSON_DEPTH", int, 64, "Deepest JSON nesting accepted in a request body"),
     Setting(
         "MILLM_DEFAULT_MAX_TOKENS", int, 512, "max_tokens when a request sends none (capped by the context window)"

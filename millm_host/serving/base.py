@@ -169,6 +169,11 @@ class Serving:
         self.read(ctx)
         return ctx
 
+    def precheck(self, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """Refuse ``body`` as ``handle`` would before admitting it (protocol, fields, model name, plugins'
+        ``validate_request``), running nothing: the Batch API checks every line with it (worker thread)."""
+        self.validate(self.build_context(body, headers))
+
     def read(self, ctx: RequestContext) -> None:
         """The endpoint's own reading of the validated request, still before any plugin (worker thread)."""
 

@@ -73,6 +73,11 @@ class ServingGeneration(Serving):
             return await self.scoring.handle(body, headers, gone=gone)
         return await super().handle(body, headers, gone=gone)
 
+    def precheck(self, body: dict[str, Any], headers: dict[str, str]) -> None:
+        if is_scoring_request(self.endpoint, body):
+            return self.scoring.precheck(body, headers)
+        return super().precheck(body, headers)
+
     def describe(self) -> Operation:
         """Generation, or scoring mode (its own request and response models)."""
         own, scoring = super().describe(), self.scoring.describe()
