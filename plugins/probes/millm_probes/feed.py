@@ -39,7 +39,7 @@ class Filters:
         return not self.fired_only or result.get("fires") is True
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: a set of connected clients
 class Client:
     """One connected socket's queue (filled from any thread, drained on the event loop)."""
 
