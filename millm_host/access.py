@@ -160,6 +160,19 @@ class Access:
 def _is_multipart(req) -> bool:
     return (req.get_header("Content-Type") or "").split(";")[0].strip().lower() == "multipart/form-data"
 
+    async def process_request_ws(self, req, ws) -> None:
+        """A WebSocket is checked like a GET (Host, key), and by ``Origin`` too: a browser opens a
+        socket across sites with no CORS preflight, so a page elsewhere must not read a feed."""
+        host = req.get_header("Host")
+        if not self.host_allowed(host):
+            raise HostNotAllowed(f"Host {host!r} is not one this server answers to", param="Host")
+        keys = self.keys_for(req.path)
+        if keys is not None:
+            check_key(req.get_header("Authorization"), keys)
+        origin = req.get_header("Origin")
+        if origin is not None and not self.origin_allowed(origin, host):
+            raise CrossOriginRefused(f"a WebSocket from origin {origin!r} is refused", param="Origin")
+
 
 def check_key(authorization: str | None, keys: Iterable[bytes]) -> None:
     """401 unless ``Authorization: Bearer <key>`` carries one of ``keys`` (compared in constant time)."""

@@ -144,8 +144,11 @@ class RouteTable:
         self.routes.append(Route(uri_template, resource, kwargs.get("suffix")))
 
     def methods(self, route: Route) -> list[str]:
-        """The HTTP methods ``route``'s resource answers (Falcon's own default responders aside)."""
-        return sorted(map_http_methods(route.resource, suffix=route.suffix))
+        """The HTTP methods ``route``'s resource answers (Falcon's own default responders aside).
+
+        A WebSocket responder (``on_websocket``) is left out: OpenAPI 3.1 has no way to describe one.
+        """
+        return sorted(m for m in map_http_methods(route.resource, suffix=route.suffix) if m != "WEBSOCKET")
 
 
 def describe(route: Route, method: str) -> Operation:

@@ -72,13 +72,25 @@ def render_error(resp: falcon.asgi.Response, error: MillmError) -> None:
         resp.set_header(name, value)
 
 
-async def handle_millm_error(req, resp, ex: MillmError, params) -> None:
+async def close_websocket(ws, status: int) -> None:
+    """A refused WebSocket closes with ``3000 + status`` (Falcon's mapping: 401 is 3401), or 1011."""
+    if not ws.closed:
+        await ws.close(3000 + status if 400 <= status < 500 else 1011)
+
+
+async def handle_millm_error(req, resp, ex: MillmError, params, ws=None) -> None:
+    if ws is not None:
+        await close_websocket(ws, ex.status)
+        return
     render_error(resp, ex)
 
 
-async def handle_http_error(req, resp, ex: falcon.HTTPError, params) -> None:
+async def handle_http_error(req, resp, ex: falcon.HTTPError, params, ws=None) -> None:
     """Falcon's own errors (unknown route, wrong method) in OpenAI's shape."""
     status = ex.status_code if hasattr(ex, "status_code") else int(str(ex.status).split()[0])
+    if ws is not None:
+        await close_websocket(ws, status)
+        return
     code = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request")
     message = ex.description or ex.title or "request failed"
     render_error(
@@ -90,11 +102,14 @@ async def handle_http_error(req, resp, ex: falcon.HTTPError, params) -> None:
         resp.set_header(name, value)
 
 
-async def handle_unexpected(req, resp, ex: Exception, params) -> None:
+async def handle_unexpected(req, resp, ex: Exception, params, ws=None) -> None:
     if isinstance(ex, falcon.HTTPError):
-        await handle_http_error(req, resp, ex, params)
+        await handle_http_error(req, resp, ex, params, ws)
         return
     log.exception("unhandled error on %s %s", req.method, req.path)
+    if ws is not None:
+        await close_websocket(ws, 500)
+        return
     render_error(resp, InternalError(f"internal error: {type(ex).__name__}"))
 
 

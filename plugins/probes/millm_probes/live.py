@@ -24,7 +24,7 @@ from millm_host.api import (
     monitor_results,
 )
 
-from . import header, store
+from . import header, sessions, store
 from .capture import Capture
 from .evaluate import detail, read_pairs
 from .results import Reading, Served, Trace, result_object
@@ -129,17 +129,20 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         result_object(view, window, reading, served, request.trace, ctx.request_id, "persisted")
         for (view, window), reading in zip(pairs, readings, strict=True)
     ]
-    details = [detail(ctx.engine, ids, reading) if ids else None for reading in readings]
+    # Decoded context is text: kept only where a result fired (spec, Privacy), under transcript retention.
+    details = [detail(ctx.engine, ids, reading) if ids and reading.verdict else None for reading in readings]
     others = monitor_results(ctx, _monitored(ctx, request, layout, ids))
     results += others  # listed, stored and rendered after the probes' own
     details += [None] * len(others)
+    session_id, turn = sessions.record_turn(runtime, ctx, request.trace.trace_id, results)
     try:
-        store.write_events(runtime.host.db, results, details)
+        store.write_events(runtime.host.db, results, details, session_id, turn)
     except Exception:
         log.exception("storing %d probe results failed", len(results))
         for result in results:
             result["persistence"] = "not_persisted"
     request.results = results
+    runtime.feed.publish(results, request_id=ctx.request_id, endpoint=ctx.endpoint, session=session_id, turn=turn)
     done = time.perf_counter()
     hooks_ms = (capture.seconds if capture else 0.0) * 1000
     overhead_s = request.setup_seconds + hooks_ms / 1000 + (done - started)

@@ -13,8 +13,10 @@ from typing import Any
 
 from millm_host.api import hookimpl
 
-from . import live, routes, store
+from . import live, routes, sessions, store
+from .retention import Retention
 from .runtime import Runtime
+from .session_settings import SESSION_SETTINGS
 from .settings import SETTINGS
 
 log = logging.getLogger("millm.probes")
@@ -37,6 +39,8 @@ def register_settings(register) -> None:
     """PROBE_MAX_ARMED, PROBE_VERDICT_HEADER_MAX_BYTES, PROBE_SCORE_MAX_INPUTS, PROBE_SAE_DIR, PROBE_OVERHEAD_WARN_MS."""
     for setting in SETTINGS:
         register(setting)
+    for setting in SESSION_SETTINGS:  # PROBE_SESSION_IDLE_MINUTES, PROBE_TRANSCRIPTS, retention, the feed
+        register(setting)
 
 
 @hookimpl
@@ -55,14 +59,18 @@ def register_routes(host, add_route) -> None:
 @hookimpl
 def startup(host) -> None:
     """Nothing is armed after a restart: mark what the last process left armed as disarmed."""
-    _start(host)
+    runtime = _start(host)
     store.set_disarmed(host.db, "restart")
+    runtime.retention = Retention(host.db, host.settings)
+    runtime.retention.start()
 
 
 @hookimpl
 def shutdown(host) -> None:
-    """Forget this host's runtime."""
-    host.state.pop(STATE_KEY, None)
+    """Stop the retention pass; forget this host's runtime."""
+    runtime = host.state.pop(STATE_KEY, None)
+    if runtime is not None and runtime.retention is not None:
+        runtime.retention.stop()
 
 
 @hookimpl
@@ -76,6 +84,16 @@ def model_unloading(host, engine) -> None:
     if disarmed:
         log.info("model unloading: disarmed %s", ", ".join(disarmed))
         store.set_disarmed(host.db, "model_unloaded")
+
+
+@hookimpl
+def validate_request(ctx) -> None:
+    """Refuse a malformed ``X-miLLM-Session``; while a probe is armed, settle the request's session."""
+    sessions.named_session(ctx.headers)
+    runtime = _runtime(ctx.host)
+    if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in sessions.MONITORED:
+        return
+    ctx.state[sessions.STATE] = sessions.settle(runtime.host.db, runtime.settings, ctx)
 
 
 @hookimpl
@@ -95,9 +113,12 @@ def after_generate(ctx) -> None:
 
 @hookimpl
 def render_headers(ctx):
-    """``X-miLLM-Probe-Verdicts`` on a monitored non-streaming response."""
+    """``X-miLLM-Probe-Verdicts`` on a monitored non-streaming response; the session and transcript headers."""
     runtime = _runtime(ctx.host)
-    return live.headers(runtime, ctx) if runtime is not None else None
+    if runtime is None:
+        return None
+    found = {**(sessions.headers(ctx) or {}), **(live.headers(runtime, ctx) or {})}
+    return found or None
 
 
 @hookimpl

@@ -8,7 +8,7 @@ import falcon
 
 from millm_host.api import InvalidParameter, JsonResource, Param, operation
 
-from . import manage, stateless, store
+from . import manage, session_routes, stateless, store
 from .definition import WINDOWS, ProbeDefinition
 from .manage import ArmRequest, RecalibrationRequest
 from .runtime import Runtime
@@ -165,6 +165,7 @@ def install(runtime: Runtime, add_route) -> None:
     add_route("/api/probes/status", Status(runtime))
     add_route("/api/probes/events", events)
     add_route("/api/probes/events/{result_id}", events, suffix="detail")
+    session_routes.install(runtime, add_route)  # sessions, transcripts and the live feed
     add_route("/api/probes/{probe_id}", item)
     for action in ("definition", "parity", "arm", "disarm", "recalibrate"):
         add_route(f"/api/probes/{{probe_id}}/{action}", item, suffix=action)

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from .evaluate import Plan
+from .feed import Feed
 from .results import ProbeView, now_iso
 from .scoring import Bank, CompiledProbe
+from .sessions import Sessions
 from .store import view_of
 from .windows import template_prefix_ids
 
@@ -61,6 +63,9 @@ class Runtime:
         self._prefix: dict[str, list[int] | None] = {}
         self._views: dict[tuple[str, int], ProbeView] = {}
         self.encoders: dict[str, Any] = {}  # SAE encoders of the resident model (engine thread)
+        self.sessions = Sessions(host.db)  # turns of sessions (sessions.py)
+        self.feed = Feed(host.settings["PROBE_FEED_QUEUE"])  # the probe:results socket (feed.py)
+        self.retention: Any = None  # the background pass, from startup to shutdown (retention.py)
 
     @property
     def settings(self) -> Any:

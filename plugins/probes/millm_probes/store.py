@@ -222,7 +222,13 @@ def recalibrations(db: Any, probe_id: str) -> list[dict[str, Any]]:
 # --- events ------------------------------------------------------------------------------
 
 
-def write_events(db: Any, results: Sequence[dict[str, Any]], details: Sequence[dict[str, Any] | None]) -> None:
+def write_events(
+    db: Any,
+    results: Sequence[dict[str, Any]],
+    details: Sequence[dict[str, Any] | None],
+    session_id: str | None = None,
+    turn: int | None = None,
+) -> None:
     """Store a request's results in one transaction (a Core insert: this runs on the request path)."""
     stamp = now()
     rows = [
@@ -237,6 +243,8 @@ def write_events(db: Any, results: Sequence[dict[str, Any]], details: Sequence[d
             "result": r,
             "detail": detail,
             "created_at": stamp,
+            "session_id": session_id,
+            "turn": turn,
         }
         for r, detail in zip(results, details, strict=True)
     ]

@@ -97,4 +97,6 @@ class ProbeEvent(Base):
     fired: Mapped[bool | None] = mapped_column(sa.Boolean)
     result: Mapped[Any] = mapped_column(sa.JSON)
     detail: Mapped[Any] = mapped_column(sa.JSON, nullable=True)  # decoded text: served by the detail route only
-    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), index=True)
+    session_id: Mapped[str | None] = mapped_column(sa.String(128), index=True)  # None: no session, or detached
+    turn: Mapped[int | None] = mapped_column(sa.Integer)

@@ -203,6 +203,9 @@ def test_events_list_filters_pages_and_detail(probes_server, armed_pair, model_i
         assert not {e["result_id"] for e in first["data"]} & {e["result_id"] for e in second["data"]}
         assert first["data"][0]["result_id"] > second["data"][0]["result_id"]  # newest first, v7 ids sort by time
 
+        assert one["fires"] is True  # decoded context is kept only for a result that fired
+        unfired = next(r for r in results if r["fires"] is not True)
+        assert http.get(f"/api/probes/events/{unfired['result_id']}").json()["detail"] is None
         detail = http.get(f"/api/probes/events/{one['result_id']}").json()
         assert {k: v for k, v in detail.items() if k != "detail"} == one
         text = detail["detail"]
