@@ -13,8 +13,9 @@ from typing import Any
 
 from millm_host.api import hookimpl
 
-from . import live, routes, store
+from . import capacity_store, live, routes, set_routes, store
 from .runtime import Runtime
+from .sets import members_of
 from .settings import SETTINGS
 
 log = logging.getLogger("millm.probes")
@@ -43,6 +44,7 @@ def register_settings(register) -> None:
 def register_migrations(register) -> None:
     """The probe tables, in their own version table (``alembic_version_probes``)."""
     register("probes", str(Path(__file__).parent / "migrations" / "versions"))
+    register("probe_capacity", capacity_store.MIGRATIONS)  # its own history: no merge with the probe tables
 
 
 @hookimpl
@@ -50,13 +52,15 @@ def register_routes(host, add_route) -> None:
     """The management API under ``/api/probes``."""
     runtime = _start(host)
     routes.install(runtime, add_route)
+    set_routes.install(runtime, add_route)  # behaviour sets and each model's Probe capacity
 
 
 @hookimpl
 def startup(host) -> None:
     """Nothing is armed after a restart: mark what the last process left armed as disarmed."""
-    _start(host)
+    runtime = _start(host)
     store.set_disarmed(host.db, "restart")
+    runtime.set_members(members_of(store.list_probes(host.db)))
 
 
 @hookimpl
