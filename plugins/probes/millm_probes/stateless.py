@@ -175,6 +175,11 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             param="inputs",
             code="PROBE_SCORE_MAX_INPUTS",
         )
+    maximum = settings["PROBE_MAX_ARMED"]
+    if request.probe_ids is not None and len(request.probe_ids) > maximum:  # before looking any up
+        raise InvalidParameter(
+            f"at most {maximum} probes per request (PROBE_MAX_ARMED)", param="probe_ids", code="PROBE_MAX_ARMED"
+        )
     engine, entry = host.registry.current()
     identity = model_identity(host, entry.id)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids, request.behaviours)
