@@ -157,6 +157,7 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
                 param="model_id",
             )
         engine = host.registry.engine
+        assert engine is not None  # resident_info found it
         if not engine.hook_points:
             raise ModelNotResident("this engine exposes no layers to hook (probes cannot run on it)", param="model_id")
         async with host.engine_slot(model_id) as slot:
