@@ -56,6 +56,11 @@ def member(result: dict[str, Any]) -> http_sfv.Item:
     params["window"] = Token(result["window"])
     params["behaviour"] = result["behaviour"]
     params["probe"] = result["probe_id"]
+    block = result.get("set")
+    if block is not None:  # how much of its behaviour's set produced results beside it
+        params["set_armed"] = block["armed_members"]
+        params["set_total"] = block["total_members"]
+        params["complete"] = block["complete"]
     return item(result["name"], params)
 
 

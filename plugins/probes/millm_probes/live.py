@@ -126,7 +126,9 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     scored_at = time.perf_counter()
     served = Served.of(ctx.engine, request.execution_mode)
     results = [
-        result_object(view, window, reading, served, request.trace, ctx.request_id, "persisted")
+        result_object(
+            view, window, reading, served, request.trace, ctx.request_id, "persisted", snapshot.sets.get(view.probe_id)
+        )
         for (view, window), reading in zip(pairs, readings, strict=True)
     ]
     # Decoded context is text: kept only where a result fired (spec, Privacy), under transcript retention.

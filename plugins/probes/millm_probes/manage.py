@@ -13,13 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from millm_host.api import InvalidParameter, ModelBusy, check_display_name, plain_name, validate
 
-from . import digests, gates, store
+from . import capacity, digests, gates, store
 from .definition import Decision, ProbeDefinition, parse
 from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
+from .limits import budget_now, cost_refusal
 from .parity import parity_summary, run_parity, tolerance
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
 from .scoring import CompiledProbe
+from .sets import members_of
 from .tables import Probe
 
 
@@ -124,7 +126,17 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
     """Check a definition and its digests, then store it verbatim; nothing is stored on refusal."""
     if on_conflict not in ("rename", "fail"):
         raise InvalidParameter(f"on_conflict must be rename or fail, not {on_conflict!r}", param="on_conflict")
-    return await asyncio.to_thread(_import, runtime, raw, document, on_conflict)
+    imported = await asyncio.to_thread(_import, runtime, raw, document, on_conflict)
+    if imported["behaviour"] is not None:  # the behaviour's set grew: its results say so from now on
+        async with runtime.lock:
+            await refresh_members(runtime)
+    return imported
+
+
+async def refresh_members(runtime: Runtime) -> None:
+    """Re-read the behaviour sets (hold ``runtime.lock``: it republishes the armed set)."""
+    rows = await asyncio.to_thread(store.list_probes, runtime.host.db)
+    runtime.set_members(members_of(rows))
 
 
 def _import(runtime: Runtime, raw: bytes, document: Any, on_conflict: str) -> dict[str, Any]:
@@ -185,7 +197,7 @@ async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
 
 
 async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Arm through the gates (limit, identity, evidence, parity, scope); a refusal names its gate."""
+    """Arm through the gates (limit, identity, evidence, parity, scope, cost); a refusal names its gate."""
     request = validate(ArmRequest, body)
     host = runtime.host
     async with runtime.lock:
@@ -202,6 +214,10 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
         await asyncio.to_thread(store.add_parity_report, host.db, report)
         gates.gate_parity(report)
         gates.gate_scope(d)
+        budget = await asyncio.to_thread(budget_now, runtime, entry.id, engine.info)
+        projection = capacity.project(budget, [*(a.view for a in runtime.snapshot.armed), view])
+        if not projection["fits"]:
+            raise cost_refusal(projection)
         if request.acknowledgement and request.acknowledgement.strip():
             await asyncio.to_thread(
                 store.add_acknowledgement,
@@ -247,6 +263,7 @@ async def delete(runtime: Runtime, probe_id: str) -> dict[str, Any]:
             raise ProbeArmed(f"probe {probe_id} is armed; disarm it before deleting it", param="probe_id")
         await asyncio.to_thread(store.delete_probe, host.db, probe_id)
         runtime.forget_probe(probe_id)
+        await refresh_members(runtime)
         return {"id": probe_id, "object": "probe", "deleted": True}
 
 

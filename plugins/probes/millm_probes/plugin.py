@@ -13,10 +13,11 @@ from typing import Any
 
 from millm_host.api import hookimpl
 
-from . import live, routes, sessions, store
+from . import capacity_store, live, routes, sessions, set_routes, store
 from .retention import Retention
 from .runtime import Runtime
 from .session_settings import SESSION_SETTINGS
+from .sets import members_of
 from .settings import SETTINGS
 
 log = logging.getLogger("millm.probes")
@@ -47,6 +48,7 @@ def register_settings(register) -> None:
 def register_migrations(register) -> None:
     """The probe tables, in their own version table (``alembic_version_probes``)."""
     register("probes", str(Path(__file__).parent / "migrations" / "versions"))
+    register("probe_capacity", capacity_store.MIGRATIONS)  # its own history: no merge with the probe tables
 
 
 @hookimpl
@@ -54,6 +56,7 @@ def register_routes(host, add_route) -> None:
     """The management API under ``/api/probes``."""
     runtime = _start(host)
     routes.install(runtime, add_route)
+    set_routes.install(runtime, add_route)  # behaviour sets and each model's Probe capacity
 
 
 @hookimpl
@@ -61,6 +64,7 @@ def startup(host) -> None:
     """Nothing is armed after a restart: mark what the last process left armed as disarmed."""
     runtime = _start(host)
     store.set_disarmed(host.db, "restart")
+    runtime.set_members(members_of(store.list_probes(host.db)))
     runtime.retention = Retention(host.db, host.settings)
     runtime.retention.start()
 

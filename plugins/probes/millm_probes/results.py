@@ -158,8 +158,10 @@ def result_object(
     trace: Trace,
     request_id: str | None,
     persistence: str,
+    set_block: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``mi.probe.result/v1`` object (``verdict`` absent when no verdict was reached)."""
+    """The ``mi.probe.result/v1`` object (``verdict`` absent when no verdict was reached; ``set`` null for a
+    probe naming no behaviour)."""
     d = view.definition
     obj: dict[str, Any] = {
         "schema": SCHEMA,
@@ -199,6 +201,7 @@ def result_object(
         "model_load_id": served.model_load_id,
         "template_sha256": served.template_sha256,
         "recorded_at": now_iso(),
+        "set": set_block,
     }
     if reading.verdict is not None:
         obj["verdict"] = reading.verdict

@@ -10,6 +10,7 @@ from millm_host.api import InvalidParameter, JsonResource, Param, operation
 
 from . import manage, session_routes, stateless, store
 from .definition import WINDOWS, ProbeDefinition
+from .limits import armed_cost
 from .manage import ArmRequest, RecalibrationRequest
 from .runtime import Runtime
 from .stateless import ScoreRequest
@@ -103,7 +104,9 @@ class Status(_Resource):
 
     @operation("What is armed, and why a quiet probe is quiet")
     async def on_get(self, req, resp) -> None:
-        resp.media = self.runtime.status()
+        status = self.runtime.status()
+        status["cost"] = await asyncio.to_thread(armed_cost, self.runtime)  # the armed set against the budget
+        resp.media = status
 
 
 def _bool_param(req, name: str) -> bool | None:

@@ -8,6 +8,7 @@ unload or a restart.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from .feed import Feed
 from .results import ProbeView, now_iso
 from .scoring import Bank, CompiledProbe
 from .sessions import Sessions
+from .sets import Members, blocks_for
 from .store import view_of
 from .windows import template_prefix_ids
 
@@ -41,6 +43,7 @@ class Snapshot:
 
     armed: tuple[Armed, ...] = ()
     bank: Bank | None = None
+    sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe id -> its set block
     plan: Plan = field(init=False)  # derived once per armed set, not once per request
 
     def __post_init__(self) -> None:
@@ -59,21 +62,44 @@ class Runtime:
         self.lock = asyncio.Lock()  # arming, disarming, deleting and recalibrating, one at a time
         self.unloaded: set[str] = set()  # load ids whose model has gone: nothing arms on them
         self.last_request: dict[str, Any] | None = None
-        self.last_results: dict[str, dict[str, Any]] = {}  # probe id -> its latest outcome
+        self.last_results: dict[str, deque[list[dict[str, Any]]]] = {}  # probe id -> its recent requests' results
         self._prefix: dict[str, list[int] | None] = {}
         self._views: dict[tuple[str, int], ProbeView] = {}
         self.encoders: dict[str, Any] = {}  # SAE encoders of the resident model (engine thread)
         self.sessions = Sessions(host.db)  # turns of sessions (sessions.py)
         self.feed = Feed(host.settings["PROBE_FEED_QUEUE"])  # the probe:results socket (feed.py)
         self.retention: Any = None  # the background pass, from startup to shutdown (retention.py)
+        self.members: Members = {}  # behaviour sets, as imported (sets.members_of)
 
     @property
     def settings(self) -> Any:
         return self.host.settings
 
     # --- the armed set ---------------------------------------------------------------
-    def _publish(self, armed: tuple[Armed, ...]) -> None:
-        self.snapshot = Snapshot(armed, Bank([a.compiled for a in armed]) if armed else None)
+    def _publish(self, armed: tuple[Armed, ...], bank: Bank | None | bool = True) -> None:
+        """Replace the armed set (``bank``: True to build it, else the one to keep)."""
+        if bank is True:
+            bank = Bank([a.compiled for a in armed]) if armed else None
+        sets = blocks_for((a.view for a in armed), self.members)
+        self.snapshot = Snapshot(armed, bank or None, sets)
+
+    def set_members(self, members: Members) -> None:
+        """The behaviour sets changed (an import or a delete): results say so from the next request on."""
+        self.members = members
+        self._publish(self.snapshot.armed, self.snapshot.bank)
+
+    def arm_many(self, entries: list[Armed]) -> None:
+        """Arm a behaviour's probes at once: requests see all of them or none."""
+        ids = {e.view.probe_id for e in entries}
+        self._publish((*(a for a in self.snapshot.armed if a.view.probe_id not in ids), *entries))
+        for probe_id in ids:
+            self.last_results.pop(probe_id, None)
+
+    def disarm_many(self, probe_ids: set[str]) -> list[str]:
+        gone = [i for i in self.snapshot.ids() if i in probe_ids]
+        if gone:
+            self._publish(tuple(a for a in self.snapshot.armed if a.view.probe_id not in probe_ids))
+        return gone
 
     def arm(self, entry: Armed) -> None:
         others = tuple(a for a in self.snapshot.armed if a.view.probe_id != entry.view.probe_id)
@@ -100,7 +126,7 @@ class Runtime:
         entry = self.armed_entry(view.probe_id)
         if entry is not None:
             armed = tuple(replace(a, view=view) if a is entry else a for a in self.snapshot.armed)
-            self.snapshot = replace(self.snapshot, armed=armed)
+            self._publish(armed, self.snapshot.bank)
 
     def forget_probe(self, probe_id: str) -> None:
         self.last_results.pop(probe_id, None)
@@ -129,27 +155,36 @@ class Runtime:
 
     # --- what the status route reports ------------------------------------------------
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
+        """Keep each probe's latest results, one entry per request over all its windows."""
+        by_probe: dict[str, list[dict[str, Any]]] = {}
         for result in results:
             if result.get("kind") != "probe":  # another plugin's result (hook monitor_results)
                 continue
-            self.last_results[result["probe_id"]] = {
-                "outcome": result["outcome"],
-                "reason": result["reason"],
-                "window": result["window"],
-                "recorded_at": result["recorded_at"],
-            }
-        self.last_request = overhead
+            by_probe.setdefault(result["probe_id"], []).append(
+                {
+                    "outcome": result["outcome"],
+                    "reason": result["reason"],
+                    "window": result["window"],
+                    "recorded_at": result["recorded_at"],
+                }
+            )
+        for probe_id, windows in by_probe.items():
+            recent = self.last_results.setdefault(probe_id, deque(maxlen=RECENT_REQUESTS))
+            recent.append(windows)
+        threshold = self.settings["PROBE_OVERHEAD_WARN_MS"]
+        self.last_request = {
+            **overhead,
+            "threshold_ms": threshold,
+            "threshold_exceeded": overhead.get("overhead_ms", 0.0) > threshold,
+            "recorded_at": now_iso(),
+        }
 
     def status(self) -> dict[str, Any]:
         armed = []
         for entry in self.snapshot.armed:
             view = entry.view
-            last = self.last_results.get(view.probe_id)
-            quiet_reason = None
-            if last is None:
-                quiet_reason = "no_requests_since_armed"
-            elif last["outcome"] != "completed":
-                quiet_reason = last["reason"]
+            recent = list(self.last_results.get(view.probe_id, ()))
+            quiet_reason, reasons = quiet(recent)
             armed.append(
                 {
                     "probe_id": view.probe_id,
@@ -162,14 +197,37 @@ class Runtime:
                     "model_load_id": entry.load_id,
                     "quiet": quiet_reason is not None,
                     "quiet_reason": quiet_reason,
-                    "last_result": last,
+                    "quiet_reasons": reasons,  # every window of the recent requests, by reason
+                    "recent_requests": len(recent),
+                    "last_result": recent[-1][-1] if recent else None,
+                    "last_results": recent[-1] if recent else [],  # every window of the latest request
                 }
             )
         return {
             "object": "probe.status",
             "armed": armed,
             "max_armed": self.settings["PROBE_MAX_ARMED"],
+            "force_serial": self.settings["PROBE_FORCE_SERIAL"],
             "last_request": self.last_request,
             "overhead_warning_ms": self.settings["PROBE_OVERHEAD_WARN_MS"],
             "checked_at": now_iso(),
         }
+
+
+RECENT_REQUESTS = 20  # per probe, what a quiet probe's reason is read over
+
+
+def quiet(recent: list[list[dict[str, Any]]]) -> tuple[str | None, dict[str, int]]:
+    """(why a probe is quiet, its reasons counted), over all windows of its recent requests.
+
+    A probe is quiet when no window of its latest request completed; the reason is the most
+    frequent one over every window of the recent requests, so one odd window does not hide the pattern.
+    """
+    if not recent:
+        return "no_requests_since_armed", {}
+    reasons = Counter(r["reason"] for request in recent for r in request if r["outcome"] != "completed")
+    if any(r["outcome"] == "completed" for r in recent[-1]):
+        return None, dict(reasons)
+    latest = Counter(r["reason"] for r in recent[-1])
+    top = max(latest, key=lambda reason: (reasons[reason], latest[reason]))
+    return top, dict(reasons)

@@ -3,7 +3,9 @@
 from millm_host.api import Setting
 
 SETTINGS = (
-    Setting("PROBE_MAX_ARMED", int, 4, "Most probes armed at once (the arming gate 'limit')"),
+    Setting(
+        "PROBE_MAX_ARMED", int, 64, "Most probes armed at once, and scored per stateless request (a backstop, D83)"
+    ),
     Setting(
         "PROBE_VERDICT_HEADER_MAX_BYTES",
         int,
@@ -19,5 +21,16 @@ SETTINGS = (
     ),
     Setting(
         "PROBE_OVERHEAD_WARN_MS", float, 5.0, "Per-request probe overhead above which GET /api/probes/status warns"
+    ),
+    # the cost budget (probe-monitors.txt, "Probe limits per model"; capacity.py)
+    Setting("PROBE_SLOWDOWN_BUDGET_PCT", float, 5.0, "Share of the model's own step time probes may add (percent)"),
+    Setting("PROBE_BUDGET_HEADROOM", float, 0.9, "Fraction of the slowdown budget arming may fill"),
+    Setting("PROBE_MAX_OVERHEAD_MS_PER_PASS", float, 0.25, "Fallback budget per generated token (ms) until measured"),
+    Setting("PROBE_MAX_PREFILL_MS_PER_1K", float, 0.5, "Fallback budget per 1,000 prompt tokens (ms) until measured"),
+    Setting(
+        "PROBE_FORCE_SERIAL",
+        bool,
+        True,
+        "While a probe is armed, serve requests serially (takes effect with continuous batching)",
     ),
 )

@@ -18,6 +18,7 @@ from millm_host.api import (
     ChatMessage,
     ContextLengthExceeded,
     InvalidParameter,
+    MillmError,
     ModelBusy,
     ModelNotLoaded,
     NoChatTemplate,
@@ -26,6 +27,7 @@ from millm_host.api import (
 )
 
 from . import store
+from .behaviours import select
 from .definition import Window
 from .errors import GateRefused, ModelChanged, mismatch_message
 from .evaluate import Plan, compile_bank, forward_columns, read_pairs
@@ -33,6 +35,7 @@ from .gates import identity_check, model_identity
 from .parity import parity_summary
 from .results import ProbeView, Reading, Served, result_object
 from .runtime import Runtime
+from .sets import blocks_for
 from .trace import new_trace
 from .windows import common_prefix, measure
 
@@ -59,12 +62,13 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     probe_ids: Annotated[list[str], Field(min_length=1)] | None = None
+    behaviours: Annotated[list[str], Field(min_length=1)] | None = None  # each behaviour's set, armed or not
     inputs: Annotated[list[ScoreInput], Field(min_length=1)]
     windows: Annotated[list[Window], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> ScoreRequest:
-        for name in ("probe_ids", "windows"):
+        for name in ("probe_ids", "behaviours", "windows"):
             values = getattr(self, name)
             if values is not None and len(set(values)) != len(values):
                 raise ValueError(f"{name} lists a value twice")
@@ -171,21 +175,27 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             param="inputs",
             code="PROBE_SCORE_MAX_INPUTS",
         )
-    if request.probe_ids is not None and len(request.probe_ids) > settings["PROBE_MAX_ARMED"]:
+    maximum = settings["PROBE_MAX_ARMED"]
+    if request.probe_ids is not None and len(request.probe_ids) > maximum:  # before looking any up
         raise InvalidParameter(
-            f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED)",
-            param="probe_ids",
-            code="PROBE_MAX_ARMED",
+            f"at most {maximum} probes per request (PROBE_MAX_ARMED)", param="probe_ids", code="PROBE_MAX_ARMED"
         )
     engine, entry = host.registry.current()
     identity = model_identity(host, entry.id)
-    all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids)
+    all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids, request.behaviours)
+    if len(all_views) > settings["PROBE_MAX_ARMED"]:  # named or not: all imported probes count when none are
+        raise InvalidParameter(
+            f"at most {settings['PROBE_MAX_ARMED']} probes per request (PROBE_MAX_ARMED); this request would "
+            f"score {len(all_views)}: name fewer with probe_ids or behaviours",
+            param="behaviours" if request.behaviours and not request.probe_ids else "probe_ids",
+            code="PROBE_MAX_ARMED",
+        )
     views, skipped, refused = [], [], []
     for view in all_views:
         mismatches, _ = identity_check(view.definition.model, identity)
         if not mismatches:
             views.append(view)
-        elif request.probe_ids:
+        elif request.probe_ids or request.behaviours:
             refused.append({"probe_id": view.probe_id, "mismatches": mismatches})
         else:
             skipped.append(
@@ -209,6 +219,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             raise ModelBusy("the model changed while this request started; retry", param="model")
         prepared = await slot.run(_prepare, engine, request.inputs)
     served = Served.of(engine, "stateless")
+    blocks = blocks_for(views, runtime.members)  # of each set, the members this request scores
     compiled: dict[str, Any] = {}
     outputs: list[dict[str, Any]] = []
     changed = False
@@ -231,7 +242,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             ).to_dict()
             continue
         output["results"] = [
-            result_object(view, window, reading, served, trace, request_id, "not_persisted")
+            result_object(view, window, reading, served, trace, request_id, "not_persisted", blocks.get(view.probe_id))
             for (view, window), reading in (readings if views else [])
         ]
     return {
@@ -252,7 +263,19 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     }
 
 
-def _load_views(runtime: Runtime, probe_ids: list[str] | None) -> list[ProbeView]:
-    """The named probes, or every imported one (blocking: database and definition parsing)."""
-    rows = store.find_probes(runtime.host.db, probe_ids) if probe_ids else store.list_probes(runtime.host.db)
+def _load_views(runtime: Runtime, probe_ids: list[str] | None, behaviours: list[str] | None) -> list[ProbeView]:
+    """The named probes and behaviours' sets, or every imported probe (blocking: database and parsing)."""
+    db = runtime.host.db
+    if not probe_ids and not behaviours:
+        return [runtime.view(row) for row in store.list_probes(db)]
+    rows = store.find_probes(db, probe_ids) if probe_ids else []
+    if behaviours:
+        every = store.list_probes(db)
+        for i, key in enumerate(behaviours):
+            try:
+                chosen = select(every, key, None, None)
+            except MillmError as exc:
+                exc.param = f"behaviours[{i}]"
+                raise
+            rows += [r for r in chosen if r.id not in {x.id for x in rows}]
     return [runtime.view(row) for row in rows]

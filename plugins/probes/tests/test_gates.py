@@ -115,18 +115,6 @@ def test_gates_run_in_order(api, lab, identity, helpers):
     )  # evidence before parity
 
 
-def test_limit_gate(api, lab, identity, helpers):
-    maximum = api.get("/api/probes/status").json()["max_armed"]
-    room = maximum - len(armed_ids(api))
-    for i in range(room):
-        helpers.arm(api, helpers.import_probe(api, lab.definition(identity, name=f"limit-{i}", seed=i))["id"])
-    wrong = dict(identity, hf_id="someone/else")
-    extra = helpers.import_probe(api, lab.definition(wrong, name="limit-extra"))
-    error = refusal(api, extra["id"], "PROBE_MAX_ARMED")  # the limit is checked first, before identity
-    assert error["gate"] == "limit"
-    assert len(armed_ids(api)) == maximum
-
-
 def test_disarm_and_rearm(api, lab, identity, helpers):
     probe = helpers.import_probe(api, lab.definition(identity, name="toggle"))
     assert helpers.arm(api, probe["id"])["armed"] is True

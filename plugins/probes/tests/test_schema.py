@@ -25,6 +25,7 @@ HEADER_FIELDS = {
     "reason": "reason",
     "scored": "scored",
 }
+HEADER_SET_FIELDS = {"set_armed": "armed_members", "set_total": "total_members", "complete": "complete"}
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +37,10 @@ def validator():
 
 @pytest.fixture(scope="module")
 def header_validator(validator):
-    """The header carries a subset of the fields: each must still have the contract's type."""
-    schema = validator.schema
-    return jsonschema.Draft202012Validator(
-        {"type": "object", "properties": schema["properties"], "additionalProperties": False}
-    )
+    """The header carries a subset of the fields (and of the set block): each must still have the contract's type."""
+    properties = dict(validator.schema["properties"])
+    properties["set"] = {k: v for k, v in properties["set"].items() if k != "required"}
+    return jsonschema.Draft202012Validator({"type": "object", "properties": properties, "additionalProperties": False})
 
 
 def header_objects(value: str) -> list[dict]:
@@ -48,6 +48,9 @@ def header_objects(value: str) -> list[dict]:
     for member in parse_list(value):
         obj = {"name": member.value}
         for key, param in member.params.items():
+            if key in HEADER_SET_FIELDS:
+                obj.setdefault("set", {})[HEADER_SET_FIELDS[key]] = param
+                continue
             obj[HEADER_FIELDS[key]] = (
                 str(param)
                 if isinstance(param, http_sfv.Token)

@@ -142,7 +142,7 @@ def test_refusals(api, probe_doc, identity):
     refused({"probe_ids": [probe_id], "inputs": [{"text": "a"}], "windows": ["middle"]}, 400, "windows[0]")
     refused({"probe_ids": ["pr_000000000000"], "inputs": [{"text": "a"}]}, 404, "probe_ids[0]")
     refused({"probe_ids": [probe_id] * 2, "inputs": [{"text": "a"}]}, 400)
-    refused({"probe_ids": [f"pr_{i:012x}" for i in range(5)], "inputs": [{"text": "a"}]}, 400, "probe_ids")
+    refused({"probe_ids": [f"pr_{i:012x}" for i in range(65)], "inputs": [{"text": "a"}]}, 400, "probe_ids")
 
 
 def test_wrong_model_refuses_named_probes_and_skips_the_rest(api, lab, identity, helpers, probe_doc):

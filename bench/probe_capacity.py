@@ -1,0 +1,115 @@
+"""Probe capacity: measure the model, arm as many dense probes as fit in 5 %, and check the live overhead.
+
+One server. POST /api/models/{id}/probe-capacity/measure times the model's own step
+and the probes' unit costs, and the recommendation says how many dense probes fit
+in the 5 % budget. That many dense probes (one layer) are armed, each through the
+gates (the cost gate included), and the live per-token overhead is then
+measured in the same run: the median interval between streamed tokens with the set
+armed against none, interleaved rounds (the order alternates), median of the
+per-round paired differences. It should stay within the per-token budget.
+
+    OMP_NUM_THREADS=1 python bench/probe_capacity.py [--model PATH] [--runs 7] [--gen-tokens 64] [--layer 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from millm_host.testing.server import ServerProcess
+
+_spec = importlib.util.spec_from_file_location("probe_overhead", Path(__file__).with_name("probe_overhead.py"))
+assert _spec is not None and _spec.loader is not None
+overhead = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(overhead)
+
+
+def import_dense(http, identity: dict, count: int, layer: int, vector_ids: list[int]) -> list[str]:
+    ids = []
+    for i in range(count):
+        probe_id = overhead.import_probe(http, identity, f"bench-dense-{i}", layer, "mean", i, vector_ids)
+        ids.append(probe_id)
+    return ids
+
+
+def run(args: argparse.Namespace) -> None:
+    env = {"PROBE_MAX_ARMED": str(args.max_armed)}
+    server = ServerProcess(tempfile.mkdtemp(prefix="millm-bench-"), model=args.model, env=env)
+    server.start(600)
+    try:
+        with server.http(timeout=600) as http:
+            model_id = http.get("/api/health").json()["model"]
+            identity = http.get(f"/api/models/{model_id}").json()
+            layer = min(args.layer, identity["n_layers"] - 2)
+            capacity = http.post(f"/api/models/{model_id}/probe-capacity/measure")
+            capacity.raise_for_status()
+            capacity = capacity.json()
+            step = capacity["measurement"]["step"]
+            recommendation = capacity["recommendation"]
+            fit = min(recommendation["dense_probes_fit"], args.max_armed)
+            print(
+                f"model {model_id} ({identity.get('dtype')}, {identity.get('device')}): "
+                f"{step['ms_per_token']:.3f} ms per generated token, {step['ms_per_1k_prompt']:.3f} ms per 1,000 "
+                f"prompt tokens"
+            )
+            print(f"recommendation: {recommendation['explanation']}")
+            print(f"unit costs (ms): {capacity['unit_costs']}")
+            rng = np.random.default_rng(0)
+            vector = [1] + rng.integers(100, 20000, 47).tolist()
+            probes = import_dense(http, identity, fit, layer, vector)
+            base = {"model": model_id, "temperature": 0, "prompt": vector[:16], "max_tokens": args.gen_tokens}
+
+            def arm(on: bool) -> None:
+                for probe_id in probes:
+                    http.post(f"/api/probes/{probe_id}/{'arm' if on else 'disarm'}", json={}).raise_for_status()
+
+            for on in (False, True):
+                arm(on)
+                overhead.token_interval(http, base)
+            token: dict[bool, list[float]] = {False: [], True: []}
+            server_overhead = []
+            for round_ in range(args.runs):
+                for on in (False, True) if round_ % 2 == 0 else (True, False):
+                    arm(on)
+                    interval, _ = overhead.token_interval(http, base)
+                    token[on].append(interval)
+                    if on:
+                        last = http.get("/api/probes/status").json()["last_request"]
+                        server_overhead.append(last["overhead_ms"] / max(1, last["forward_passes"]))
+            armed_cost = http.get("/api/probes/status").json()["cost"]
+            arm(False)
+    finally:
+        server.stop()
+
+    median = statistics.median
+    paired = median(a - b for a, b in zip(token[True], token[False], strict=True)) * 1000
+    budget = armed_cost["per_token"]
+    print(
+        f"{fit} dense probes armed on layer {layer}: per generated token unarmed {median(token[False]) * 1000:.3f} ms, "
+        f"armed {median(token[True]) * 1000:.3f} ms; median paired difference {paired:+.4f} ms"
+    )
+    print(
+        f"server's own: {median(server_overhead):.4f} ms probe overhead per forward pass; costed "
+        f"{budget['cost_ms']:.4f} ms against {budget['fillable_ms']:.4f} ms fillable of a "
+        f"{budget['budget_ms']:.4f} ms budget ({budget['source']}); "
+        f"{'within' if paired <= budget['budget_ms'] else 'OVER'} the budget"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--gen-tokens", type=int, default=64)
+    parser.add_argument("--layer", type=int, default=10)
+    parser.add_argument("--max-armed", type=int, default=64)
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

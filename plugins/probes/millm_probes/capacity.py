@@ -1,0 +1,217 @@
+"""The per-model cost budget (probe-monitors.txt, "Probe limits per model", decision D83).
+
+Probes may slow each token by at most ``PROBE_SLOWDOWN_BUDGET_PCT`` of the
+model's own time, and arming fills at most ``PROBE_BUDGET_HEADROOM`` of that.
+The budget has two halves: per generated token and per 1,000 prompt tokens.
+Until a model is measured (or when its measurement is stale) the fallback
+budgets ``PROBE_MAX_OVERHEAD_MS_PER_PASS`` and ``PROBE_MAX_PREFILL_MS_PER_1K``
+apply, with the reference unit costs below.
+
+A set of probes costs, on each half, a fixed part per hooked residual point
+plus each probe's own arithmetic by kind (``set_cost``): the one function the
+arming gate, the dry run and the recommendation all use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+HALVES = ("per_token", "per_1k_prompt")
+KINDS = ("layer", "mean", "max", "attention", "sparse")
+SPARSE_FACTOR = 5.0  # "a k-sparse probe costs about five times a dense one per token" (no SAE to time it with)
+
+#: Unit costs (ms) used until the model is measured: the shape of the 2026-10-21 RTX 3090 reference
+#: (about seven dense probes on one layer fill the fallback budgets).
+REFERENCE_UNITS: dict[str, dict[str, float]] = {
+    "per_token": {"layer": 0.015, "mean": 0.03, "max": 0.03, "attention": 0.045, "sparse": 0.15},
+    "per_1k_prompt": {"layer": 0.03, "mean": 0.06, "max": 0.06, "attention": 0.09, "sparse": 0.3},
+}
+
+#: A reference set: nine probes over three layers, mixed rules.
+REFERENCE_SET = tuple((layer, rule) for layer in range(3) for rule in ("mean", "max", "attention"))
+
+
+def kind_of(view: Any) -> str:
+    """The cost kind of a probe: its rule's, or sparse for an SAE-basis probe."""
+    d = view.definition
+    if d.basis == "sae":
+        return "sparse"
+    rule = d.aggregation.rule
+    return rule if rule in ("max", "attention") else "mean"
+
+
+def _points_and_kinds(views: Iterable[Any]) -> tuple[set[tuple[int, str]], list[str]]:
+    points, kinds = set(), []
+    for view in views:
+        points.add((view.definition.read.layer, view.definition.read.hook_point))
+        kinds.append(kind_of(view))
+    return points, kinds
+
+
+def cost_of(units: dict[str, dict[str, float]], points: int, kinds: Iterable[str]) -> dict[str, float]:
+    """Milliseconds on each half for ``points`` hooked points and probes of ``kinds``."""
+    kinds = list(kinds)
+    return {half: points * units[half]["layer"] + sum(units[half][k] for k in kinds) for half in HALVES}
+
+
+def set_cost(units: dict[str, dict[str, float]], views: Iterable[Any]) -> dict[str, float]:
+    """What a set of probes costs, costed as measure costs it."""
+    points, kinds = _points_and_kinds(views)
+    return cost_of(units, len(points), kinds)
+
+
+# --- the budget ----------------------------------------------------------------------------
+
+
+def identity_of(info: Any) -> dict[str, Any]:
+    """What a measurement was taken on: a change to any of these makes it stale."""
+    return {
+        "hf_id": info.hf_id,
+        "revision": info.revision,
+        "d_model": info.d_model,
+        "n_layers": info.n_layers,
+        "precision": info.dtype,
+        "device": info.device,
+    }
+
+
+def stale_fields(measurement: dict[str, Any] | None, info: Any | None) -> list[str] | None:
+    """Which of model, precision or device changed since ``measurement`` (None: cannot tell)."""
+    if measurement is None or info is None:
+        return None
+    now = identity_of(info)
+    return [key for key, value in now.items() if measurement["identity"].get(key) != value]
+
+
+def units_of(measurement: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    return measurement["units"] if measurement is not None else REFERENCE_UNITS
+
+
+def budget(
+    settings: Any, measurement: dict[str, Any] | None, limits: dict[str, Any] | None, info: Any | None
+) -> dict[str, Any]:
+    """Both halves of the budget in force, and where each came from.
+
+    ``measurement`` counts only when it is not stale; ``limits`` is what PUT probe-limits stored.
+    """
+    stale = stale_fields(measurement, info)
+    usable = measurement if measurement is not None and not stale else None
+    headroom = settings["PROBE_BUDGET_HEADROOM"]
+    pct, pct_source = settings["PROBE_SLOWDOWN_BUDGET_PCT"], "setting PROBE_SLOWDOWN_BUDGET_PCT"
+    if limits is not None and limits.get("pct") is not None:
+        pct, pct_source = limits["pct"], limits["mode"]
+    fallback = {
+        "per_token": settings["PROBE_MAX_OVERHEAD_MS_PER_PASS"],
+        "per_1k_prompt": settings["PROBE_MAX_PREFILL_MS_PER_1K"],
+    }
+    fallback_names = {"per_token": "PROBE_MAX_OVERHEAD_MS_PER_PASS", "per_1k_prompt": "PROBE_MAX_PREFILL_MS_PER_1K"}
+    halves: dict[str, Any] = {}
+    for half in HALVES:
+        ms = (limits or {}).get(f"ms_{half}")
+        if ms is not None:
+            budget_ms, source = ms, "override"
+        elif usable is not None:
+            budget_ms, source = pct / 100.0 * usable["step"][f"ms_{half}"], "measured"
+        else:
+            budget_ms, source = fallback[half], "fallback"
+        halves[half] = {
+            "budget_ms": budget_ms,
+            "fillable_ms": budget_ms * headroom,
+            "source": source,
+            "setting": fallback_names[half] if source == "fallback" else None,
+        }
+    measured = usable is not None
+    return {
+        "measured": measured,
+        "basis": "measured" if measured else ("fallback (the measurement is stale)" if stale else "fallback"),
+        "slowdown_budget_pct": pct,
+        "slowdown_budget_pct_source": pct_source,
+        "headroom": headroom,
+        "units": units_of(usable),
+        "units_source": "measured" if measured else "reference",
+        **halves,
+    }
+
+
+def project(budget_now: dict[str, Any], views: Iterable[Any]) -> dict[str, Any]:
+    """A set's projected cost against both halves of ``budget_now``."""
+    cost = set_cost(budget_now["units"], views)
+    halves = {
+        half: {
+            "cost_ms": round(cost[half], 6),
+            "fillable_ms": round(budget_now[half]["fillable_ms"], 6),
+            "budget_ms": round(budget_now[half]["budget_ms"], 6),
+            "source": budget_now[half]["source"],
+            "fits": cost[half] <= budget_now[half]["fillable_ms"] + 1e-12,
+        }
+        for half in HALVES
+    }
+    return {"basis": budget_now["basis"], "fits": all(h["fits"] for h in halves.values()), **halves}
+
+
+def over_message(projection: dict[str, Any]) -> str:
+    """Which halves a projection exceeds, saying whether the budget is measured or fallback."""
+    over = [
+        f"{half.replace('_', ' ')} {projection[half]['cost_ms']:.4g} ms > {projection[half]['fillable_ms']:.4g} ms "
+        f"({projection[half]['source']})"
+        for half in HALVES
+        if not projection[half]["fits"]
+    ]
+    return f"the armed set would cost {'; '.join(over)}; the budget is {projection['basis']}"
+
+
+# --- the recommendation --------------------------------------------------------------------
+
+
+def _fit(fillable: dict[str, float], units: dict[str, dict[str, float]], points: int, kinds: list[str]) -> int:
+    """How many copies of (points, kinds) fit on both halves."""
+    unit = cost_of(units, points, kinds)
+    counts = [math.floor(fillable[h] / unit[h] + 1e-9) if unit[h] > 0 else 10**6 for h in HALVES]
+    return max(0, min(counts))
+
+
+def dense_fit(fillable: dict[str, float], units: dict[str, dict[str, float]]) -> int:
+    """Dense probes on one layer that fit on both halves."""
+    counts = []
+    for half in HALVES:
+        room = fillable[half] - units[half]["layer"]
+        counts.append(max(0, math.floor(room / units[half]["mean"] + 1e-9)) if units[half]["mean"] > 0 else 10**6)
+    return min(counts)
+
+
+def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The default share of this measurement, explained (None until measured)."""
+    if measurement is None:
+        return None
+    pct, headroom = settings["PROBE_SLOWDOWN_BUDGET_PCT"], settings["PROBE_BUDGET_HEADROOM"]
+    units = measurement["units"]
+    budget_ms = {half: pct / 100.0 * measurement["step"][f"ms_{half}"] for half in HALVES}
+    fillable = {half: budget_ms[half] * headroom for half in HALVES}
+    sets = _fit(fillable, units, 3, [rule for _, rule in REFERENCE_SET])
+    dense = dense_fit(fillable, units)
+    body = {
+        "slowdown_budget_pct": pct,
+        "headroom": headroom,
+        "measurement_id": measurement["measurement_id"],
+        "budget_ms": {h: round(v, 6) for h, v in budget_ms.items()},
+        "fillable_ms": {h: round(v, 6) for h, v in fillable.items()},
+        "reference_sets_fit": sets,
+        "dense_probes_fit": dense,
+    }
+    body["explanation"] = (
+        f"{pct:g}% of this model's own time is {budget_ms['per_token']:.4g} ms per generated token and "
+        f"{budget_ms['per_1k_prompt']:.4g} ms per 1,000 prompt tokens; arming fills {headroom:g} of it. "
+        f"That fits {sets} reference set(s) (nine probes over three layers, mixed rules) or {dense} dense "
+        f"probes on one layer, costed exactly as arming costs them."
+    )
+    body["digest"] = digest(body)
+    return body
+
+
+def digest(obj: Any) -> str:
+    data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return "sha256:" + hashlib.sha256(data).hexdigest()
