@@ -170,6 +170,7 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
             settings=settings,
             engine=Hookless(),
             prompts=[[1, 2, 3]],
+            host=host,
         )
         assert live.begin(runtime, ctx) is None  # no hook for an engine that has none
         ctx.finished = True
