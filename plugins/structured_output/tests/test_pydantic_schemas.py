@@ -146,3 +146,16 @@ def test_tuples_are_served(tokenizer):
     schema = Pair.model_json_schema()
     assert accepts(tokenizer, schema, '{"pair": [1, "a"]}')
     assert not accepts(tokenizer, schema, '{"pair": [1, 2]}')
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"), [("14:30:00", True), ("14:30:00Z", True), ("14:30:00.5+02:00", True), ("25:00:00", False)]
+)
+def test_a_time_without_an_offset_validates_as_the_grammar_lets_it_through(value, valid):
+    """pydantic's ``time`` is ``format: time``; llguidance lets ``14:30:00`` through, so validation must too."""
+    fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "t", "schema": TIME_SCHEMA}})
+    problem = document_problem(json.dumps({"at": value}), fmt)
+    assert (problem is None) == valid, problem
+
+
+TIME_SCHEMA = {"type": "object", "properties": {"at": {"type": "string", "format": "time"}}, "required": ["at"]}
