@@ -12,6 +12,7 @@ from . import manage, session_routes, stateless, store
 from .definition import WINDOWS, ProbeDefinition
 from .limits import armed_cost
 from .manage import ArmRequest, RecalibrationRequest
+from .params import bool_param
 from .runtime import Runtime
 from .stateless import ScoreRequest
 
@@ -109,17 +110,6 @@ class Status(_Resource):
         resp.media = status
 
 
-def _bool_param(req, name: str) -> bool | None:
-    raw = req.get_param(name)
-    if raw is None:
-        return None
-    if raw.lower() in ("true", "1"):
-        return True
-    if raw.lower() in ("false", "0"):
-        return False
-    raise InvalidParameter(f"{name} must be true or false, not {raw!r}", param=name)
-
-
 class Events(_Resource):
     """``GET /api/probes/events`` and ``GET /api/probes/events/{result_id}`` (the detail, with text)."""
 
@@ -149,7 +139,7 @@ class Events(_Resource):
             probe_id=req.get_param("probe_id"),
             result_id=req.get_param("result_id"),
             trace_id=req.get_param("trace_id"),
-            fired=_bool_param(req, "fired"),
+            fired=bool_param(req, "fired"),
             window=window,
             limit=int(limit_raw),
             after=req.get_param("after"),

@@ -8,18 +8,8 @@ from millm_host.api import InvalidParameter, JsonResource, Param, operation
 
 from . import timeline
 from .feed import FeedResource
+from .params import bool_param
 from .runtime import Runtime
-
-
-def _bool_param(req, name: str) -> bool | None:
-    raw = req.get_param(name)
-    if raw is None:
-        return None
-    if raw.lower() in ("true", "1"):
-        return True
-    if raw.lower() in ("false", "0"):
-        return False
-    raise InvalidParameter(f"{name} must be true or false, not {raw!r}", param=name)
 
 
 class SessionsResource(JsonResource):
@@ -56,8 +46,8 @@ class SessionsResource(JsonResource):
             self.runtime.host.db,
             self.idle_minutes,
             source=source,
-            ambiguous=_bool_param(req, "ambiguous"),
-            fired=_bool_param(req, "fired"),
+            ambiguous=bool_param(req, "ambiguous"),
+            fired=bool_param(req, "fired"),
             limit=int(limit_raw),
             after=req.get_param("after"),
         )
