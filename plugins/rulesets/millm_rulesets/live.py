@@ -14,8 +14,8 @@ from typing import Any
 
 from millm_host.api import MonitoredRequest
 
-from .evaluate import evaluate
-from .results import rule_result
+from .evaluate import Undecided, evaluate
+from .results import rule_result, undecided_result
 from .runtime import Runtime
 
 log = logging.getLogger("millm.rulesets")
@@ -58,6 +58,9 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
                 out += [rule_result(loaded, n, window, None, reason="rule_error", **base) for n in names]
                 continue
             for name, outcome in outcomes.items():
+                if isinstance(outcome, Undecided):  # operator code never delays a chat: skipped for now
+                    out.append(undecided_result(loaded, name, window, outcome, **base))
+                    continue
                 reason = "rule_timeout" if outcome is None else None
                 out.append(rule_result(loaded, name, window, outcome, reason=reason, **base))
     return out

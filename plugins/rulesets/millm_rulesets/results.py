@@ -12,7 +12,7 @@ from typing import Any
 
 import uuid6
 
-from .evaluate import Outcome
+from .evaluate import Outcome, Undecided
 from .runtime import Loaded
 
 SCHEMA = "mi.probe.result/v1"
@@ -62,3 +62,13 @@ def rule_result(
         "count": outcome.count if outcome is not None else 0,
         "recorded_at": now_iso(),
     }
+
+
+def undecided_result(
+    loaded: Loaded, name: str, window: str | None, undecided: Undecided, **rest: Any
+) -> dict[str, Any]:
+    """A result operator code did not decide: skipped while the runner has no answer, else failed."""
+    outcome = "skipped" if undecided.skipped else "failed"
+    return rule_result(
+        loaded, name, window, None, reason=undecided.reason, result_outcome=outcome, status="unavailable", **rest
+    )

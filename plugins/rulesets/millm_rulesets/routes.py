@@ -29,7 +29,7 @@ class RuleSets(_Resource):
     @operation("Run every check on a rule set, cases included; nothing is stored", request=RuleSetDocument)
     async def on_post_validate(self, req, resp) -> None:
         document = await self.parse_json(await self.raw_body(req))
-        resp.media = await asyncio.to_thread(manage.validate_document, document)
+        resp.media = await asyncio.to_thread(manage.validate_document, self.runtime, document)
 
     @operation(
         "Import a rule set as published (it must pass every check and its cases)",
