@@ -218,9 +218,10 @@ class CodeRunner:
         return process
 
     def _exited(self, process: _Process) -> None:
-        """A runner died (its reader saw EOF): restart it unless it was replaced or we are closing."""
+        """A runner died or was killed (its reader saw EOF): start another unless one already replaced it
+        or we are closing."""
         with self._state:
-            if self._closed or process is not self._process:
+            if self._closed or self._process not in (process, None):
                 return
             log.warning("rule runner %s exited with %s; restarting it", process.pid, process.proc.returncode)
         time.sleep(RESTART_BACKOFF_S)
