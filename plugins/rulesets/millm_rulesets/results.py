@@ -8,12 +8,14 @@ They carry ``fires`` and ``count``, never the matched text. An undecided result
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uuid6
 
 from .evaluate import Outcome, Undecided
-from .runtime import Loaded
+
+if TYPE_CHECKING:
+    from .runtime import Loaded
 
 SCHEMA = "mi.probe.result/v1"
 

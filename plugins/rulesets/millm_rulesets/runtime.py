@@ -18,6 +18,7 @@ from . import store
 from .code_runner import UNAVAILABLE, CallBudget, CodeResult, CodeRunner, Limits
 from .document import RuleSet, Signal, parse
 from .evaluate import CodeCall, case_failures
+from .rescore import Rescorer
 
 if TYPE_CHECKING:
     from millm_host.api import Host
@@ -74,6 +75,7 @@ class Runtime:
         self.sets: dict[str, Loaded] = {}
         self.attached: dict[str, tuple[str, datetime]] = {}  # behaviour -> (rule set id, attached at)
         self._runner: CodeRunner | None = None
+        self.rescorer = Rescorer(self)
 
     @property
     def settings(self) -> Any:
@@ -101,6 +103,7 @@ class Runtime:
         return call
 
     def close(self) -> None:
+        self.rescorer.close()
         if self._runner is not None:
             self._runner.close()
 

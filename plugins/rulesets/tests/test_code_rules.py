@@ -77,7 +77,10 @@ def code_set(ruleset_id: str, wat: str, cases: list | None = None, **more: dict)
 
 @pytest.fixture(scope="module")
 def app(app_factory, rulesets_env):
-    return app_factory(plugins=["rulesets"], env=rulesets_env({"RULE_CODE_CALL_WALL_MS": "100"}))
+    # little fuel, a long wall time: the infinite loop runs out of fuel well before its wall time, even on a busy box
+    return app_factory(
+        plugins=["rulesets"], env=rulesets_env({"RULE_CODE_FUEL": "2000000", "RULE_CODE_CALL_WALL_MS": "1000"})
+    )
 
 
 @pytest.fixture
