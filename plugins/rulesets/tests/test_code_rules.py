@@ -205,3 +205,14 @@ def test_wall_time_input_size_and_calls_per_request(app_factory, rulesets_env):
         got = evaluate(http, imported(http, two), "banana")
         assert got["as"]["count"] == 3  # the request's one call
         assert got["bs"]["reason"] == "rule_worker_unavailable" and got["bs"]["outcome"] == "skipped"
+
+
+def test_code_rule_cases_are_re_proved_by_the_runner_at_start(app_factory, rulesets_env):
+    app = app_factory(plugins=["rulesets"], env=rulesets_env())
+    with app.http() as http:
+        rule_set_id = imported(http, code_set("proved", COUNT_A, [{"text": "banana", "expect": {"as": 3}}]))
+    app.stop()
+    app.start()  # startup re-proves the stored set: its case asks a fresh runner
+    with app.http() as http:
+        assert http.get(f"/api/rule-sets/{rule_set_id}").json()["status"] == "published"
+        assert evaluate(http, rule_set_id, "banana")["as"]["count"] == 3
