@@ -35,7 +35,9 @@ What is here:
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
 - Results beside the probes': ``MonitoredRequest``, ``WindowText`` and
   ``monitor_results(ctx, monitored)`` (hook ``monitor_results``): the probes plugin
-  calls it, other plugins implement the hook.
+  calls it, other plugins implement the hook; ``revise_monitor_results(host, results)``
+  (hook ``revise_monitor_results``) replaces such a result once it is decided
+  after the response, the probes plugin implements it.
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,
@@ -95,7 +97,7 @@ from .errors import (
 from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
-from .monitoring import MonitoredRequest, WindowText, monitor_results
+from .monitoring import MonitoredRequest, WindowText, monitor_results, revise_monitor_results
 from .naming import check_display_name, split_gguf_name
 from .openapi import Param, operation
 from .output import (
@@ -188,6 +190,7 @@ __all__ = [
     "lower_headers",
     "message_text",
     "monitor_results",
+    "revise_monitor_results",
     "operation",
     "parse_list",
     "read_body",

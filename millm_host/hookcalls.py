@@ -34,7 +34,7 @@ Plugins are called in pluggy's order (last registered first; ``tryfirst`` and
     opened plus ``"millm_plugin_errors": [...]`` on the stream's last finish chunk
     when any rendering failed.
 ``monitor``
-    ``monitor_results``. Each plugin in turn; one that raises is logged and its
+    ``monitor_results``, ``revise_monitor_results``. Each plugin in turn; one that raises is logged and its
     results left out: a companion never costs the probes their own results.
 """
 
@@ -79,6 +79,7 @@ POLICIES: dict[str, str] = {
     "render_headers": RENDERING,
     "response_extras": RENDERING,
     "monitor_results": MONITOR,
+    "revise_monitor_results": MONITOR,
 }
 
 #: The response header naming the plugins whose rendering failed (policy ``rendering``).
@@ -171,3 +172,14 @@ def monitor(pm: pluggy.PluginManager, ctx: RequestContext, monitored: Any) -> li
             continue
         results.extend(found or ())
     return results
+
+
+def revise(pm: pluggy.PluginManager, host: Any, results: list[dict[str, Any]]) -> int:
+    """Policy ``monitor`` for ``revise_monitor_results``: how many stored results were replaced in all."""
+    replaced = 0
+    for impl in _impls(pm, "revise_monitor_results", MONITOR):
+        try:
+            replaced += _call(impl, {"host": host, "results": results}) or 0
+        except Exception:
+            log.exception("plugin %s failed in revise_monitor_results", impl.plugin_name)
+    return replaced

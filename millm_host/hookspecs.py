@@ -353,3 +353,19 @@ def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[di
     Policy: monitor (``millm_host.hookcalls``): every plugin runs; one that raises is
     logged and its results are left out.
     """
+
+
+@hookspec
+def revise_monitor_results(host: Any, results: list[dict[str, Any]]) -> int | None:
+    """Replace stored results in place: each of ``results`` replaces the stored result with its ``result_id``.
+
+    For a plugin that decides one of its ``monitor_results`` results only after the
+    response (rule signals: operator code is scored by the rule runner after the
+    chat, D41). The plugin that stores monitored results (probes) implements it and
+    returns how many it replaced (0: none stored yet under those ids; call again).
+    Called with ``revise_monitor_results(host, results)`` from ``millm_host.api``,
+    on any thread but the event loop's (it writes the database).
+
+    Policy: monitor (``millm_host.hookcalls``): every plugin runs; one that raises is
+    logged and counts as having replaced none.
+    """

@@ -52,3 +52,10 @@ def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[di
 
     assert ctx.host is not None, "a monitored request runs on a host"
     return hookcalls.monitor(ctx.host.pm, ctx, monitored)
+
+
+def revise_monitor_results(host: Any, results: list[dict[str, Any]]) -> int:
+    """Replace stored results in place, by ``result_id`` (hook ``revise_monitor_results``); how many were."""
+    from . import hookcalls
+
+    return hookcalls.revise(host.pm, host, results)

@@ -116,6 +116,13 @@ def after_generate(ctx) -> None:
 
 
 @hookimpl
+def revise_monitor_results(host, results):
+    """Replace another plugin's stored results (decided after the response) in place, by result_id."""
+    runtime = _runtime(host)
+    return store.revise_events(runtime.host.db, results) if runtime is not None else 0
+
+
+@hookimpl
 def render_headers(ctx):
     """``X-miLLM-Probe-Verdicts`` on a monitored non-streaming response; the session and transcript headers."""
     runtime = _runtime(ctx.host)

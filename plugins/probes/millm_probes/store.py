@@ -252,6 +252,22 @@ def write_events(
         connection.execute(sa.insert(ProbeEvent), rows)
 
 
+def revise_events(db: Any, results: Sequence[dict[str, Any]]) -> int:
+    """Replace stored results of another plugin (never a probe's), by ``result_id``; how many were stored."""
+    replaced = 0
+    with db.engine.begin() as connection:
+        for r in results:
+            if r.get("kind") == "probe":
+                continue  # a probe result is final when stored: nothing revises it
+            done = connection.execute(
+                sa.update(ProbeEvent)
+                .where(ProbeEvent.result_id == r["result_id"], ProbeEvent.probe_id.is_(None))
+                .values(outcome=r["outcome"], fired=r["fires"], result=r)
+            )
+            replaced += done.rowcount or 0
+    return replaced
+
+
 def list_events(
     db: Any,
     *,

@@ -14,9 +14,9 @@ the JSON pointer of what failed):
    ``when`` and ``removes``, then each ``field`` output
    (``code_rule_positions_needed``, its ``use``: ``anchor``, ``span_of``,
    ``veto_when``, ``veto_removes`` or ``field``);
-5. a code rule that survives 4 is refused as ``code_rule_unsupported``: this
-   build has no rule runner;
-6. the cases (``rule_set_cases_failed``, naming each disagreement).
+5. the cases (``rule_set_cases_failed``, naming each disagreement), run by
+   ``manage.check``: a case naming what a code rule decides asks the rule runner
+   (``code_runner``); operator code itself is loaded only there, never here.
 
 Unknown keys are ignored (a producer may add metadata). Names are shared by
 signals and expressions: one name means one thing.
@@ -35,7 +35,6 @@ import re2
 from .errors import (
     CodeRuleInWithinN,
     CodeRulePositionsNeeded,
-    CodeRuleUnsupported,
     InvalidRuleSet,
     PatternRefused,
     pointer,
@@ -377,7 +376,7 @@ def _check_cases(doc: dict[str, Any], known: set[str]) -> list[dict[str, Any]]:
 
 
 def parse(doc: Any) -> RuleSet:
-    """Checks 1–5 (the cases are run by ``cases.prove``); the compiled set, or the first refusal."""
+    """Checks 1–4 (the cases are run by ``manage.check``); the compiled set, or the first refusal."""
     doc = _object(doc)
     if doc.get("format") != FORMAT:
         raise _refuse(f"format must be {FORMAT!r}", "format")
@@ -400,12 +399,4 @@ def parse(doc: Any) -> RuleSet:
     cases = _check_cases(doc, known)
     rs = RuleSet(ruleset_id, version, signals, expressions, cases, digest_of(doc), doc)
     _check_code_rule_positions(rs, doc)
-    for name, sig in signals.items():
-        if sig.kind == "code_rule":
-            raise CodeRuleUnsupported(
-                f"signal {name!r} is a code_rule, and this build has no rule runner to score operator code; "
-                "remove it (or count it elsewhere) and import again",
-                param=pointer("signals", name),
-                extra={"signal": name},
-            )
     return rs

@@ -28,12 +28,6 @@ class CodeRulePositionsNeeded(MillmError):
     status, code = 400, "code_rule_positions_needed"
 
 
-class CodeRuleUnsupported(MillmError):
-    """This build has no rule runner, so operator code could never be scored."""
-
-    status, code = 400, "code_rule_unsupported"
-
-
 class CasesFailed(MillmError):
     status, code = 400, "rule_set_cases_failed"
 

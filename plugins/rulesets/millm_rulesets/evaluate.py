@@ -16,6 +16,12 @@ spans only when they fire, so ``count > 0`` exactly when ``fires``:
 - within_n: each span of ``a`` with a span of ``b`` at most ``n`` characters
   away, reported as the span covering both.
 
+- code_rule: the count operator code returns (the rule runner, through the
+  ``code`` callable a run is given); fires when the count is positive; no spans.
+  A run without ``code`` (a live request: operator code never delays it), or
+  one whose call fails, leaves it ``Undecided`` with the runner's code, and so
+  is every expression that reads it.
+
 A deadline (``time.perf_counter()`` seconds) bounds a run: an expression not
 started before it is reported as out of time (``None``).
 """
@@ -24,12 +30,15 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from .code_runner import UNAVAILABLE, CodeResult
 from .document import RuleSet, Signal
 from .validators import VALIDATORS
 
 Span = tuple[int, int]
+CodeCall = Callable[[Signal, str], CodeResult]  # a code_rule signal and the text -> the runner's answer
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,21 @@ class Outcome:
 
 
 NONE = Outcome(False, 0, ())
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """No outcome: operator code was not run or failed (``reason`` is the runner's ``rule_*`` code)."""
+
+    reason: str
+    detail: str | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.reason == UNAVAILABLE  # no runner result yet: skipped, not failed
+
+
+Result = Outcome | Undecided
 
 
 def _gap(a: Span, b: Span) -> int:
@@ -71,11 +95,11 @@ class Nearby:
 class Run:
     """One evaluation: signal and expression outcomes, each computed once."""
 
-    def __init__(self, rs: RuleSet, text: str) -> None:
-        self.rs, self.text = rs, text
-        self.done: dict[str, Outcome] = {}
+    def __init__(self, rs: RuleSet, text: str, code: CodeCall | None = None) -> None:
+        self.rs, self.text, self.code = rs, text, code
+        self.done: dict[str, Result] = {}
 
-    def get(self, name: str) -> Outcome:
+    def get(self, name: str) -> Result:
         if name not in self.done:
             if name in self.rs.signals:
                 self.done[name] = self._signal(self.rs.signals[name])
@@ -86,15 +110,27 @@ class Run:
     def _matches(self, sig: Signal) -> list[Span]:
         return [m.span() for m in sig.regex.finditer(self.text) if m.end() > m.start()]
 
-    def _signal(self, sig: Signal) -> Outcome:
+    def _spans(self, name: str) -> tuple[Span, ...]:
+        got = self.get(name)  # never a code rule: a document naming one here is refused (D65)
+        assert isinstance(got, Outcome), f"{name!r} has no positions"
+        return got.spans or ()
+
+    def _signal(self, sig: Signal) -> Result:
         if sig.kind == "pattern":
             return Outcome.of_spans(self._matches(sig))
+        if sig.kind == "code_rule":
+            if self.code is None:
+                return Undecided(UNAVAILABLE, "operator code is scored by the rule runner, not here")
+            answer = self.code(sig, self.text)
+            if answer.count is None:
+                return Undecided(answer.reason or "rule_error", answer.detail)
+            return Outcome(answer.count > 0, answer.count, None)
         if sig.kind == "validator":
             check = VALIDATORS[sig.spec["validator"]]
-            source = self.get(sig.spec["span_of"]).spans or ()
+            source = self._spans(sig.spec["span_of"])
             return Outcome.of_spans([s for s in source if check(self.text[s[0] : s[1]], sig.spec)])
         if sig.kind == "proximity":
-            anchors = self.get(sig.spec["anchor"]).spans or ()
+            anchors = self._spans(sig.spec["anchor"])
             if not anchors:
                 return NONE
             cues, limit = Nearby(self._matches(sig)), sig.spec["within_chars"]
@@ -105,11 +141,15 @@ class Run:
             minimum = sig.spec.get("min_weight")
             fires = bool(found) and (minimum is None or weight >= minimum)
             return Outcome.of_spans(found) if fires else NONE
-        raise RuntimeError(f"signal kind {sig.kind!r} is not evaluated here")  # code_rule: refused at import
+        raise RuntimeError(f"signal kind {sig.kind!r} is not evaluated here")
 
-    def _expression(self, name: str) -> Outcome:
+    def _expression(self, name: str) -> Result:
         expr = self.rs.expressions[name]
-        ops = [self.get(op) for op in expr.operands]
+        got = [self.get(op) for op in expr.operands]
+        undecided = [o for o in got if isinstance(o, Undecided)]
+        if undecided:  # an operand operator code did not decide leaves this undecided too
+            return undecided[0]
+        ops = [o for o in got if isinstance(o, Outcome)]
         if expr.form == "signal":
             return ops[0]
         if expr.form == "not":
@@ -133,12 +173,17 @@ class Run:
 
 
 def evaluate(
-    rs: RuleSet, text: str, deadline: float | None = None, names: list[str] | None = None
-) -> dict[str, Outcome | None]:
+    rs: RuleSet,
+    text: str,
+    deadline: float | None = None,
+    names: list[str] | None = None,
+    code: CodeCall | None = None,
+    run: Run | None = None,
+) -> dict[str, Result | None]:
     """Each of ``names`` (default: every expression, in document order); ``None`` when the deadline
-    passed before it started."""
-    run = Run(rs, text)
-    out: dict[str, Outcome | None] = {}
+    passed before it started. Pass ``run`` to reuse outcomes already computed on the same text."""
+    run = run if run is not None else Run(rs, text, code)
+    out: dict[str, Result | None] = {}
     for name in names if names is not None else list(rs.expressions):
         if deadline is not None and time.perf_counter() > deadline:
             out[name] = None
@@ -147,11 +192,14 @@ def evaluate(
     return out
 
 
-def case_failures(rs: RuleSet) -> list[dict[str, object]]:
-    """Every expectation of every case this build disagrees with (empty: the set proves itself)."""
+def case_failures(rs: RuleSet, code: CodeCall | None = None) -> list[dict[str, object]]:
+    """Every expectation of every case this build disagrees with (empty: the set proves itself).
+
+    A case naming what operator code decides needs ``code`` (the runner); undecided, it fails
+    with the runner's reason."""
     failures: list[dict[str, object]] = []
     for i, case in enumerate(rs.cases):
-        run = Run(rs, case["text"])
+        run = Run(rs, case["text"], code)
         for name, expected in case["expect"].items():
             got = run.get(name)
             if isinstance(expected, bool):
@@ -160,6 +208,9 @@ def case_failures(rs: RuleSet) -> list[dict[str, object]]:
                 want = {"count": expected}
             else:
                 want = dict(expected)
+            if isinstance(got, Undecided):
+                failures.append({"case": i, "name": name, "expected": want, "got": {"reason": got.reason}})
+                continue
             actual = {"fires": got.fires, "count": got.count}
             if any(actual[k] != v for k, v in want.items()):
                 failures.append({"case": i, "name": name, "expected": want, "got": actual})

@@ -14,8 +14,9 @@ from typing import Any
 
 from millm_host.api import MonitoredRequest
 
-from .evaluate import evaluate
-from .results import rule_result
+from .evaluate import Undecided, evaluate
+from .rescore import Job
+from .results import rule_result, undecided_result
 from .runtime import Runtime
 
 log = logging.getLogger("millm.rulesets")
@@ -57,7 +58,14 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
                 log.exception("rule set %s failed on window %s", loaded.id, window)
                 out += [rule_result(loaded, n, window, None, reason="rule_error", **base) for n in names]
                 continue
+            pending = []
             for name, outcome in outcomes.items():
+                if isinstance(outcome, Undecided):  # operator code never delays a chat: skipped for now
+                    pending.append(undecided_result(loaded, name, window, outcome, **base))
+                    out.append(pending[-1])
+                    continue
                 reason = "rule_timeout" if outcome is None else None
                 out.append(rule_result(loaded, name, window, outcome, reason=reason, **base))
+            if pending:  # scored by the rule runner after the response; revised in place (same result_id)
+                runtime.rescorer.submit(Job(loaded, text.text, [dict(r) for r in pending]))
     return out

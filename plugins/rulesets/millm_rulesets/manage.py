@@ -10,11 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from millm_host.api import InvalidParameter, MillmError, validate
 
 from . import store
+from .code_runner import UNAVAILABLE
 from .document import RuleSet, parse
 from .errors import CasesFailed, RuleSetNotFound, pointer
-from .evaluate import Outcome, case_failures, evaluate
-from .results import rule_result
-from .runtime import PUBLISHED, Loaded, Runtime, prove
+from .evaluate import Outcome, Run, Undecided, case_failures, evaluate
+from .results import rule_result, undecided_result
+from .runtime import PUBLISHED, Loaded, Runtime
 from .tables import RuleSetRow
 
 
@@ -43,10 +44,20 @@ class AttachRequest(BaseModel):
     rule_set_id: str = Field(description="The id of an imported rule set (rs_…)")
 
 
-def check(document: Any) -> RuleSet:
-    """Every check, the cases included; the compiled set or the first refusal."""
+class RunnerUnavailable(MillmError):
+    status, code, type = 503, UNAVAILABLE, "server_error"
+
+
+def check(runtime: Runtime, document: Any) -> RuleSet:
+    """Every check, the cases included (operator code they name runs in the rule runner);
+    the compiled set or the first refusal."""
     rs = parse(document)
-    failures = case_failures(rs)
+    failures = case_failures(rs, runtime.code_caller())
+    if failures and all(f["got"].get("reason") == UNAVAILABLE for f in failures):  # type: ignore[union-attr]
+        raise RunnerUnavailable(
+            "the rule runner did not answer for the cases that name operator code; nothing was stored, try again",
+            extra={"failures": failures},
+        )
     if failures:
         first = failures[0]
         raise CasesFailed(
@@ -69,8 +80,8 @@ def summary(rs: RuleSet) -> dict[str, Any]:
     }
 
 
-def validate_document(document: Any) -> dict[str, Any]:
-    rs = check(document)
+def validate_document(runtime: Runtime, document: Any) -> dict[str, Any]:
+    rs = check(runtime, document)
     return {"object": "rule_set.validation", "valid": True, **summary(rs)}
 
 
@@ -96,7 +107,7 @@ def describe(runtime: Runtime, loaded: Loaded, with_document: bool = False) -> d
 
 
 def import_document(runtime: Runtime, raw: bytes, document: Any) -> dict[str, Any]:
-    rs = check(document)
+    rs = check(runtime, document)
     stamp = store.now()
     row = RuleSetRow(
         id=store.new_id(),
@@ -110,7 +121,7 @@ def import_document(runtime: Runtime, raw: bytes, document: Any) -> dict[str, An
         created_at=stamp,
     )
     store.insert(runtime.host.db, row)
-    loaded = prove(row)
+    loaded = Loaded(row.id, rs.ruleset_id, rs.version, rs.digest, PUBLISHED, None, rs, stamp)  # check proved it
     runtime.put(loaded)
     return describe(runtime, loaded)
 
@@ -133,9 +144,12 @@ def delete(runtime: Runtime, rule_set_id: str) -> dict[str, Any]:
     return {"id": rule_set_id, "object": "rule_set", "deleted": True}
 
 
-def _entry(name: str, outcome: Outcome, positions: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "fires": outcome.fires, "count": outcome.count}
-    if positions:
+def _entry(name: str, outcome: Outcome | Undecided, positions: bool) -> dict[str, Any]:
+    if isinstance(outcome, Undecided):
+        out: dict[str, Any] = {"name": name, "fires": None, "count": 0, "reason": outcome.reason}
+        return {**out, "spans": None} if positions else out
+    out = {"name": name, "fires": outcome.fires, "count": outcome.count}
+    if positions:  # operator code (and not) has no positions: spans null
         out["spans"] = [{"start": s, "end": e} for s, e in outcome.spans] if outcome.spans is not None else None
     return out
 
@@ -153,15 +167,19 @@ def evaluate_text(runtime: Runtime, rule_set_id: str, body: dict[str, Any]) -> d
         ]
         return {**common, "results": results, "signals": []}
     rs = loaded.rs
-    outcomes = evaluate(rs, request.text)
+    run = Run(rs, request.text, runtime.code_caller())  # one run: each code rule is called once
+    outcomes = evaluate(rs, request.text, run=run)
     results = []
     for name, outcome in outcomes.items():
         assert outcome is not None  # no deadline on the stateless route
-        result = rule_result(loaded, name, None, outcome, persistence="not_persisted")
+        if isinstance(outcome, Undecided):
+            result = undecided_result(loaded, name, None, outcome, persistence="not_persisted")
+        else:
+            result = rule_result(loaded, name, None, outcome, persistence="not_persisted")
         if request.return_rule_positions:
             result["spans"] = _entry(name, outcome, True)["spans"]
         results.append(result)
-    signal_outcomes = evaluate(rs, request.text, names=list(rs.signals))
+    signal_outcomes = evaluate(rs, request.text, names=list(rs.signals), run=run)
     signals = [_entry(n, o, request.return_rule_positions) for n, o in signal_outcomes.items() if o is not None]
     return {**common, "results": results, "signals": signals}
 

@@ -51,7 +51,10 @@ def startup(host) -> None:
 
 @hookimpl
 def shutdown(host) -> None:
-    host.state.pop(STATE_KEY, None)
+    """Stop the rule runner."""
+    runtime = host.state.pop(STATE_KEY, None)
+    if runtime is not None:
+        runtime.close()
 
 
 @hookimpl

@@ -8,12 +8,14 @@ They carry ``fires`` and ``count``, never the matched text. An undecided result
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uuid6
 
-from .evaluate import Outcome
-from .runtime import Loaded
+from .evaluate import Outcome, Undecided
+
+if TYPE_CHECKING:
+    from .runtime import Loaded
 
 SCHEMA = "mi.probe.result/v1"
 
@@ -62,3 +64,13 @@ def rule_result(
         "count": outcome.count if outcome is not None else 0,
         "recorded_at": now_iso(),
     }
+
+
+def undecided_result(
+    loaded: Loaded, name: str, window: str | None, undecided: Undecided, **rest: Any
+) -> dict[str, Any]:
+    """A result operator code did not decide: skipped while the runner has no answer, else failed."""
+    outcome = "skipped" if undecided.skipped else "failed"
+    return rule_result(
+        loaded, name, window, None, reason=undecided.reason, result_outcome=outcome, status="unavailable", **rest
+    )

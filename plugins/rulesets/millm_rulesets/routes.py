@@ -29,7 +29,7 @@ class RuleSets(_Resource):
     @operation("Run every check on a rule set, cases included; nothing is stored", request=RuleSetDocument)
     async def on_post_validate(self, req, resp) -> None:
         document = await self.parse_json(await self.raw_body(req))
-        resp.media = await asyncio.to_thread(manage.validate_document, document)
+        resp.media = await asyncio.to_thread(manage.validate_document, self.runtime, document)
 
     @operation(
         "Import a rule set as published (it must pass every check and its cases)",
@@ -81,6 +81,14 @@ class RuleSignals(_Resource):
         resp.media = await asyncio.to_thread(manage.detach, self.runtime, key)
 
 
+class RuleRunner(_Resource):
+    """``GET /api/rule-runner``: the sidecar that runs operator code (code_rule)."""
+
+    @operation("The rule runner: whether it runs, its pid, how often it was started, its limits")
+    async def on_get(self, req, resp) -> None:
+        resp.media = self.runtime.runner.status()
+
+
 def install(runtime: Runtime, add_route) -> None:
     sets, item = RuleSets(runtime), RuleSetItem(runtime)
     add_route("/api/rule-sets", sets)
@@ -89,3 +97,4 @@ def install(runtime: Runtime, add_route) -> None:
     add_route("/api/rule-sets/{rule_set_id}", item)
     add_route("/api/rule-sets/{rule_set_id}/evaluate", item, suffix="evaluate")
     add_route("/api/probes/behaviours/{key}/rule-signals", RuleSignals(runtime))
+    add_route("/api/rule-runner", RuleRunner(runtime))

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 from millm_host.api import MillmError
 
 from . import store
-from .document import RuleSet, parse
-from .evaluate import case_failures
+from .code_runner import UNAVAILABLE, CallBudget, CodeResult, CodeRunner, Limits
+from .document import RuleSet, Signal, parse
+from .evaluate import CodeCall, case_failures
+from .rescore import Rescorer
 
 if TYPE_CHECKING:
     from millm_host.api import Host
@@ -47,13 +49,14 @@ class Loaded:
         return self.status == PUBLISHED and self.rs is not None
 
 
-def prove(row: RuleSetRow) -> Loaded:
-    """Compile a stored document and run its cases under this build (the startup self-check)."""
+def prove(row: RuleSetRow, code: CodeCall | None = None) -> Loaded:
+    """Compile a stored document and run its cases under this build (the startup self-check);
+    ``code`` runs operator code the cases name."""
     rs: RuleSet | None = None
     detail: str | None = None
     try:
         rs = parse(json.loads(row.document))
-        failures = case_failures(rs)
+        failures = case_failures(rs, code)
         if failures:
             detail = "cases disagree: " + json.dumps(failures)
     except MillmError as exc:
@@ -71,17 +74,45 @@ class Runtime:
         self.host = host
         self.sets: dict[str, Loaded] = {}
         self.attached: dict[str, tuple[str, datetime]] = {}  # behaviour -> (rule set id, attached at)
+        self._runner: CodeRunner | None = None
+        self.rescorer = Rescorer(self)
 
     @property
     def settings(self) -> Any:
         return self.host.settings
+
+    @property
+    def runner(self) -> CodeRunner:
+        """The rule-runner sidecar (started on first use, restarted when it dies)."""
+        if self._runner is None:
+            self._runner = CodeRunner(Limits.from_settings(self.settings))
+        return self._runner
+
+    def code_caller(self) -> CodeCall:
+        """Runs operator code for one stateless request, within its ``CallBudget``."""
+        runner = self.runner
+        budget = CallBudget(self.settings["RULE_CODE_CALLS_PER_REQUEST"])
+
+        def call(sig: Signal, text: str) -> CodeResult:
+            timeout = budget.take(runner.limits.call_timeout_s)
+            if timeout is None:
+                return CodeResult(None, UNAVAILABLE, "this request's operator-code calls or time are spent")
+            source = {"wat": sig.spec["wat"]} if isinstance(sig.spec.get("wat"), str) else {"wasm": sig.spec["wasm"]}
+            return runner.count(source, text, timeout)
+
+        return call
+
+    def close(self) -> None:
+        self.rescorer.close()
+        if self._runner is not None:
+            self._runner.close()
 
     def load(self) -> None:
         """Re-prove every stored set; one this build disagrees with is marked vectors_failed."""
         db = self.host.db
         sets = {}
         for row in store.all_rows(db):
-            loaded = prove(row)
+            loaded = prove(row, self.code_caller())
             if loaded.status != row.status or loaded.status_detail != row.status_detail:
                 if loaded.status == VECTORS_FAILED:
                     log.warning(

@@ -11,7 +11,6 @@ from millm_rulesets.document import parse
 from millm_rulesets.errors import (
     CodeRuleInWithinN,
     CodeRulePositionsNeeded,
-    CodeRuleUnsupported,
     InvalidRuleSet,
     PatternRefused,
 )
@@ -152,7 +151,7 @@ def test_code_rule_positions_needed(docs, extra, param, use):
 
 
 def test_refusals_come_in_the_documented_order(docs):
-    """within_n first, then anchors/span_of, then vetoes, then field outputs; code_rule_unsupported last."""
+    """within_n first, then anchors/span_of, then vetoes, then field outputs; counting a code rule is accepted."""
     everything = {
         "expressions": {"near_code": {"within_n": {"a": "card", "b": "custom", "n": 5}}},
         "signals": {"v": {"kind": "validator", "validator": "luhn", "span_of": "custom"}},
@@ -171,13 +170,12 @@ def test_refusals_come_in_the_documented_order(docs):
             parse(_with_code(docs, **remaining))
         assert refused.value.param.startswith(f"/{key}/")
         remaining.pop(key)
-    with pytest.raises(CodeRuleUnsupported) as refused:  # counting a code rule is fine, but nothing runs it here
-        parse(
-            _with_code(
-                docs, expressions={"c": {"any": ["custom"]}}, outputs=[{"column": "n", "use": "count", "of": "custom"}]
-            )
+    counted = parse(
+        _with_code(
+            docs, expressions={"c": {"any": ["custom"]}}, outputs=[{"column": "n", "use": "count", "of": "custom"}]
         )
-    assert refused.value.param == "/signals/custom"
+    )
+    assert counted.signals["custom"].kind == "code_rule"
 
 
 def test_semantics(docs):
