@@ -51,6 +51,7 @@ for r in range(9):
             res[k].append(x)
 pairs = [s / b for s, b in zip(res["s"], res["b"], strict=True)]
 print(
-    "budget 5%%: per-token ms base %.3f steered %.3f; median paired ratio %.4f"
-    % (1e3 * statistics.median(res["b"]), 1e3 * statistics.median(res["s"]), statistics.median(pairs))
+    "budget 5%: per-token ms base {:.3f} steered {:.3f}; median paired ratio {:.4f}".format(
+        1e3 * statistics.median(res["b"]), 1e3 * statistics.median(res["s"]), statistics.median(pairs)
+    )
 )
