@@ -28,7 +28,8 @@ What is here:
   ``ErrorResponse``: OpenAI's error shape). Request fields a plugin adds to an OpenAI
   endpoint are described by the ``register_request_schemas`` hook.
 - Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
-  ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``), ``ModelDescriptor``, ``ModelInfo``,
+  ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``), ``ModelDescriptor``,
+  ``ModelInfo``,
   ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
   ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
@@ -70,6 +71,7 @@ from .engine import (
     ORDER_READ_PRE_STEERING,
     ORDER_WRITE_STEERING,
     SCORING,
+    STEERING_VECTORS,
     Engine,
     EngineSpec,
     GeneratedToken,
@@ -140,6 +142,7 @@ __all__ = [
     "ORDER_SAE_ACTIVATIONS",
     "ORDER_STEERING",
     "ORDER_WRITE_STEERING",
+    "STEERING_VECTORS",
     "SCORING",
     "SERVER_ERROR",
     "ChatMessage",

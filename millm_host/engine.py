@@ -35,7 +35,10 @@ SCORING = "scoring"
 EMBEDDINGS = "embeddings"
 #: ``generate`` honours ``SamplingParams.logprobs`` (yields ``GeneratedToken``) and ``logit_bias``.
 LOGPROBS = "logprobs"
-CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS, LOGPROBS})
+#: ``generate`` applies additive ``LayerHook``s (their ``vector``) at ``steering_points`` without
+#: calling back (llama.cpp's control vectors); an engine with ``LAYER_HOOKS`` runs them as callbacks.
+STEERING_VECTORS = "steering_vectors"
+CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS, LOGPROBS, STEERING_VECTORS})
 
 # Orders for LayerHook.order. A read that must see the pre-steering residual runs
 # before a write on the same point; a post-steering read runs after it.
@@ -61,6 +64,11 @@ class LayerHook:
     ``hidden[:, 0]`` within the sequence (0 for the prompt pass, then one per
     generated token). It returns a replacement tensor (a write) or ``None`` (a read).
     Callbacks at one point run in ascending ``order``; ties keep registration order.
+
+    A write that only adds one vector at every position says so with ``vector``: it
+    returns that vector now (1-D float, ``d_model`` values; None: adds nothing). An
+    engine with ``STEERING_VECTORS`` and no callbacks applies it itself, read once when
+    generation starts, and refuses every hook without one.
     """
 
     layer: int
@@ -68,6 +76,7 @@ class LayerHook:
     callback: Callable[[Any, int], Any | None]
     order: int = ORDER_READ_PRE_STEERING
     owner: str = ""
+    vector: Callable[[], Any | None] | None = None
 
 
 @dataclass
@@ -206,6 +215,12 @@ class Engine(abc.ABC):
     #: tokenizes requests on its text thread, so a refusal that needs only the tokenizer never
     #: waits behind a generation. False: every method runs on the engine thread.
     concurrent_text: bool = False
+
+    @property
+    def steering_points(self) -> Sequence[HookPoint]:
+        """Residual points an additive write (``LayerHook.vector``) may name: every hook point,
+        unless the engine steers without callbacks (``STEERING_VECTORS``) at points of its own."""
+        return self.hook_points
 
     # --- text -----------------------------------------------------------------------
     @abc.abstractmethod

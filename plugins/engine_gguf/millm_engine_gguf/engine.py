@@ -5,7 +5,9 @@ process (``worker.py``), so a native crash cannot take the server down. Tests
 and the child call it in-process.
 
 llama.cpp exposes no module tree, so this engine offers no hook points: layer
-hooks and logits processors are refused, never dropped. Generation runs through
+hooks and logits processors are refused, never dropped. Additive steering
+vectors are applied as llama.cpp control vectors (``control``), for one
+generation; the KV cache is not reused across a change of vectors. Generation runs through
 ``Llama.generate`` (the loop ``create_chat_completion`` uses, with its KV-cache
 prefix reuse), so a greedy chat here is the chat llama-cpp-python gives.
 """
@@ -27,6 +29,7 @@ from millm_host.api import (
     SamplingParams,
 )
 
+from .control import ControlVectors, LayerVectors
 from .distribution import Distribution, needed
 from .embeddings import MeanPoolingContext
 from .loader import LoadOptions, load_llama
@@ -51,6 +54,8 @@ class GGUFEngine(GGUFTextEngine):
         self.llm = llm
         self._embedder = embedder
         self._embedding_window = embedding_window
+        self._control = ControlVectors(llm.ctx, llm.n_embd(), llama_cpp.llama_model_n_layer(llm.model))
+        self._kv_vectors: LayerVectors = {}  # the control vectors the KV cache was computed under
         architecture = self.metadata.get("general.architecture", "")
         layers = self.metadata.get(f"{architecture}.block_count")
         self.info = ModelInfo(
@@ -109,10 +114,28 @@ class GGUFEngine(GGUFTextEngine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
-        prompt = self.check_generation(prompt_ids, hooks, logits_processors)
+        prompt, vectors = self.check_generation(prompt_ids, hooks, logits_processors)
+        return self.generate_checked(prompt, params, vectors)
+
+    def generate_checked(self, prompt: list[int], params: SamplingParams, vectors: LayerVectors) -> Iterator[int]:
+        """``generate`` of a request already checked (``check_generation``), steered by ``vectors``."""
         window = self.info.context_window
         assert window is not None  # llama.cpp always has one
-        return self._tokens(prompt, params, window)
+        return self._steered(prompt, params, window, vectors)
+
+    def _steered(self, prompt: list[int], params: SamplingParams, window: int, vectors: LayerVectors) -> Iterator[int]:
+        """The tokens with ``vectors`` set, cleared when the generation ends, fails or is closed."""
+        if vectors != self._kv_vectors:  # the cached prefix was computed under other vectors
+            self.llm.reset()
+            self._kv_vectors = vectors
+        if not vectors:
+            yield from self._tokens(prompt, params, window)
+            return
+        try:
+            self._control.apply(vectors)
+            yield from self._tokens(prompt, params, window)
+        finally:
+            self._control.clear()
 
     def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Iterator[int]:
         greedy = params.temperature == 0

@@ -40,6 +40,7 @@ from millm_host.api import (
 )
 
 from . import wire
+from .control import LayerVectors
 from .loader import LoadOptions, load_vocabulary
 from .text_engine import GGUFTextEngine
 
@@ -232,7 +233,8 @@ class ProcessEngine(GGUFTextEngine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
-        return TokenStream(self, self.check_generation(prompt_ids, hooks, logits_processors), params)
+        prompt, vectors = self.check_generation(prompt_ids, hooks, logits_processors)
+        return TokenStream(self, prompt, params, vectors)
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         frame = self._request(wire.pack(wire.EMBED, (list(ids), pooling)), "embedding")
@@ -393,9 +395,9 @@ class ProcessEngine(GGUFTextEngine):
 class TokenStream:
     """Tokens of one generation as they come from the child (see ``wire``'s flow)."""
 
-    def __init__(self, engine: ProcessEngine, prompt: list[int], params: SamplingParams) -> None:
+    def __init__(self, engine: ProcessEngine, prompt: list[int], params: SamplingParams, vectors: LayerVectors) -> None:
         self._engine = engine
-        self._request = wire.pack(wire.GENERATE, (prompt, params))
+        self._request = wire.pack(wire.GENERATE, (prompt, params, vectors))
         self._child: Child | None = None
         self._running = False
         self._done = False

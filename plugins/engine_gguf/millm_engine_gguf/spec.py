@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from millm_host.api import EMBEDDINGS, LOGPROBS, EngineSpec, ModelDescriptor, split_gguf_name
+from millm_host.api import EMBEDDINGS, LOGPROBS, STEERING_VECTORS, EngineSpec, ModelDescriptor, split_gguf_name
 
 from .settings import SETTINGS
 
@@ -19,7 +19,8 @@ SPEC = EngineSpec(
     factory="millm_engine_gguf.process:ProcessEngine",
     describe="millm_engine_gguf.spec:describe",
     formats=frozenset({"gguf"}),
-    capabilities=frozenset({EMBEDDINGS, LOGPROBS}),  # GGUF_ENABLE_EMBEDDINGS=false turns them off
+    # GGUF_ENABLE_EMBEDDINGS=false turns embeddings off
+    capabilities=frozenset({EMBEDDINGS, LOGPROBS, STEERING_VECTORS}),
     settings=SETTINGS,
 )
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from llama_cpp._internals import LlamaModel
 
-from millm_host.api import ContextLengthExceeded, Engine, FieldNotHonoured, InvalidParameter, LayerHook
+from millm_host.api import ContextLengthExceeded, Engine, FieldNotHonoured, HookPoint, InvalidParameter, LayerHook
 
+from . import control
 from .chat import ChatTemplate
 from .spec import ENGINE_NAME
 from .vocab import Vocab
@@ -36,6 +37,11 @@ class GGUFTextEngine(Engine):
         eos_text = self.vocab.piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
         template = self.metadata.get("tokenizer.chat_template")
         self.template = ChatTemplate(template, self.bos_text or "", eos_text) if template else None
+
+    @property
+    def steering_points(self) -> tuple[HookPoint, ...]:
+        """Where llama.cpp's control vectors add (see ``control``); no hook point reads."""
+        return control.steering_points(self.info.n_layers)
 
     # --- text -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -74,10 +80,10 @@ class GGUFTextEngine(Engine):
         prompt_ids: Sequence[int],
         hooks: Sequence[LayerHook],
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
-    ) -> list[int]:
-        """Refuse what ``generate`` cannot do, before any token: hooks, constraints, a prompt past the window."""
-        if hooks:
-            raise FieldNotHonoured("the gguf engine has no hookable layers", param=None)
+    ) -> tuple[list[int], control.LayerVectors]:
+        """Refuse what ``generate`` cannot do, before any token: hooks other than additive vectors
+        at a served point, constraints, a prompt past the window. The prompt and the control vectors."""
+        vectors = control.layer_vectors(hooks, self.info.n_layers, self.info.d_model)
         if logits_processors:
             raise FieldNotHonoured("the gguf engine cannot constrain generation", param=None)
         window = self.info.context_window
@@ -87,7 +93,7 @@ class GGUFTextEngine(Engine):
                 param="messages",
             )
         self.vocab.check(prompt_ids, param="prompt")
-        return list(prompt_ids)
+        return list(prompt_ids), vectors
 
     def close_text(self) -> None:
         """Free the vocabulary's model (after everything else)."""

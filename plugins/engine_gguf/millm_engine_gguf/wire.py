@@ -8,7 +8,7 @@ logprob) pair per alternative.
 
 Generation, seen from the server::
 
-    -> GENERATE (prompt, SamplingParams)
+    -> GENERATE (prompt, SamplingParams, control vectors: {layer: float32 bytes})
     <- TOKEN t ... (the child runs ahead, one frame per token)
     <- PAUSED t    (an end-of-generation token, or max_tokens reached:
                     the child waits for CONTINUE or STOP instead of computing on)
@@ -18,7 +18,8 @@ Generation, seen from the server::
 The server reads the frames after its STOP (up to END) when it
 sends its next request, not before it answers. A STOP that arrives after END
 is ignored. Loading: LOAD, PROGRESS..., then
-LOADED or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
+LOADED or ERROR. The child sets the control vectors before the first token
+and clears them after END or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
 """
 
 from __future__ import annotations

@@ -97,12 +97,12 @@ class Worker:
                 return
             # a STOP that crossed the END of its generation: nothing left to stop
 
-    def generate(self, prompt: list[int], params) -> None:
+    def generate(self, prompt: list[int], params, vectors) -> None:
         conn, send = self.conn, self.conn.send_bytes
         stops = self.engine.info.eos_token_ids
         count = 0
         try:
-            tokens = self.engine.generate(prompt, params)
+            tokens = self.engine.generate_checked(prompt, params, vectors)  # checked by the server
             try:
                 for token in tokens:
                     count += 1

@@ -27,10 +27,7 @@ SCORING_AND_STEERING = [
     ("response_format", {"type": "json_object"}),
     ("tools", TOOLS),
     ("tool_choice", "auto"),
-    ("profile", "humour"),
-    ("steering_intensity", 0.5),
-    ("steering", STEERING),
-    ("return_sae_activations", {"features": [1]}),
+    ("return_sae_activations", {"features": [1]}),  # no layer to read (steering is served: control vectors)
 ]
 CHAT_REFUSED = [("chat.completions", f, v) for f, v in SCORING_AND_STEERING]
 COMPLETIONS_REFUSED = [
@@ -45,9 +42,6 @@ COMPLETIONS_REFUSED = [
         ("best_of", 2),
         ("suffix", "!"),
         ("response_format", {"type": "json_object"}),
-        ("profile", "humour"),
-        ("steering_intensity", "max"),
-        ("steering", STEERING),
     ]
 ]
 NO_CHANGE = [
@@ -87,6 +81,16 @@ def ignored(response) -> list[str]:
 def test_unhonoured_fields_are_refused_before_any_load(gguf_server, endpoint, field, value):
     response = post(gguf_server, endpoint, body(endpoint, SOLO_ID, **{field: value}))
     assert assert_error(response, 400, "field_not_honoured", field)["type"] == "invalid_request_error"
+    assert model_state(gguf_server, SOLO_ID) == "READY"
+    assert model_state(gguf_server, DEFAULT_ID) == "LOADED"
+
+
+@pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
+def test_steering_is_served_and_checked_before_any_load(gguf_server, endpoint):
+    """The steering fields are honoured on GGUF (llama.cpp control vectors; ``test_gguf_steering_http``):
+    an inline set for a model that is not resident is refused (no SAE can be attached to it) before a load."""
+    response = post(gguf_server, endpoint, body(endpoint, SOLO_ID, steering=STEERING))
+    assert_error(response, 400, "SAE_NOT_ATTACHED", "steering")
     assert model_state(gguf_server, SOLO_ID) == "READY"
     assert model_state(gguf_server, DEFAULT_ID) == "LOADED"
 

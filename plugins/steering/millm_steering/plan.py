@@ -3,6 +3,8 @@
 Each steered attachment gets one write hook (``ORDER_WRITE_STEERING``) whose
 callback adds a precomputed vector ``Σ clamp(s)·W_dec[i]`` (in the model's dtype,
 on its device) to the residual at every position: one tensor add per forward.
+The hook also carries that vector (``LayerHook.vector``), so an engine without
+callbacks (GGUF: llama.cpp control vectors) applies it for the whole generation.
 
 A request that carries its own set (a profile, an inline set, ``features: []``)
 is *frozen*: its hooks apply that set to the end, whatever an operator changes
@@ -69,9 +71,27 @@ class Plan:
 
     def hooks(self) -> list[LayerHook]:
         return [
-            LayerHook(slot.layer, slot.point, self._callback(slot), ORDER_WRITE_STEERING, owner="steering")
+            LayerHook(
+                slot.layer,
+                slot.point,
+                self._callback(slot),
+                ORDER_WRITE_STEERING,
+                owner="steering",
+                vector=self._vector(slot),
+            )
             for slot in self.slots.values()
         ]
+
+    def _vector(self, slot: Slot) -> Callable[[], Any]:
+        """The slot's vector now, for an engine that applies it itself (llama.cpp control vectors,
+        read once when generation starts: what it read is what the header reports)."""
+
+        def vector() -> Any:
+            if self.live and self.state.epoch != self.seen_epoch:
+                self.refresh()
+            return slot.delta
+
+        return vector
 
     def _callback(self, slot: Slot) -> Callable[[Any, int], Any]:
         if not self.live:

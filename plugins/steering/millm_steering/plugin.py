@@ -10,7 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from millm_host.api import LAYER_HOOKS, ORDER_SAE_ACTIVATIONS, ORDER_STEERING, ResponseExtra, Setting, hookimpl
+from millm_host.api import (
+    LAYER_HOOKS,
+    ORDER_SAE_ACTIVATIONS,
+    ORDER_STEERING,
+    STEERING_VECTORS,
+    ResponseExtra,
+    Setting,
+    hookimpl,
+)
 
 from . import request, routes
 from .header import INTENSITY, RUNG, STEERING
@@ -19,7 +27,7 @@ from .service import SteeringService
 
 MIGRATIONS = Path(__file__).parent / "migrations" / "versions"
 
-REQUEST_FIELDS = (
+STEERING_FIELDS = (
     "profile",
     "steering_intensity",
     "steering",
@@ -28,6 +36,8 @@ REQUEST_FIELDS = (
     "steering.features",
     "steering.features[].index",
     "steering.features[].strength",
+)
+ACTIVATION_FIELDS = (
     "return_sae_activations",
     "return_sae_activations.sae_id",
     "return_sae_activations.layer",
@@ -99,10 +109,13 @@ def register_settings(register) -> None:
 
 @hookimpl
 def register_request_fields(register) -> None:
-    """Claim the steering fields on chat and text completions, on engines with layer hooks only
-    (elsewhere the host refuses them: they change the output)."""
+    """Claim the steering fields on chat and text completions, on engines with layer hooks or steering
+    vectors, and ``return_sae_activations`` on engines with layer hooks only (elsewhere the host refuses
+    them: they change the output)."""
     for endpoint in ("chat.completions", "completions"):
-        register(endpoint, REQUEST_FIELDS, requires=LAYER_HOOKS)
+        register(endpoint, STEERING_FIELDS, requires=LAYER_HOOKS)
+        register(endpoint, STEERING_FIELDS, requires=STEERING_VECTORS)
+        register(endpoint, ACTIVATION_FIELDS, requires=LAYER_HOOKS)
 
 
 @hookimpl

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,7 +168,8 @@ class SteeringService:
 
         engine, entry = self.host.registry.current()
         record = await asyncio.to_thread(self.store.sae, sae_id)
-        if not engine.hook_points:
+        points = engine.steering_points  # every hook point, or where an engine steers without callbacks
+        if not points:
             raise FieldNotHonoured(
                 f"the {engine.name} engine has no hook points: SAEs cannot be attached to model {entry.id!r}",
                 param="sae_id",
@@ -181,10 +183,15 @@ class SteeringService:
             )
         layer = record.layer if layer is None else layer
         point = record.hook_point.rsplit("hook_", 1)[1]
-        if HookPoint(layer, point) not in engine.hook_points:  # type: ignore[arg-type]
-            raise InvalidParameter(
-                f"model {entry.id!r} has no layer {layer} (it has {engine.info.n_layers})", param="layer"
-            )
+        if HookPoint(layer, point) not in points:  # type: ignore[arg-type]
+            n_layers = engine.info.n_layers
+            if n_layers is not None and 0 <= layer < n_layers:  # the layer exists: the engine cannot steer there
+                raise FieldNotHonoured(
+                    f"blocks.{layer}.hook_{point} cannot be steered on the {engine.name} engine "
+                    f"(it steers {describe_points(points)})",
+                    param="layer",
+                )
+            raise InvalidParameter(f"model {entry.id!r} has no layer {layer} (it has {n_layers})", param="layer")
         snap = self.state.snapshot()
         existing = snap.attachments.get((sae_id, layer))
         if existing is not None:
@@ -204,7 +211,9 @@ class SteeringService:
                     raise SAEUnreadable(
                         f"{record.path} changed since it was registered; register it again", param="sae_id"
                     )
-                return sae_weights.load(sae_id, Path(record.path), cfg, engine.info.device)
+                # an engine without callbacks takes its vectors as floats: built on the CPU
+                device = engine.info.device if engine.hook_points else "cpu"
+                return sae_weights.load(sae_id, Path(record.path), cfg, device)
 
             loaded = await asyncio.to_thread(load)
         snap = self.state.attach(Attachment(loaded, layer, point), engine.info.load_id)
@@ -310,3 +319,19 @@ class SteeringService:
                 raise InvalidParameter("no model is resident; name the model to lock", param="model")
             return resident.id
         return self.host.registry.resolve(model_id).id
+
+
+def describe_points(points: Sequence[HookPoint]) -> str:
+    """``hook_resid_post at layers 1-29; hook_resid_pre at layers 2-29``: contiguous layers as ranges."""
+    parts = []
+    for kind in sorted({p.point for p in points}, reverse=True):
+        layers = sorted(p.layer for p in points if p.point == kind)
+        runs: list[list[int]] = []
+        for layer in layers:
+            if runs and layer == runs[-1][1] + 1:
+                runs[-1][1] = layer
+            else:
+                runs.append([layer, layer])
+        spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+        parts.append(f"hook_{kind} at layers {spans}")
+    return "; ".join(parts)
