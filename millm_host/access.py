@@ -156,10 +156,6 @@ class Access:
             if not (req.path in MULTIPART_PATHS and _is_multipart(req)):
                 check_media_type(req)
 
-
-def _is_multipart(req) -> bool:
-    return (req.get_header("Content-Type") or "").split(";")[0].strip().lower() == "multipart/form-data"
-
     async def process_request_ws(self, req, ws) -> None:
         """A WebSocket is checked like a GET (Host, key), and by ``Origin`` too: a browser opens a
         socket across sites with no CORS preflight, so a page elsewhere must not read a feed."""
@@ -172,6 +168,10 @@ def _is_multipart(req) -> bool:
         origin = req.get_header("Origin")
         if origin is not None and not self.origin_allowed(origin, host):
             raise CrossOriginRefused(f"a WebSocket from origin {origin!r} is refused", param="Origin")
+
+
+def _is_multipart(req) -> bool:
+    return (req.get_header("Content-Type") or "").split(";")[0].strip().lower() == "multipart/form-data"
 
 
 def check_key(authorization: str | None, keys: Iterable[bytes]) -> None:
