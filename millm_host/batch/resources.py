@@ -75,6 +75,7 @@ class Files(JsonResource):
             Param("order", {"type": "string", "enum": ["asc", "desc"]}, "By creation time"),
             AFTER,
         ],
+        errors=(404,),  # an ``after`` cursor naming no file
     )
     async def on_get(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         order = req.get_param("order") or "desc"
