@@ -417,6 +417,19 @@ def _gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+def refuse_long_chat(body: dict[str, Any], limit: int) -> None:
+    """A 400 for more than ``limit`` messages, or content parts in one message, before any is built."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    if len(messages) > limit:
+        raise InvalidParameter(f"messages: at most {limit} messages (MILLM_MAX_MESSAGES)", param="messages")
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and isinstance(message.get("content"), list) and len(message["content"]) > limit:
+            where = f"messages[{i}].content"
+            raise InvalidParameter(f"{where}: at most {limit} content parts (MILLM_MAX_MESSAGES)", param=where)
+
+
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
     """Validate ``body`` against ``model``; the first error names its parameter."""
     try:

@@ -121,6 +121,13 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "MILLM_DEFAULT_MAX_TOKENS", int, 512, "max_tokens when a request sends none (capped by the context window)"
     ),
     Setting("MILLM_MAX_N", int, 16, "Largest n (choices per prompt) accepted"),
+    Setting(
+        "MILLM_MAX_MESSAGES",
+        int,
+        4096,
+        "Most messages in one chat, and content parts in one message (400 past it): building a 4 MiB chat "
+        "of 150,000 tiny messages cost seconds of collector passes with the GIL held",
+    ),
     Setting("MILLM_MAX_PROMPTS", int, 64, "Most prompts one /v1/completions request may carry"),
     Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
     Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),

@@ -131,7 +131,7 @@ def test_large_bodies_leave_the_event_loop_free(own_server, kind):
             just_under_the_limit(b'{"model":' + model + b',"x":[', b"[],", b"[]]}"),
             "invalid_parameter",
         ),
-        # Valid bodies pydantic validates: in one call it held the GIL for 0.5-2 s.
+        # Chats past MILLM_MAX_MESSAGES: refused before a model is built a message (that held the GIL for seconds).
         "many-messages": (
             "/v1/chat/completions",
             just_under_the_limit(
@@ -139,7 +139,7 @@ def test_large_bodies_leave_the_event_loop_free(own_server, kind):
                 b'{"role":"user","content":"a"},',
                 b'{"role":"user","content":"a"}]}',
             ),
-            "context_length_exceeded",
+            "invalid_parameter",
         ),
         "many-parts": (
             "/v1/chat/completions",
@@ -148,7 +148,7 @@ def test_large_bodies_leave_the_event_loop_free(own_server, kind):
                 b'{"type":"text","text":"a"},',
                 b'{"type":"text","text":"a"}]}]}',
             ),
-            "context_length_exceeded",
+            "invalid_parameter",
         ),
     }[kind]
     response, slowest = health_while(own_server, "POST", path, body)
@@ -302,6 +302,26 @@ def test_sliced_validation_names_the_bad_item(messages, param):
     with pytest.raises(InvalidParameter) as caught:
         validate(ChatCompletionRequest, {"model": "m", "messages": messages})
     assert caught.value.param == param
+
+
+def test_chats_past_max_messages_are_refused_before_validation(echo_app):
+    model = echo_app.model_id
+    with echo_app.http() as http:
+        at_limit = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "a"}] * 4096}
+        )
+        assert_error(
+            at_limit, 400, "context_length_exceeded"
+        )  # validated (in slices), then too long for the echo model
+        past = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "a"}] * 4097}
+        )
+        assert "at most 4096 messages" in assert_error(past, 400, "invalid_parameter", "messages")["message"]
+        parts = [{"type": "text", "text": "a"}] * 4097
+        many = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": parts}]}
+        )
+        assert_error(many, 400, "invalid_parameter", "messages[0].content")
 
 
 def test_sliced_validation_keeps_every_message_and_part():

@@ -30,7 +30,7 @@ from ..headers import serialize_string_list
 from ..observability.request import CURRENT
 from ..openapi import Operation
 from ..output import ResponseExtra
-from ..protocol import validate
+from ..protocol import refuse_long_chat, validate
 from .generation import flatten
 
 if TYPE_CHECKING:
@@ -146,6 +146,7 @@ class Serving:
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
         """Validate the protocol and the fields, resolve the model entry (once); no plugin or model work yet."""
         host = self.host
+        refuse_long_chat(body, host.settings["MILLM_MAX_MESSAGES"])  # before validation builds a model a message
         params = validate(self.protocol, body)
         strict = strict_mode(headers)
         entry = host.registry.resolve(params.model)
