@@ -130,6 +130,22 @@ def test_parse_with_a_pydantic_text_format(client):
     assert response.text.format.type == "json_schema"
 
 
+def test_a_streamed_pydantic_text_format(client):
+    """``text.format`` streamed: every prefix is kept valid, the completed response parses as the model."""
+    with client.responses.stream(
+        model=MODEL,
+        input="Is this funny?",
+        text_format=Judge,
+        max_output_tokens=40,
+        temperature=1.0,
+        extra_body={"seed": 3},
+    ) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        response = stream.get_final_response()
+    assert deltas and isinstance(response.output_parsed, Judge)
+    assert "".join(deltas) == response.output_text
+
+
 def test_json_object_format(http):
     body = {
         "model": MODEL,
