@@ -60,7 +60,9 @@ def test_bind_tools(chat, shapes):
 
 
 def test_bind_tools_streamed(chat, shapes):
-    chunks = list(chat().bind_tools([shapes.GetWeather], tool_choice="any").stream(shapes.QUESTION))
+    chunks = list(
+        chat().bind_tools([shapes.GetWeather], tool_choice="any", parallel_tool_calls=False).stream(shapes.QUESTION)
+    )
     total = chunks[0]
     for chunk in chunks[1:]:
         total += chunk

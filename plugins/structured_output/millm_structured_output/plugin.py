@@ -212,7 +212,7 @@ def before_forward(ctx) -> list[Any] | None:
     if plan.response_format is not None:
         installed.append(_constraint(engine, plan.response_format))
     if plan.generic is not None and plan.tools is not None:
-        names, parallel = plan.tools.names, plan.tools.parallel
+        names, parallel = plan.tools.names, not plan.tools.one_call
         installed.append(_constraint(engine, plan.generic))
         installed.append(OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel), owner=NAME))
     if plan.call_format is not None:  # set exactly when the tools are shown natively

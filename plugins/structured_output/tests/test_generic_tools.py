@@ -89,11 +89,12 @@ def accepts(schema, text: str) -> bool:
             ['{"response": "Sunny."}', '{"tool_call": {"name": "get_weather", "arguments": {}}}'],
         ),
         (
-            {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-            ['{"tool_calls": [{"name": "get_time", "arguments": {"city": "Oslo"}}]}'],
+            {"tool_choice": {"type": "function", "function": {"name": "get_time"}}},  # a named function: one call
+            ['{"tool_call": {"name": "get_time", "arguments": {"city": "Oslo"}}}'],
             [
-                '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}',
-                '{"tool_calls": [{"name": "get_time", "arguments": {"city": "Oslo", "tz": "x"}}]}',  # no padding keys
+                '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}',
+                '{"tool_call": {"name": "get_time", "arguments": {"city": "Oslo", "tz": "x"}}}',  # no padding keys
+                '{"tool_calls": [{"name": "get_time", "arguments": {"city": "Oslo"}}]}',
             ],
         ),
     ],

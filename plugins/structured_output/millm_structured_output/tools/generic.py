@@ -5,7 +5,8 @@ in a system message and the whole reply is one JSON object, constrained with
 llguidance to one of
 
 - ``{"tool_calls": [{"name": …, "arguments": {…}}, …]}`` (``parallel_tool_calls``, the default),
-- ``{"tool_call": {"name": …, "arguments": {…}}}`` (``parallel_tool_calls: false``),
+- ``{"tool_call": {"name": …, "arguments": {…}}}`` (``parallel_tool_calls: false``, or a named
+  function, which OpenAI calls exactly once),
 - ``{"response": "…"}``, an answer in words (``tool_choice: "auto"`` only),
 
 each call's ``arguments`` held to that function's ``parameters`` schema.
@@ -54,7 +55,7 @@ def reply_schema(request: ToolRequest) -> dict[str, Any]:
     ]
     one = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
     call = _object(
-        {"tool_calls": {"type": "array", "items": one, "minItems": 1}} if request.parallel else {"tool_call": one}
+        {"tool_call": one} if request.one_call else {"tool_calls": {"type": "array", "items": one, "minItems": 1}}
     )
     reply = call if request.choice != "auto" else {"anyOf": [call, _object({"response": {"type": "string"}})]}
     return {"x-guidance": _LENIENT, "$defs": defs, **reply}
@@ -126,7 +127,7 @@ def describe_tools(request: ToolRequest) -> str:
     )
     name = request.forced or "<tool name>"
     call = f'{{"name": "{name}", "arguments": {{<arguments>}}}}'
-    shape = f'{{"tool_calls": [{call}]}} (one or more calls)' if request.parallel else f'{{"tool_call": {call}}}'
+    shape = f'{{"tool_call": {call}}}' if request.one_call else f'{{"tool_calls": [{call}]}} (one or more calls)'
     if request.choice == "function":
         how = f"Call the tool {request.forced}. Reply with a single JSON object and nothing else: {shape}"
     elif request.choice == "required":

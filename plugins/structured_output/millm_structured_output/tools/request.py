@@ -25,6 +25,11 @@ class ToolRequest:
     parallel: bool
 
     @property
+    def one_call(self) -> bool:
+        """One call, not a list: ``parallel_tool_calls: false``, or a named function (which OpenAI calls once)."""
+        return not self.parallel or self.choice == "function"
+
+    @property
     def shown(self) -> bool:
         """The tools go to the template and the reply is parsed (not for ``none``)."""
         return bool(self.tools) and self.choice != "none"
