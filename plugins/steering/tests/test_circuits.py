@@ -12,6 +12,7 @@ from millm_host.testing import assert_error, chat as post_chat
 from millm_steering.intensity import Dial, Limits, circuit_lam
 
 from .test_correctness import D, identity_tensors, residuals
+from .test_requests import _long_stream
 
 MEMBERS = [
     {"sae_id": "c0", "layer": 0, "features": [{"index": 3, "strength": 4.0}, {"index": 9, "strength": 150.0}]},
@@ -242,3 +243,16 @@ def test_the_residual_moves_by_each_member_at_its_layer(client, attach, sae_dir,
             read[point] = residuals(response.json())
         assert read["pre_steering"][0] == read["post_steering"][0]  # the same tokens
         np.testing.assert_allclose(read["post_steering"][1], read["pre_steering"][1] + delta, atol=1e-5, rtol=0)
+
+
+def test_an_operator_dial_change_mid_request_is_reported_as_changed(server, model_id, circuit):
+    """The operator moves the circuit's dial while a long stream runs: the header reports the state at the
+    end (the new λ) on the circuit member, flagged ``changed`` (the spec's operator-change rule)."""
+    with server.http() as client, server.http() as operator:
+
+        def turn_the_dial() -> None:
+            operator.put("/api/circuits/crc_a/intensity", json={"intensity": 1.25}).raise_for_status()
+
+        [(kind, params), *_] = _long_stream(client, model_id, turn_the_dial)
+    assert kind == "circuit" and params["id"] == "crc_a"
+    assert params["intensity"] == "1.25" and params["changed"] is True
