@@ -88,21 +88,31 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(1200):
+        ready_in_a_row, model = 0, None
+        for _ in range(1200):  # both workers ready: several new connections in a row answer 200
             try:
-                if httpx.get(f"{base}/api/health/ready", timeout=2).status_code == 200:
-                    break
+                answer = httpx.get(f"{base}/api/health/ready", timeout=2)
             except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        model = httpx.get(f"{base}/api/health/ready").json()["model"]
+                answer = None
+            if answer is not None and answer.status_code == 200:
+                ready_in_a_row, model = ready_in_a_row + 1, answer.json()["model"]
+                if ready_in_a_row == 8:
+                    break
+            else:
+                ready_in_a_row = 0
+                time.sleep(0.1)
+        assert model is not None, "the workers never became ready"
         sent = 8
         for _ in range(sent):  # new connections: the kernel spreads them over the workers
-            reply = httpx.post(
-                f"{base}/v1/chat/completions",
-                timeout=60,
-                json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
-            )
+            for _attempt in range(100):  # a worker still loading answers 503 with Retry-After: retry, as clients do
+                reply = httpx.post(
+                    f"{base}/v1/chat/completions",
+                    timeout=60,
+                    json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                )
+                if reply.status_code != 503:
+                    break
+                time.sleep(0.2)
             assert reply.status_code == 200
         for _ in range(4):  # each scrape on a new connection, whichever worker answers it
             counted = [
