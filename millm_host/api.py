@@ -111,6 +111,7 @@ from .output import (
     OutputFilterFactory,
     ResponseExtra,
 )
+from .paging import page as list_page
 from .paths import confined_path, plain_name
 from .protocol import ChatMessage, ResponseModel, loc_to_param, message_text, validate
 from .protocol_responses import ErrorResponse
@@ -126,6 +127,7 @@ from .scoring.engine import (
 from .settings import Setting, Settings
 
 __all__ = [
+    "list_page",
     "ModelLoadFailed",
     "percent_encode",
     "check_display_name",

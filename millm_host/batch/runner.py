@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 from ..admission import BACKGROUND
 from ..errors import ClientDisconnected, InternalError, MillmError, ShuttingDown
+from ..paging import page
 from .lines import (
     ENDPOINTS,
     InputFileInvalid,
@@ -41,7 +42,7 @@ from .lines import (
     read_lines,
     unrun_line,
 )
-from .store import FileNotFound, FileStore, new_id, page
+from .store import FileNotFound, FileStore, new_id
 from .tables import Batch, BatchLine, StoredFile
 
 if TYPE_CHECKING:

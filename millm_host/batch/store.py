@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from ..db import Database
 from ..errors import MillmError
+from ..paging import page
 from .tables import StoredFile
 
 #: Bytes read from disk at a time when a file's content is sent.
@@ -181,16 +182,6 @@ def _after(table: Any, cursor: Any, descending: bool) -> Any:
     return sa.or_(
         table.created_at > cursor.created_at, sa.and_(table.created_at == cursor.created_at, table.id > cursor.id)
     )
-
-
-def page(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
 
 
 def _sync(handle: Any) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from millm_host.api import list_page
+
 from .definition import Decision, parse
 from .errors import NameConflict, ProbeNotFound, ResultNotFound
 from .results import ProbeView
@@ -299,13 +301,7 @@ def list_events(
             query = query.where(ProbeEvent.id < cursor)
         rows = list(session.scalars(query.limit(limit + 1)))
     page = [r.result for r in rows[:limit]]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["result_id"] if page else None,
-        "last_id": page[-1]["result_id"] if page else None,
-        "has_more": len(rows) > limit,
-    }
+    return list_page(page, has_more=len(rows) > limit, id_key="result_id")
 
 
 def get_event(db: Any, result_id: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from millm_host.api import MillmError
+from millm_host.api import MillmError, list_page
 
 from .session_tables import ProbeSession, ProbeSessionTurn
 from .sessions import _aware, now
@@ -67,13 +67,7 @@ def list_sessions(
             query = query.where(ProbeSession.seq < cursor)
         rows = list(session.scalars(query.limit(limit + 1)))
         page = [_session_json(r, idle_minutes) for r in rows[:limit]]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(rows) > limit,
-    }
+    return list_page(page, has_more=len(rows) > limit)
 
 
 def _column(result: dict[str, Any]) -> str:
