@@ -135,3 +135,53 @@ def test_probe_score_carries_the_rule_results(server, armed, docs):
     assert rules["pii", "all"]["persistence"] == "not_persisted"
     for matched in (docs.CARD, docs.REAL_CARD, "jane@example.org"):
         assert matched not in scored.text
+
+
+def test_what_needs_a_code_rules_positions_is_refused_in_order_and_nothing_is_stored(server, docs):
+    """D65/D74 on import: within_n, then anchor/span_of, then the veto's when and removes, then field outputs."""
+    code = {
+        "kind": "code_rule",
+        "wat": '(module (memory (export "memory") 1) (func (export "count") '
+        "(param i32 i32) (result i32) (i32.const 0)))",
+    }
+    steps = [
+        (
+            "expressions",
+            {"near": {"within_n": {"a": "card", "b": "custom", "n": 5}}},
+            "code_rule_in_within_n",
+            {"expression": "near"},
+        ),
+        (
+            "signals",
+            {"v": {"kind": "validator", "validator": "luhn", "span_of": "custom"}},
+            "code_rule_positions_needed",
+            {"signal": "v", "use": "span_of"},
+        ),
+        (
+            "vetoes",
+            [{"when": "card", "removes": ["custom"]}],
+            "code_rule_positions_needed",
+            {"veto": 0, "use": "veto_removes"},
+        ),
+        (
+            "outputs",
+            [{"column": "code_text", "use": "field", "of": "custom"}],
+            "code_rule_positions_needed",
+            {"column": "code_text", "use": "field"},
+        ),
+    ]
+    with server.http() as http:
+        before = [s["id"] for s in http.get("/api/rule-sets").json()["data"]]
+        for i in range(len(steps)):
+            doc = docs.pii(ruleset_id=f"refused-{i}", cases=[])
+            doc["signals"]["custom"] = code
+            for key, value, _, _ in steps[i:]:
+                if isinstance(value, dict):
+                    doc[key] = {**doc[key], **value}
+                else:
+                    doc[key] = value
+            error = http.post("/api/rule-sets/import", json=doc).json()["error"]
+            _, _, code_name, named = steps[i]
+            assert error["code"] == code_name, (i, error)
+            assert {k: error[k] for k in named} == named
+        assert [s["id"] for s in http.get("/api/rule-sets").json()["data"]] == before  # nothing stored
