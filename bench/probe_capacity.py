@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> None:
             print(
                 f"dry run of the {fit} probes: would arm {dry['would_arm']}; projected per token "
                 f"{dry['projected_cost']['per_token']['cost_ms']:.4f} ms, per 1,000 prompt tokens "
-                f"{dry['projected_cost']['per_1k_prompt']['cost_ms']:.4f} ms; the recommendation costed them at "
-                f"{recommendation['dense_cost_ms']}"
+                f"{dry['projected_cost']['per_1k_prompt']['cost_ms']:.4f} ms; the recommendation costed its "
+                f"{recommendation['dense_probes_fit']} at {recommendation['dense_cost_ms']}"
             )
 
             def arm(on: bool) -> None:
@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> None:
                 arm(on)
                 overhead.token_interval(http, base)
             token: dict[bool, list[float]] = {False: [], True: []}
-            server: list[dict] = []
+            reports: list[dict] = []
             for round_ in range(args.runs):
                 for on in (False, True) if round_ % 2 == 0 else (True, False):
                     arm(on)
                     interval, _ = overhead.token_interval(http, base)
                     token[on].append(interval)
                     if on:
-                        server.append(http.get("/api/probes/status").json()["last_request"])
+                        reports.append(http.get("/api/probes/status").json()["last_request"])
             armed_cost = http.get("/api/probes/status").json()["cost"]
             units = http.get(f"/api/models/{model_id}/probe-capacity").json()["unit_costs"]
             arm(False)
@@ -129,16 +129,16 @@ def run(args: argparse.Namespace) -> None:
         f"({budget['source']}; costed {budget['cost_ms']:.4f} ms, fillable {budget['fillable_ms']:.4f} ms): "
         f"{'within' if paired <= budget['budget_ms'] else 'OVER'} the budget"
     )
-    passes = median(r["forward_passes"] for r in server)
-    hooks = median(r["hooks_ms"] / max(1, r["forward_passes"]) for r in server)
-    per_request = median(r["overhead_ms"] - r["hooks_ms"] for r in server)
+    passes = median(r["forward_passes"] for r in reports)
+    hooks = median(r["hooks_ms"] / max(1, r["forward_passes"]) for r in reports)
+    per_request = median(r["overhead_ms"] - r["hooks_ms"] for r in reports)
     costed_request = units["per_1k_prompt"]["request"] + fit * units["per_1k_prompt"]["result"]
     costed_pass = units["per_token"]["layer"] + fit * units["per_token"]["mean"]
     print(
         f"server's own, per request of {passes:g} passes: read hooks {hooks:.4f} ms per pass (inside the callbacks; "
         f"costed per pass, the real hook path and the probes' scoring share: {costed_pass:.4f} ms); set-up, scoring "
         f"and recording {per_request:.3f} ms per request (costed per request and per result, on the prompt half: "
-        f"{costed_request:.3f} ms); in all {median(r['overhead_ms'] for r in server) / passes:.4f} ms per pass"
+        f"{costed_request:.3f} ms); in all {median(r['overhead_ms'] for r in reports) / passes:.4f} ms per pass"
     )
 
 
