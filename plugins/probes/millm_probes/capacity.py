@@ -152,12 +152,14 @@ def not_in_force(limits: dict[str, Any] | None) -> str | None:
     if approved_at is None:
         return (
             "approved at an unknown time, so possibly before 2026-10-29 (decision D83), when budgets were sized "
-            "from the count of behaviours; the 5% budget applies until the new recommendation is approved"
+            "from the count of behaviours; the PROBE_SLOWDOWN_BUDGET_PCT budget (5% by default) applies until "
+            "the new recommendation is approved"
         )
     if approved_at < D83_IN_FORCE_FROM:
         return (
             f"approved {approved_at.isoformat()}, before 2026-10-29 (decision D83): it was sized from the old "
-            "count of behaviours, so the 5% budget applies until the new recommendation is approved"
+            "count of behaviours, so the PROBE_SLOWDOWN_BUDGET_PCT budget (5% by default) applies until the new "
+            "recommendation is approved"
         )
     return None
 

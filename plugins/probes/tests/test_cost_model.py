@@ -137,7 +137,7 @@ def test_an_approval_before_d83_is_not_in_force(http, server, model_id, measured
     capacity = http.get(f"/api/models/{model_id}/probe-capacity").json()
     stored = capacity["stored_limits"]
     assert stored["in_force"] is False and reason in stored["not_in_force_reason"]
-    assert "5% budget applies" in stored["not_in_force_reason"]
+    assert "applies until the new recommendation is approved" in stored["not_in_force_reason"]
     pct = capacity["limits"]["slowdown_budget_pct"]
     assert pct == {"value": 5.0, "source": "setting PROBE_SLOWDOWN_BUDGET_PCT", "set_by": None, "set_at": None}
     assert capacity["budget"]["per_token"]["budget_ms"] == pytest.approx(0.5)  # 5 % of 10 ms, not 40 %
