@@ -35,6 +35,7 @@ DECODE_TOKENS = 32
 PROMPT_TOKENS = 1000
 REPEATS = 5
 MANY = 9  # probes of one kind timed together against one
+RECORDING_REPEATS = 9  # database writes vary more than arithmetic
 
 
 def _sync(device: str) -> Callable[[], None]:
@@ -55,25 +56,30 @@ def _prompt(engine: Any, length: int) -> list[int]:
     return list(ids[:length])
 
 
-def _decode_ms(engine: Any, prompt: list[int], sync: Callable[[], None], points: list[Point]) -> float:
-    """Milliseconds per generated token after the first; with a capture on ``points`` as live requests read."""
+def _decode_ms(engine: Any, prompt: list[int], sync: Callable[[], None], points: list[Point]) -> tuple[float, float]:
+    """(wall, this thread's CPU) milliseconds per generated token after the first; with a capture on ``points``
+    as live requests read."""
     hooks = Capture(points, len(prompt) + DECODE_TOKENS + 1).hooks() if points else []
     tokens = engine.generate(prompt, SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0.0), hooks=hooks)
     next(tokens)  # the prompt's pass and the first token
     sync()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.thread_time()
     for _ in range(DECODE_TOKENS):
         next(tokens)
     sync()
-    elapsed = time.perf_counter() - began
+    elapsed, cpu_elapsed = time.perf_counter() - began, time.thread_time() - cpu
     tokens.close()
-    return elapsed * 1000 / DECODE_TOKENS
+    return elapsed * 1000 / DECODE_TOKENS, cpu_elapsed * 1000 / DECODE_TOKENS
 
 
 def _step(engine: Any, sync: Callable[[], None]) -> tuple[dict[str, Any], float]:
     """The model's own step, and what one hooked point adds to a generated token's pass as it is really
     paid (torch's hook dispatch, the engine's wrapper, the callback and its copy): generation with every
-    layer hooked against none, interleaved, the median of the paired differences per hooked layer."""
+    layer hooked against none, interleaved, the median of the paired differences per hooked layer.
+
+    On a CPU the difference is taken in the engine thread's CPU time: the hook path runs on that thread,
+    and other processes' load (which moves wall time by far more than a hook costs) does not enter it.
+    On a GPU, where the work is asynchronous, it is wall time."""
     info = engine.info
     window = info.context_window or 4096
     prompt_len = max(8, min(PROMPT_TOKENS, window - DECODE_TOKENS - 2))
@@ -86,7 +92,8 @@ def _step(engine: Any, sync: Callable[[], None]) -> tuple[dict[str, Any], float]
     for i in range(REPEATS):
         for with_hooks in (False, True) if i % 2 == 0 else (True, False):
             (hooked if with_hooks else plain).append(_decode_ms(engine, short, sync, points if with_hooks else []))
-    per_layer = statistics.median(h - p for h, p in zip(hooked, plain, strict=True)) / len(points)
+    clock = 0 if str(info.device).startswith("cuda") else 1
+    per_layer = statistics.median(h[clock] - p[clock] for h, p in zip(hooked, plain, strict=True)) / len(points)
 
     def prefill() -> float:
         sync()
@@ -96,12 +103,13 @@ def _step(engine: Any, sync: Callable[[], None]) -> tuple[dict[str, Any], float]
         return (time.perf_counter() - began) * 1000 * 1000 / len(prompt)
 
     step = {
-        "ms_per_token": statistics.median(plain),
+        "ms_per_token": statistics.median(p[0] for p in plain),
         "ms_per_1k_prompt": _median(prefill, 3),
         "decode_tokens_timed": DECODE_TOKENS,
         "prompt_tokens_timed": len(prompt),
-        "hooked_ms_per_token": statistics.median(hooked),
+        "hooked_ms_per_token": statistics.median(h[0] for h in hooked),
         "hooked_layers": len(points),
+        "hook_clock": "wall" if clock == 0 else "engine thread CPU",
     }
     return step, per_layer
 
@@ -168,8 +176,8 @@ def _recording_ms(engine: Any, db: Any) -> tuple[float, float]:
         built = time.perf_counter() - began
         return (built + store.time_write(db, results)) * 1000
 
-    one = _median(lambda: write(1))
-    many = _median(lambda: write(MANY))
+    one = _median(lambda: write(1), RECORDING_REPEATS)
+    many = _median(lambda: write(MANY), RECORDING_REPEATS)
     per_result = max((many - one) / (MANY - 1), 0.0)
     transaction = max(one - per_result, 0.0)
     return _median(setup) + 2 * transaction, per_result
