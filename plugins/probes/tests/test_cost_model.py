@@ -76,7 +76,7 @@ def seed(server, model_id: str, **columns) -> None:
             db.execute(f"UPDATE probe_capacity SET {column} = ? WHERE model_id = ?", (json.dumps(value), model_id))
 
 
-def test_measure_times_the_real_hook_path_and_per_request_work(measured):
+def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
     step, units = measured["measurement"]["step"], measured["unit_costs"]
     assert step["hooked_layers"] >= 1 and step["hooked_ms_per_token"] > 0
     assert units["per_token"]["layer"] > 0 and units["per_1k_prompt"]["layer"] > 0
@@ -84,6 +84,9 @@ def test_measure_times_the_real_hook_path_and_per_request_work(measured):
     assert units["per_token"]["request"] == 0 and units["per_token"]["result"] == 0  # charged to the prompt half
     recommendation = measured["recommendation"]
     assert set(recommendation["dense_cost_ms"]) == {"per_token", "per_1k_prompt"}
+    # the writes it timed left nothing behind
+    assert http.get("/api/probes/events").json()["data"] == []
+    assert http.get("/api/probes/sessions").json()["data"] == []
 
 
 def test_the_recommendation_dry_run_and_arming_cost_a_set_alike(http, server, model_id, measured, lab, helpers):
