@@ -140,6 +140,12 @@ def run(args: argparse.Namespace) -> None:
         f"and recording {per_request:.3f} ms per request (costed per request and per result, on the prompt half: "
         f"{costed_request:.3f} ms); in all {median(r['overhead_ms'] for r in reports) / passes:.4f} ms per pass"
     )
+    print(
+        "  per request, medians: set-up "
+        + ", ".join(
+            f"{k[:-3]} {median(r[k] for r in reports):.3f} ms" for k in ("setup_ms", "scoring_ms", "recording_ms")
+        )
+    )
 
 
 def main() -> None:
