@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
         f"{costed_request:.3f} ms); in all {median(r['overhead_ms'] for r in reports) / passes:.4f} ms per pass"
     )
     print(
-        "  per request, medians: set-up "
+        "  per request, medians: "
         + ", ".join(
             f"{k[:-3]} {median(r[k] for r in reports):.3f} ms" for k in ("setup_ms", "scoring_ms", "recording_ms")
         )
