@@ -8,8 +8,10 @@ budgets ``PROBE_MAX_OVERHEAD_MS_PER_PASS`` and ``PROBE_MAX_PREFILL_MS_PER_1K``
 apply, with the reference unit costs below.
 
 A set of probes costs, on each half, a fixed part per hooked residual point
-plus each probe's own arithmetic by kind (``set_cost``): the one function the
-arming gate, the dry run and the recommendation all use.
+plus each probe's own arithmetic by kind, and on the prompt half the work done
+once per request (``cost`` over a ``Shape``): the one function the arming gate,
+the dry run and the recommendation all use. A budget approved before D83's
+date is not in force (``not_in_force``).
 """
 
 from __future__ import annotations
