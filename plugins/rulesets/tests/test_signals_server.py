@@ -166,7 +166,8 @@ def test_pending_operator_code_is_unavailable_then_revised_in_place(server, arme
         assert made.status_code == 201, made.text
         attach(http, made.json()["id"])
         try:
-            response = chat(http, server.model_id, "mail x@y.example or z@w.example")
+            headers = {"X-miLLM-Session": "rules-pending-1"}
+            response = chat(http, server.model_id, "mail x@y.example or z@w.example", headers=headers)
             pending = by_kind(response.json()["millm_probe_verdicts"], "rule", "prompt")
             at = pending["at_signs"]  # the chat did not wait for operator code
             assert (at["status"], at["fires"], at["count"]) == ("unavailable", None, 0)
@@ -178,6 +179,10 @@ def test_pending_operator_code_is_unavailable_then_revised_in_place(server, arme
                     break
                 time.sleep(0.05)
             assert (stored[0]["fires"], stored[0]["count"], stored[0]["reason"]) == (True, 2, None)
+            # the session timeline shows the revision (same result_id)
+            cell = http.get("/api/probes/sessions/rules-pending-1").json()["timeline"][0]["cells"][BEHAVIOUR]
+            revised = next(r for r in cell if r["result_id"] == at["result_id"])
+            assert (revised["status"], revised["fires"], revised["count"]) == ("final", True, 2)
         finally:
             attach(http, armed["rule_set_id"])
 
