@@ -106,6 +106,7 @@ def test_the_session_timeline_lists_rule_results_beside_the_probes(server, armed
         assert [r["result_id"] for r in cell] == [r["result_id"] for r in served]
         kinds = [r["kind"] for r in cell]
         assert kinds.index("rule") > max(i for i, k in enumerate(kinds) if k == "probe")
+        assert "detector_example" in kinds  # another plugin's results (hook monitor_results) sit there too
         assert {r["window"] for r in cell if r["kind"] == "probe"} == set(WINDOWS)
         rules = by_kind(cell, "rule", "prompt")
         assert set(rules) == set(docs.PII["expressions"])
