@@ -2,7 +2,9 @@
 
 A timeline has one row per turn and one column per behaviour (a probe whose
 definition names no behaviour is its own column); each cell holds that turn's
-``mi.probe.result/v1`` objects for the column, rule signals beside the probes.
+``mi.probe.result/v1`` objects for the column, rule signals beside the probes
+(stored after them, so listed after them); a column names its rule expressions in
+``rules`` (first seen first), so a reader can lay them out beside the probe results.
 """
 
 from __future__ import annotations
@@ -101,16 +103,17 @@ def get_timeline(db: Any, idle_minutes: float, session_id: str) -> dict[str, Any
             .order_by(ProbeEvent.id)
         )
         cells: dict[int, dict[str, list[dict[str, Any]]]] = {}
-        columns: list[dict[str, Any]] = []
-        seen: set[str] = set()
+        columns: dict[str, dict[str, Any]] = {}
         for turn, result in events:
             key = _column(result)
-            if key not in seen:
-                seen.add(key)
+            column = columns.get(key)
+            if column is None:
                 kind = "behaviour" if result.get("behaviour") else "probe"
-                columns.append({"key": key, "kind": kind})
+                column = columns[key] = {"key": key, "kind": kind, "rules": []}
+            if result.get("kind") == "rule" and result.get("name") not in column["rules"]:
+                column["rules"].append(result.get("name"))
             cells.setdefault(turn, {}).setdefault(key, []).append(result)
-    out["columns"] = columns
+    out["columns"] = list(columns.values())
     out["timeline"] = [
         {
             "turn": t.turn,

@@ -55,7 +55,10 @@ def test_a_named_session_is_stored_as_given_with_a_turn_per_request(probes_serve
     assert timeline["id"] == name and timeline["source"] == "header" and timeline["turns"] == 2
     assert [row["turn"] for row in timeline["timeline"]] == [1, 2]
     # in the results' order: behaviour by behaviour (a probe with no behaviour is its own column)
-    assert timeline["columns"] == [{"key": "sess-quiet", "kind": "probe"}, {"key": "sess-stakes", "kind": "behaviour"}]
+    assert timeline["columns"] == [
+        {"key": "sess-quiet", "kind": "probe", "rules": []},
+        {"key": "sess-stakes", "kind": "behaviour", "rules": []},
+    ]
     row = timeline["timeline"][1]
     assert row["cells"]["sess-stakes"][0]["fires"] is True and row["cells"]["sess-quiet"][0]["fires"] is False
     results = first.json()["millm_probe_verdicts"]

@@ -9,6 +9,30 @@ import time
 from pathlib import Path
 
 LOOP = '(module (memory (export "memory") 1) (func (export "count") (param i32 i32) (result i32) (loop (br 0)) (i32.const 0)))'
+#: The spec's hostile modules, each with the code the runner stops it with.
+HOSTILE = {
+    "infinite_loop": (LOOP, "rule_resource_limit"),
+    "memory_bomb": (
+        '(module (memory (export "memory") 1) (func (export "count") (param i32 i32) (result i32) '
+        "(loop (br_if 0 (i32.ne (memory.grow (i32.const 1)) (i32.const -1)))) (i32.const 0)))",
+        "rule_resource_limit",
+    ),
+    "deep_recursion": (
+        '(module (memory (export "memory") 1) (func $f (export "count") (param i32 i32) (result i32) '
+        "(call $f (local.get 0) (local.get 1))))",
+        "rule_resource_limit",
+    ),
+    "host_import": (
+        '(module (import "env" "read_file" (func $r (param i32) (result i32))) (memory (export "memory") 1) '
+        '(func (export "count") (param i32 i32) (result i32) (call $r (i32.const 0))))',
+        "rule_load_refused",
+    ),
+    "oversized_output": (
+        '(module (memory (export "memory") 1) (func (export "count") (param i32 i32) (result i32) '
+        "(i32.const 2147483647)))",
+        "rule_output_invalid",
+    ),
+}
 LENGTH = '(module (memory (export "memory") 1) (func (export "count") (param i32 i32) (result i32) (local.get 1)))'
 
 
@@ -55,11 +79,14 @@ def test_operator_code_on_a_real_server(server_factory, tiny_model_dir, rulesets
         stat = Path(f"/proc/{first['pid']}/stat").read_text().rsplit(")", 1)[1].split()
         assert int(stat[1]) == server.proc.pid  # a child of the server, not the server itself
         assert evaluate(http, length.json()["id"], "héllo")["count"] == 6  # UTF-8 bytes
-        loop = http.post("/api/rule-sets/import", json=code_set("loop", LOOP)).json()["id"]
-        stopped = evaluate(http, loop, "x")
-        assert (stopped["reason"], stopped["fires"]) == ("rule_resource_limit", None)
-        chat()
-        assert runner(http)["pid"] == first["pid"]  # hostile code did not take the runner down
+        for name, (wat, code) in HOSTILE.items():
+            hostile = http.post("/api/rule-sets/import", json=code_set(name.replace("_", "-"), wat))
+            assert hostile.status_code == 201, hostile.text  # no cases: nothing runs it until asked
+            stopped = evaluate(http, hostile.json()["id"], "x")
+            assert (name, stopped["reason"], stopped["outcome"]) == (name, code, "failed")
+            assert (stopped["status"], stopped["fires"], stopped["count"]) == ("unavailable", None, 0)
+            chat()  # the server keeps serving
+            assert runner(http)["pid"] == first["pid"], name  # and the runner survived it (no restart needed)
         os.kill(first["pid"], signal.SIGKILL)
         restarted = runner(http, first["pid"])
         assert restarted["starts"] >= 2
