@@ -72,8 +72,11 @@ def submit(client, requests: list[dict]) -> str:
 
 
 def wait(client, batch_id: str):
+    """Poll until the batch is done: every 2 % of the time so far (50 ms to 1 s), so polling costs the
+    server little and overstates the batch's time by at most 2 %."""
+    began = time.perf_counter()
     while (found := client.batches.retrieve(batch_id)).status not in DONE:
-        time.sleep(0.05)
+        time.sleep(min(1.0, max(0.05, 0.02 * (time.perf_counter() - began))))
     return found
 
 
