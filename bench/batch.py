@@ -11,7 +11,7 @@ spec's float32 scoring rows, each scored on its own), each with its own prompt.
    the mean of the two runs, so drift in a shared machine's load hits both).
    Batch: the same bodies as one JSONL file uploaded with the openai SDK, timed
    from ``batches.create`` until ``retrieve`` says ``completed`` (polled every
-   50 ms), nothing else running. Every output line is checked: status 200, the
+   2 % of the time so far), nothing else running. Every output line is checked: status 200, the
    scoring precision echoed in ``millm.headers``. Target: batch / live >= 1.0.
 2. **Live chat latency under a batch.** ``--live-requests`` short chats
    (``--live-tokens`` tokens, temperature 0), one at a time with ``--live-gap``
