@@ -32,8 +32,10 @@ Target (issue 16): nothing measurable per token (ratios within noise of 1.0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import socket
 import statistics
 import tempfile
 import threading
@@ -58,7 +60,7 @@ class Reader(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.socket = connect(url, max_size=None)
+        self.socket = connect(url, max_size=None).__enter__()  # closed by run's end
         self.messages = 0
         self.missed = 0
 
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> None:
     off = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-off-")), env={"PROBE_SESSIONS": "false"})
     on = ServerProcess(Path(tempfile.mkdtemp(prefix="millm-bench-on-")), env={"PROBE_FEED_QUEUE": str(args.feed_queue)})
     readers: list[Reader] = []
-    stalled = None
+    stack = contextlib.ExitStack()
     try:
         for server in (off, on):
             server.start(600)
@@ -118,7 +120,12 @@ def run(args: argparse.Namespace) -> None:
         for reader in readers:
             reader.start()
         # never read until the end (and no keepalive of its own: only the server may give up on it)
-        stalled = connect(feed, max_queue=1, ping_interval=None) if args.feed_clients else None
+        stalled = None
+        if args.feed_clients:  # a small receive buffer: the server's sends back up after a few messages
+            raw = socket.socket()
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            raw.connect(("127.0.0.1", on.port))
+            stalled = stack.enter_context(connect(feed, sock=raw, max_queue=1, ping_interval=None))
         servers = {"off": off, "on": on}
         clients = {name: server.http(timeout=600) for name, server in servers.items()}
 
@@ -172,8 +179,7 @@ def run(args: argparse.Namespace) -> None:
     finally:
         for reader in readers:
             reader.socket.close()
-        if stalled is not None:
-            stalled.close()
+        stack.close()
         for server in (off, on):
             server.stop()
 
