@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from .scheduler import BACKGROUND  # re-exported: the Batch API's runner sets it
 
 if TYPE_CHECKING:
     from .app import Host
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler, Ticket
 
 T = TypeVar("T")
-
-#: Set (``BACKGROUND.set(True)``) in a task whose requests are background work: the Batch API's
-#: runner. Its admissions wait while any live request is admitted (``Scheduler.reserve_background``).
-BACKGROUND: ContextVar[bool] = ContextVar("millm_background", default=False)
 
 
 @dataclass

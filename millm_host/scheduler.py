@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import itertools
 import queue
 import threading
 import time
@@ -54,24 +55,41 @@ class Ticket:
         self.release()
 
 
+#: Set (``BACKGROUND.set(True)``) in a task whose requests are background work: the Batch API's
+#: runner. Its admissions wait while any live request is admitted (``Scheduler.reserve_background``),
+#: and its calls on the engine and text threads run after every live call queued (``Worker``).
+BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("millm_background", default=False)
+
+#: Worker priorities: live calls first, then background calls, each in order; ``stop`` after all.
+LIVE, LOW, LAST = 0, 1, 2
+
+
 class Worker:
-    """One daemon thread running submitted calls in order."""
+    """One daemon thread running submitted calls in order, live calls before background ones.
+
+    A batch line admitted before a live request arrived may already be queued here;
+    the live call still runs first, so it waits only for the call that is running.
+    """
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()  # ties broken by submission: FIFO within a priority
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
         self.ident = self._thread.ident
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+    def submit(self, fn: Callable[..., T], *args: Any, priority: int | None = None) -> Future[T]:
+        """Queue ``fn(*args)``; the priority is the submitter's (``BACKGROUND``) unless given."""
         future: Future[T] = Future()
+        if priority is None:
+            priority = LOW if BACKGROUND.get() else LIVE
         # in the submitter's context: the request's log context and observation go along
-        self._jobs.put((future, contextvars.copy_context().run, (fn, *args)))
+        self._jobs.put((priority, next(self._order), (future, contextvars.copy_context().run, (fn, *args))))
         return future
 
     def _loop(self) -> None:
         while True:
-            item = self._jobs.get()
+            _, _, item = self._jobs.get()
             if item is None:
                 return
             future, fn, args = item
@@ -87,7 +105,7 @@ class Worker:
 
     def stop(self) -> None:
         """Stop after the calls already submitted (returns at once)."""
-        self._jobs.put(None)
+        self._jobs.put((LAST, next(self._order), None))
 
     def join(self, timeout: float) -> bool:
         self._thread.join(timeout)
@@ -250,16 +268,18 @@ class Scheduler:
                 cancel.set()
                 raise error
 
-    def run_sync(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
+    def run_sync(
+        self, fn: Callable[..., T], *args: Any, timeout: float | None = None, priority: int | None = None
+    ) -> T:
         """Run ``fn`` on the engine thread from a non-async thread and wait (``TimeoutError`` past ``timeout``)."""
         if threading.get_ident() == self.engine_thread_id:
             return fn(*args)
-        return self._engine.submit(fn, *args).result(timeout)
+        return self._engine.submit(fn, *args, priority=priority).result(timeout)
 
     def drain(self, timeout: float) -> bool:
         """Wait until the engine thread has run what was queued before now; False if it did not in time."""
         try:
-            self.run_sync(lambda: None, timeout=timeout)
+            self.run_sync(lambda: None, timeout=timeout, priority=LOW)  # behind background calls too
         except TimeoutError:
             return False
         return True

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 
 import pytest
 
 from millm_host.errors import QueueFull, ShuttingDown
-from millm_host.scheduler import Scheduler
+from millm_host.scheduler import BACKGROUND, Scheduler
 
 
 def run(coro):
@@ -55,3 +57,52 @@ def test_background_work_is_refused_once_shutdown_begins():
         scheduler.shutdown()
 
     run(scenario())
+
+
+def test_a_live_call_runs_before_batch_calls_queued_ahead_of_it():
+    """A batch line admitted before the live request came may be queued on the engine thread already:
+    the live call still goes first, so it waits only for the call that is running."""
+    order: list[str] = []
+
+    async def scenario():
+        scheduler = Scheduler(queue_max=4)
+        started, gate = threading.Event(), threading.Event()
+        running = scheduler.submit(lambda: (started.set(), gate.wait()))
+        await asyncio.to_thread(started.wait)
+
+        async def batch_line(name: str) -> None:
+            BACKGROUND.set(True)  # as the batch runner's task does
+            await scheduler.run(order.append, name)
+
+        async def queued(count: int) -> None:
+            while scheduler._engine._jobs.qsize() < count:
+                await asyncio.sleep(0.001)
+
+        lines = [asyncio.create_task(batch_line("batch 1")), asyncio.create_task(batch_line("batch 2"))]
+        await queued(2)
+        live = asyncio.create_task(scheduler.run(order.append, "live"))
+        await queued(3)
+        gate.set()
+        await asyncio.gather(live, *lines, asyncio.wrap_future(running))
+        scheduler.shutdown()
+
+    run(scenario())
+    assert order == ["live", "batch 1", "batch 2"]
+
+
+def test_drain_and_stop_wait_for_queued_batch_calls():
+    order: list[str] = []
+    scheduler = Scheduler(queue_max=4)
+    started, gate = threading.Event(), threading.Event()
+    scheduler.submit(lambda: (started.set(), gate.wait()))
+    started.wait()
+    token = BACKGROUND.set(True)
+    try:
+        batch = scheduler.submit(order.append, "batch")
+    finally:
+        BACKGROUND.reset(token)
+    drained = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.drain, 60)
+    scheduler.shutdown()  # the stop, too, comes after the batch call
+    gate.set()
+    assert drained.result(60) is True and batch.result(60) is None and order == ["batch"]
+    assert scheduler._engine.join(60)

@@ -3,6 +3,12 @@
 from millm_host.api import Setting
 
 SESSION_SETTINGS = (
+    Setting(
+        "PROBE_SESSIONS",
+        bool,
+        True,
+        "Group monitored requests into sessions (off: no session lookup, no turns, no X-miLLM-Session-Id)",
+    ),
     Setting("PROBE_SESSION_IDLE_MINUTES", float, 30.0, "A recognised session idle this long ends"),
     Setting("PROBE_TRANSCRIPTS", bool, False, "Keep each monitored chat turn's newest user message and visible reply"),
     Setting("PROBE_TRANSCRIPT_MAX_AGE_DAYS", float, 7.0, "How long transcript text and decoded context are kept"),

@@ -36,6 +36,8 @@ TRANSCRIPT_HEADER = "X-miLLM-Transcript"
 log = logging.getLogger("millm.probes")
 
 STATE = "probe_session"
+#: Set on a monitored request while ``PROBE_SESSIONS`` is off (it joins no session, keeps no text).
+UNGROUPED = "probe_session_off"
 MAX_LENGTH = 128
 #: Requests that generate, and so may be monitored (scoring and embeddings never are).
 MONITORED = frozenset({"chat.completions", "completions", "responses"})
@@ -222,7 +224,7 @@ def headers(ctx: RequestContext) -> dict[str, str] | None:
     """``X-miLLM-Session-Id`` and ``X-miLLM-Transcript`` on a monitored response (a stream's too)."""
     claim = ctx.state.get(STATE)
     if claim is None:
-        return None
+        return {TRANSCRIPT_HEADER: "off"} if ctx.state.get(UNGROUPED) else None
     return {SESSION_ID_HEADER: claim.session_id, TRANSCRIPT_HEADER: "recorded" if claim.transcript else "off"}
 
 

@@ -192,3 +192,32 @@ def test_session_list_pages_and_filters(probes_server, armed, model_id):
         assert_error(http.get("/api/probes/sessions", params={"limit": "0"}), 400, "invalid_parameter", "limit")
         assert_error(http.get("/api/probes/sessions", params={"after": "nope"}), 404, "session_not_found")
         assert_error(http.get("/api/probes/sessions/nope/transcript"), 404, "session_not_found")
+
+
+@pytest.fixture(scope="module")
+def ungrouped(app_factory, probe_model_dir, identity, lab, helpers):
+    """An app with sessions off (PROBE_SESSIONS=false) and one armed probe."""
+    app = app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"PROBE_SESSIONS": "false"})
+    with app.http() as http:
+        probe = helpers.import_probe(http, lab.definition(identity, name="ungrouped", threshold=-1e9, seed=9))
+        helpers.arm(http, probe["id"])
+    return app
+
+
+def test_sessions_off_monitors_without_grouping(ungrouped):
+    model_id = ungrouped.model_id
+    with ungrouped.http() as http:
+        messages = opening()
+        first = converse(http, model_id, messages, headers={"X-miLLM-Session": "named"})
+        assert "x-millm-probe-verdicts" in first.headers  # still monitored
+        assert "x-millm-session-id" not in first.headers and first.headers["x-millm-transcript"] == "off"
+        messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+        assert "x-millm-session-id" not in converse(http, model_id, messages).headers
+        assert http.get("/api/probes/sessions").json()["data"] == []
+        event = http.get("/api/probes/events", params={"limit": 1}).json()["data"][0]
+        assert event.get("session_id") is None and event.get("turn") is None
+        assert_error(
+            post_chat(http, model_id, headers={"X-miLLM-Session": ""}, messages=messages, max_tokens=1),
+            400,
+            "SESSION_ID_INVALID",
+        )
