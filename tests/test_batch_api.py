@@ -111,6 +111,8 @@ def test_a_batch_runs_every_valid_line_and_files_the_refused_ones(app):
     response = outputs["ok-1"]["response"]
     assert response["status_code"] == 200 and response["request_id"]
     assert response["body"]["object"] == "chat.completion"
+    # the id the line was served (and logged, and traced) under, as the completion's own id says
+    assert response["body"]["id"] == f"chatcmpl-{response['request_id']}"
     assert response["body"]["choices"][0]["message"]["content"].startswith("first")
     assert isinstance(response["millm"]["headers"], dict)
     assert all(name.lower().startswith("x-millm-") for name in response["millm"]["headers"])

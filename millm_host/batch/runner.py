@@ -349,7 +349,13 @@ class BatchRunner:
                 log.exception("batch line %s failed", custom_id)
                 return "failed", error_line(custom_id, InternalError(f"internal error: {type(exc).__name__}"))
             assert result.body is not None, "batch lines are never streamed"
-            line = output_line(custom_id, status_code=200, body=result.body, headers=millm_headers(result.headers))
+            line = output_line(
+                custom_id,
+                status_code=200,
+                body=result.body,
+                headers=millm_headers(result.headers),
+                request_id=result.request_id,
+            )
             return "done", line
         raise AssertionError("unreachable")
 

@@ -55,6 +55,8 @@ class Result:
     headers: dict[str, str]
     body: dict[str, Any] | None = None
     stream: Chunks | None = None
+    #: The id the request was logged and traced under (set by ``observed``), e.g. for a Batch line.
+    request_id: str | None = None
 
 
 class Serving:
@@ -116,8 +118,8 @@ class Serving:
             CURRENT.reset(token)
         if result.stream is None:
             observation.finish(200)
-            return result
-        return replace(result, stream=observation.follow(result.stream))
+            return replace(result, request_id=observation.request_id)
+        return replace(result, stream=observation.follow(result.stream), request_id=observation.request_id)
 
     async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
         """Serve one request: ``body`` is the parsed JSON, ``headers`` the request's, names lower-cased.
