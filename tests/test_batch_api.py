@@ -9,6 +9,8 @@ import pytest
 
 from millm_host.testing import assert_error
 
+pytestmark = pytest.mark.storage
+
 CHAT = "/v1/chat/completions"
 
 

@@ -92,3 +92,13 @@ def drop_made() -> None:
     for name in sorted(_made):
         if admin:
             drop_database(sa.make_url(admin).set(database=name).render_as_string(hide_password=False))
+
+
+def mark_storage(items: list, folder: Path) -> None:
+    """Mark the collected tests under ``folder`` ``storage``: from a plugin's ``conftest.py`` whose tests
+    all write to the database, so that ``pytest -m storage --database postgresql`` runs them all."""
+    import pytest
+
+    for item in items:
+        if folder in Path(item.path).parents:
+            item.add_marker(pytest.mark.storage)
