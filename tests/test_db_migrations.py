@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from millm_host.app import Host
 from millm_host.db import MIGRATION_LOCK_KEY, Database, DatabaseBehind, script_heads
 from millm_host.plugins import build_plugin_manager
 from millm_host.settings import Settings
-from millm_host.testing import AppServer, databases
+from millm_host.testing import AppServer
 
 # Waits for a go file, so that both processes reach the migrations together, then upgrades.
 UPGRADE_AT_GO = textwrap.dedent("""
@@ -36,13 +37,8 @@ UPGRADE_AT_GO = textwrap.dedent("""
 def database(request, tmp_path):
     """The URL of a fresh, empty database of each kind (PostgreSQL skipped when not configured)."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'millm.sqlite3'}"
-        return
-    if databases.postgres_url() is None:
-        pytest.skip(databases.NO_POSTGRES)
-    url = databases.create_database()
-    yield url
-    databases.drop_database(url)
+        return f"sqlite:///{tmp_path / 'millm.sqlite3'}"
+    return request.getfixturevalue("postgres_database")
 
 
 def _environ(tmp_path, url: str, **extra: str) -> dict[str, str]:
@@ -120,11 +116,9 @@ def test_serving_without_migrating_refuses_a_database_behind_head_until_db_upgra
         assert app.health()["status"] == "ok"
 
 
-def test_an_upgrade_waits_for_the_postgresql_migration_lock(tmp_path):
+def test_an_upgrade_waits_for_the_postgresql_migration_lock(postgres_database, tmp_path):
     """Deterministic: the upgrade is seen waiting on the advisory lock in pg_locks, then finishes once it is free."""
-    if databases.postgres_url() is None:
-        pytest.skip(databases.NO_POSTGRES)
-    url = databases.create_database()
+    url = postgres_database
     holder = sa.create_engine(url)
     try:
         migrations = _migrations(tmp_path, url)
@@ -149,6 +143,7 @@ def test_an_upgrade_waits_for_the_postgresql_migration_lock(tmp_path):
             while not held.execute(waiting).scalar():
                 assert thread.is_alive() and not errors, errors
                 held.rollback()
+                time.sleep(0.01)
             assert not db._at_head("batch", migrations[0][1])  # nothing migrated while the lock is held
             held.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
             held.commit()
@@ -158,4 +153,3 @@ def test_an_upgrade_waits_for_the_postgresql_migration_lock(tmp_path):
         db.dispose()
     finally:
         holder.dispose()
-        databases.drop_database(url)
