@@ -22,7 +22,8 @@ POSTGRES_URL = "MILLM_TEST_POSTGRES_URL"
 #: ``sqlite`` (the default) or ``postgresql``: the database the harness gives each app.
 BACKEND = "MILLM_TEST_DATABASE"
 #: The reason a PostgreSQL test is skipped.
-NO_POSTGRES = f'PostgreSQL not configured: set {POSTGRES_URL} (eval "$(scripts/postgres-dev.sh)")'
+START = 'eval "$(scripts/postgres-dev.sh)"'
+NO_POSTGRES = f"PostgreSQL not configured: set {POSTGRES_URL} ({START})"
 
 _made: set[str] = set()
 
@@ -36,7 +37,7 @@ def backend() -> str:
     if name not in ("sqlite", "postgresql"):
         raise ValueError(f"{BACKEND} must be sqlite or postgresql, not {name!r}")
     if name == "postgresql" and not postgres_url():
-        raise RuntimeError(f"{BACKEND}=postgresql needs {POSTGRES_URL}")
+        raise RuntimeError(f"{BACKEND}=postgresql (--database postgresql) needs {POSTGRES_URL}: {START}")
     return name
 
 
@@ -54,20 +55,21 @@ def database_environ(data_dir: Path | str) -> dict[str, str]:
 
 
 def create_database(name: str | None = None) -> str:
-    """A PostgreSQL database (a fresh uniquely named one by default; kept if it exists), its URL."""
+    """A PostgreSQL database, its URL: a fresh uniquely named one by default; ``name`` is made empty the
+    first time this process asks for it (one a crashed session left behind is dropped), then kept."""
     admin = postgres_url()
     if admin is None:
         raise RuntimeError(NO_POSTGRES)
     name = name or f"millm_t_{uuid.uuid4().hex[:20]}"
-    engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as connection:
-            exists = connection.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
-            if not exists:
+    if name not in _made:
+        engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as connection:
+                connection.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
                 connection.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    finally:
-        engine.dispose()
-    _made.add(name)
+        finally:
+            engine.dispose()
+        _made.add(name)
     return sa.make_url(admin).set(database=name).render_as_string(hide_password=False)
 
 

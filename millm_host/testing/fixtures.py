@@ -32,7 +32,10 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = config.getoption("--database", default=None)
     if chosen:
         os.environ[databases.BACKEND] = chosen
-    databases.backend()  # a bad value or a missing URL fails now, not in the first app
+    try:
+        databases.backend()  # a bad value or a missing URL fails now, not in the first app
+    except (ValueError, RuntimeError) as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_report_header(config: pytest.Config) -> str:
