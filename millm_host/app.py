@@ -157,8 +157,11 @@ class Host:
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
-        """Migrate the database, discover models and let plugins load their state."""
-        self.db.upgrade(self.migrations())
+        """Migrate the database (or check it is migrated), discover models and let plugins load their state."""
+        if self.settings["MILLM_DB_MIGRATE"]:
+            self.db.upgrade(self.migrations())
+        else:
+            self.db.check_at_head(self.migrations())
         self.registry.discover()
         hookcalls.startup(self.pm, "startup", host=self)
 

@@ -52,11 +52,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .access import exposure_warnings
     from .app import build
+    from .db import DatabaseBehind
 
     settings = _settings(args)
     for warning in exposure_warnings(settings, args.host):
         log.warning("!!! %s", warning)
-    app, host = build(settings, build_plugin_manager(settings), bind_host=args.host)
+    try:
+        app, host = build(settings, build_plugin_manager(settings), bind_host=args.host)
+    except DatabaseBehind as exc:
+        print(f"millm: {exc}", file=sys.stderr)
+        return 4
     if args.engine and args.engine not in {e.name for e in host.engines}:
         print(f"millm: no engine named {args.engine!r} is installed", file=sys.stderr)
         return 2
@@ -114,7 +119,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     settings = Settings()
     host = Host(settings, build_plugin_manager(settings))
     host.db.upgrade(host.migrations())
-    print(f"database at head: {host.db.url}")
+    print(f"database at head: {host.db.shown_url}")
     return 0
 
 

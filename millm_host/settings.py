@@ -56,6 +56,13 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("MILLM_CACHE_DIR", str, None, "Where converted models are cached (default <data dir>/cache)"),
     Setting("MILLM_DATABASE_URL", str, None, "SQLAlchemy URL of the database (default SQLite in the data directory)"),
+    Setting(
+        "MILLM_DB_MIGRATE",
+        bool,
+        True,
+        "Apply pending migrations at start (under a lock replicas share); false: refuse to start unless "
+        "the database is at head, leaving migrations to `millm db upgrade`",
+    ),
     Setting("MILLM_MODELS_DIR", str, None, "Directory of models to serve: HF checkpoint directories and .gguf files"),
     Setting("MILLM_MODEL", str, None, "Model to load at start: a path or a model id (default: the bundled SmolLM2)"),
     Setting(

@@ -9,6 +9,8 @@ import pytest
 
 from millm_host.testing import assert_error
 
+pytestmark = pytest.mark.storage
+
 CHAT = "/v1/chat/completions"
 
 
@@ -127,6 +129,18 @@ def test_a_batch_runs_every_valid_line_and_files_the_refused_ones(app):
     assert set(errors[None]["response"]["body"]["error"]) >= {"message", "type", "param", "code"}
 
     assert batch.id in [b.id for b in client.batches.list()]
+
+
+def test_long_custom_ids_are_stored_on_every_database(app):
+    """No length is promised: PostgreSQL, which enforces VARCHAR lengths, stores them too (a 500 before)."""
+    client = app.openai()
+    long_id = "c" * 600
+    records = [chat_line("unknown-model", model="m" * 300), chat_line(long_id, "long")]
+    source = client.files.create(file=("in.jsonl", jsonl(records)), purpose="batch")
+    done = wait_for(client, client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h").id)
+    assert done.status == "completed" and done.model == "echo", done
+    assert [o["custom_id"] for o in read_jsonl(client, done.output_file_id)] == [long_id]
+    assert [e["custom_id"] for e in read_jsonl(client, done.error_file_id)] == ["unknown-model"]
 
 
 def test_a_line_carries_the_headers_its_live_request_would_have(app):

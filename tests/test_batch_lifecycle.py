@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import sqlalchemy as sa
 
-from millm_host.testing import AppServer
+from millm_host.testing import AppServer, databases
 
 from .test_batch_api import CHAT, chat_line, jsonl, read_jsonl, wait_for
+
+pytestmark = pytest.mark.storage
 
 
 def test_a_cancelled_batch_stops_its_running_line_and_files_every_unrun_one(app_factory):
@@ -49,7 +52,7 @@ def test_a_restarted_server_resumes_a_batch_without_running_a_finished_line_agai
         assert batch.status == "completed"
         first_ids = {o["custom_id"]: o["id"] for o in read_jsonl(client, batch.output_file_id)}
     # What a crash after three lines leaves: three lines done, three pending, the batch in progress.
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'millm.sqlite3'}")
+    engine = sa.create_engine(databases.database_url(tmp_path))
     with engine.begin() as db:
         for number in (4, 5, 6):
             body = json.dumps(records[number - 1]["body"])

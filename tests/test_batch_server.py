@@ -10,9 +10,11 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from millm_host.testing import databases
+
 from .test_batch_api import CHAT, jsonl, line
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.storage]
 
 LINES = 40
 
@@ -27,14 +29,18 @@ def wait_until(predicate, timeout: float = 600):
 
 def done_lines(data_dir, batch_id: str) -> dict[str, str]:
     """custom_id → output line id of every line recorded as run, read straight from the database."""
-    engine = sa.create_engine(f"sqlite:///{data_dir / 'millm.sqlite3'}")
+    engine = sa.create_engine(databases.database_url(data_dir))
     try:
         with engine.connect() as db:
             rows = db.execute(
                 sa.text("SELECT custom_id, result FROM batch_lines WHERE batch_id=:id AND state='done'"),
                 {"id": batch_id},
             )
-            return {custom_id: json.loads(result)["id"] for custom_id, result in rows}
+            # SQLite hands JSON back as text, PostgreSQL's driver as a decoded object
+            return {
+                custom_id: (json.loads(result) if isinstance(result, str) else result)["id"]
+                for custom_id, result in rows
+            }
     finally:
         engine.dispose()
 

@@ -7,16 +7,20 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import sqlalchemy as sa
 
 from millm_host.db import Database, script_heads
+from millm_host.testing import databases
+
+pytestmark = pytest.mark.storage
 
 UPGRADE = textwrap.dedent("""
     import json, sys
     from millm_host.app import Host
     from millm_host.plugins import build_plugin_manager
     from millm_host.settings import Settings
-    settings = Settings(environ={"MILLM_DATA_DIR": sys.argv[1]})
+    settings = Settings(environ={"MILLM_DATA_DIR": sys.argv[1], **json.loads(sys.argv[2])})
     host = Host(settings, build_plugin_manager(settings))
     host.db.upgrade(host.migrations())
     print(json.dumps({"alembic": "alembic" in sys.modules, "migrations": [n for n, _ in host.migrations()]}))
@@ -24,7 +28,10 @@ UPGRADE = textwrap.dedent("""
 
 
 def _upgrade(data_dir) -> dict:
-    out = subprocess.run([sys.executable, "-c", UPGRADE, str(data_dir)], capture_output=True, text=True, timeout=120)
+    environ = json.dumps(databases.database_environ(data_dir))  # SQLite in data_dir, or its PostgreSQL database
+    out = subprocess.run(
+        [sys.executable, "-c", UPGRADE, str(data_dir), environ], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -55,7 +62,7 @@ def test_a_database_behind_or_without_its_version_table_is_not_at_head(tmp_path)
     versions.mkdir()
     _script(versions, "a", "r1", None)
     _script(versions, "b", "r2", "r1")
-    db = Database(f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    db = Database(databases.database_url(tmp_path))
     assert not db._at_head("demo", str(versions))
     with db.engine.begin() as connection:
         connection.execute(sa.text('CREATE TABLE "alembic_version_demo" (version_num VARCHAR(32) NOT NULL)'))

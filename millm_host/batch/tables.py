@@ -69,7 +69,7 @@ class BatchLine(Base):
 
     batch_id: Mapped[str] = mapped_column(sa.ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True)
     line: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
-    custom_id: Mapped[str] = mapped_column(sa.String(512))
+    custom_id: Mapped[str] = mapped_column(sa.Text)
     state: Mapped[str] = mapped_column(sa.String(16), index=True)
     request: Mapped[Any] = mapped_column(sa.JSON, nullable=True)
     result: Mapped[Any] = mapped_column(sa.JSON, nullable=True)

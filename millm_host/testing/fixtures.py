@@ -5,14 +5,55 @@ Enabled by the repository's root ``conftest.py`` (``pytest_plugins``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from . import databases
 from .inprocess import AppServer
 from .server import ServerProcess
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database",
+        choices=("sqlite", "postgresql"),
+        default=None,
+        help="the database every test app gets (default: $MILLM_TEST_DATABASE, else sqlite); "
+        "postgresql needs $MILLM_TEST_POSTGRES_URL (scripts/postgres-dev.sh)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "storage: writes to the database; CI runs these on PostgreSQL too")
+    chosen = config.getoption("--database", default=None)
+    if chosen:
+        os.environ[databases.BACKEND] = chosen
+    try:
+        databases.backend()  # a bad value or a missing URL fails now, not in the first app
+    except (ValueError, RuntimeError) as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"database: {databases.backend()}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    databases.drop_made()
+
+
+@pytest.fixture
+def postgres_database() -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL database, dropped afterwards (skipped without PostgreSQL)."""
+    if databases.postgres_url() is None:
+        pytest.skip(databases.NO_POSTGRES)
+    url = databases.create_database()
+    yield url
+    databases.drop_database(url)
 
 
 @pytest.fixture(scope="session")

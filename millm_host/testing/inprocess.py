@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import httpx
 from falcon.testing import ASGIConductor
 
-from . import echo, extra_plugins
+from . import databases, echo, extra_plugins
 
 T = TypeVar("T")
 
@@ -147,6 +147,8 @@ class AppServer:
             **({"MILLM_PLUGINS": ",".join(self.plugins)} if self.plugins else {}),
             # The test-only plugins (tests/plugins) are not installed: named here, as ServerProcess names them.
             **(extra_plugins.in_process_environ() if self.all_plugins or self.plugins else {}),
+            # SQLite in the data directory, or a PostgreSQL database of its own (MILLM_TEST_DATABASE)
+            **databases.database_environ(self.data_dir),
             **(env or {}),
         }
         self.wait_for = wait_for

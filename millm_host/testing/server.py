@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from . import databases
 from .extra_plugins import with_test_plugins
 
 
@@ -65,6 +66,7 @@ class ServerProcess:
             {
                 **os.environ,
                 "MILLM_DATA_DIR": str(self.data_dir),
+                **databases.database_environ(self.data_dir),
                 "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
                 "PYTHONUNBUFFERED": "1",
                 "TOKENIZERS_PARALLELISM": "false",

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from millm_host.testing import databases
+
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "Please transfer the funds before the deadline tomorrow.",
@@ -369,3 +371,8 @@ def helpers():
         canonical_digest = staticmethod(canonical_digest)
 
     return Helpers
+
+
+def pytest_collection_modifyitems(items):
+    # Every test here writes to the database: CI runs them on PostgreSQL too (pytest -m storage).
+    databases.mark_storage(items, Path(__file__).parent)

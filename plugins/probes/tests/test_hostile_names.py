@@ -54,3 +54,12 @@ def test_score_refuses_what_no_model_can_take(api, raw, param):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert set(error) >= {"message", "type", "param", "code"} and error["param"] == param
+
+
+def test_a_long_version_and_provenance_id_are_stored_as_given(api, lab, identity, helpers):
+    """Neither has a length limit: PostgreSQL, which enforces VARCHAR lengths, stores them too (a 500 before)."""
+    doc = lab.definition(identity, name="long-version")
+    doc["version"] = "v" * 300
+    doc["provenance"]["probe_id"] = "p" * 300
+    probe = helpers.import_probe(api, doc)
+    assert api.get(f"/api/probes/{probe['id']}").json()["version"] == "v" * 300

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from millm_host.testing import databases
 from millm_saelens.testing import write_sae
 
 CHAT = [{"role": "user", "content": "FAULT: tell me a long story about a lighthouse keeper."}]
@@ -142,8 +143,9 @@ def test_kill_9_mid_request_loses_nothing_written(server_factory, probe_model_di
     thread.join(30)
     assert "error" in results  # it was cut mid-stream
 
-    with sqlite3.connect(data_dir / "millm.sqlite3") as db:
-        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    if databases.backend() == "sqlite":  # PostgreSQL has no such check; its WAL recovery is its own
+        with sqlite3.connect(data_dir / "millm.sqlite3") as db:
+            assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     restarted = server_factory(probe_model_dir, data_dir=data_dir, env=sae_dirs)
     with restarted.http() as http:
         assert http.get("/api/saes").json()["data"] == before["saes"]

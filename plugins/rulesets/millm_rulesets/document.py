@@ -429,6 +429,11 @@ def parse(doc: Any) -> RuleSet:
     if isinstance(version, int) and not isinstance(version, bool):
         version = str(version)
     version = _string(version, "version")
+    # what the rule_sets table holds (SQLite would store more; PostgreSQL refuses it)
+    if len(ruleset_id) > 200:
+        raise _refuse("ruleset_id has at most 200 characters", "ruleset_id")
+    if len(version) > 100:
+        raise _refuse("version has at most 100 characters", "version")
     raw_signals = _object(doc.get("signals"), "signals")
     if not raw_signals:
         raise _refuse("signals must name at least one signal", "signals")

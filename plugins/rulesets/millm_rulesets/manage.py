@@ -236,6 +236,8 @@ def attach(runtime: Runtime, behaviour: str, body: dict[str, Any]) -> dict[str, 
     request = validate(AttachRequest, body)
     if not behaviour.strip():
         raise InvalidParameter("the behaviour key is empty", param="key")
+    if len(behaviour) > 200:  # a behaviour name's limit (probes); the column holds no more
+        raise InvalidParameter("the behaviour key is longer than 200 characters", param="key")
     loaded = runtime.sets.get(request.rule_set_id)
     if loaded is None:
         raise RuleSetNotFound(f"no rule set {request.rule_set_id!r}", param="rule_set_id")

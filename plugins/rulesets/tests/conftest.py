@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from millm_host.testing import databases
 
 CARD = "4111 1111 1111 1111"  # passes Luhn; the well-known test card the set's veto removes from datasets
 REAL_CARD = "5500 0000 0000 0004"  # passes Luhn; no test card
@@ -123,3 +126,8 @@ def _probes_test_helpers() -> Any:
 _probes = _probes_test_helpers()
 probe_model_dir = _probes.probe_model_dir
 lab = _probes.lab
+
+
+def pytest_collection_modifyitems(items):
+    # Every test here writes to the database: CI runs them on PostgreSQL too (pytest -m storage).
+    databases.mark_storage(items, Path(__file__).parent)

@@ -22,7 +22,7 @@ class SAERecord(Base):
     d_in: Mapped[int] = mapped_column(sa.Integer)
     d_sae: Mapped[int] = mapped_column(sa.Integer)
     layer: Mapped[int] = mapped_column(sa.Integer)
-    hook_point: Mapped[str] = mapped_column(sa.String(16))
+    hook_point: Mapped[str] = mapped_column(sa.Text)
     architecture: Mapped[str] = mapped_column(sa.String(16))
     cfg: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     created: Mapped[int] = mapped_column(sa.Integer)

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from millm_host.testing import databases
 from millm_saelens.testing import write_sae
 
 D_MODEL = 64  # the tiny model's hidden size
@@ -102,3 +103,8 @@ def attach(client, sae_dir) -> Callable[..., dict]:
         return response.json()
 
     return register_and_attach
+
+
+def pytest_collection_modifyitems(items):
+    # Every test here writes to the database: CI runs them on PostgreSQL too (pytest -m storage).
+    databases.mark_storage(items, Path(__file__).parent)
