@@ -9,6 +9,7 @@ them on the resident model. ``/api/steering``: the live values (and
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 from millm_host.api import InvalidParameter, JsonResource, check_display_name, operation
@@ -277,8 +278,34 @@ class Circuit(_Resource):
         resp.media = await self.service.catalog.set_circuit_intensity(circuit_id, body["intensity"])
 
 
+def _desired(service: SteeringService, responder: Any) -> Any:
+    """A changing responder: catch up with the desired state first, store the live state after."""
+
+    @functools.wraps(responder)
+    async def changing(req, resp, **params) -> None:
+        await service.converger.catch_up()
+        await responder(req, resp, **params)
+        await service.converger.publish()
+
+    return changing
+
+
+CHANGING = ("on_post", "on_put", "on_delete")
+
+
 def install(host: Host, service: SteeringService, add_route) -> None:
-    """Add every management route."""
+    """Add every management route; each change becomes the desired state of every replica (desired.py)."""
+    plain_add_route = add_route
+
+    def add_route(path: str, resource: Any, **kwargs: Any) -> None:
+        suffix = kwargs.get("suffix")
+        for method in CHANGING:
+            name = f"{method}_{suffix}" if suffix else method
+            responder = getattr(resource, name, None)
+            if responder is not None and not hasattr(responder, "__wrapped__"):
+                setattr(resource, name, _desired(service, responder))
+        plain_add_route(path, resource, **kwargs)
+
     saes, sae = SAEs(host, service), SAE(host, service)
     add_route("/api/saes", saes)
     add_route("/api/saes/{sae_id}", sae)
