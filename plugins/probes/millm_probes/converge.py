@@ -34,9 +34,9 @@ class Converger:
 
     async def __call__(self) -> list[str]:
         runtime = self.runtime
-        rows = await asyncio.to_thread(store.list_probes, runtime.host.db)
-        desired = {row.id: row for row in rows if row.armed}
-        async with runtime.lock:
+        async with runtime.lock:  # read under the lock: an arm in progress here commits its row first
+            rows = await asyncio.to_thread(store.list_probes, runtime.host.db)
+            desired = {row.id: row for row in rows if row.armed}
             if members_of(rows) != runtime.members:  # imported or deleted on another replica
                 await refresh_members(runtime)
             gone = set(runtime.snapshot.ids()) - desired.keys()

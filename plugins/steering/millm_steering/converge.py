@@ -33,8 +33,8 @@ class Converger:
     async def __call__(self) -> list[str]:
         service = self.service
         service.locked_model = await asyncio.to_thread(service.store.lock)
-        revision, document = await asyncio.to_thread(desired.read, service.host.db)
-        async with self._lock:
+        async with self._lock:  # read under the lock: a local change publishes under it
+            revision, document = await asyncio.to_thread(desired.read, service.host.db)
             if document is None or (revision == self.applied and not self.reasons):
                 return []
             if document != desired.document_of(service.state.snapshot()):
