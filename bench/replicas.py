@@ -62,7 +62,8 @@ def client(servers: list[ServerProcess], model: str, deadline: float, load: Load
         while time.monotonic() < deadline:
             messages: list[dict[str, str]] = []
             traces: list[str] = []
-            for question in QUESTIONS[:TURNS]:
+            opening = f"Conversation {secrets.token_hex(4)}."  # identical conversations would be ambiguous
+            for question in [f"{opening} {QUESTIONS[0]}", *QUESTIONS[1:TURNS]]:
                 index = next(turn_of) % len(https)  # alternate replicas turn by turn
                 trace = secrets.token_hex(16)
                 messages.append({"role": "user", "content": question})
