@@ -71,11 +71,34 @@ async def _features(value: Any, max_abs: float | None = None) -> Features:
 
 
 class _Resource(JsonResource):
-    """A steering route: the host's body reading, and the plugin's service."""
+    """A steering route: the host's body reading, and the plugin's service.
+
+    Every changing responder (``on_post*``, ``on_put*``, ``on_delete*``) catches up with the
+    desired state first and stores the live state as the desired state after (desired.py).
+    """
 
     def __init__(self, host: Host, service: SteeringService) -> None:
         super().__init__(host)
         self.service = service
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, responder in list(vars(cls).items()):
+            if name.startswith(CHANGING) and callable(responder):
+                setattr(cls, name, _changing(responder))
+
+
+CHANGING = ("on_post", "on_put", "on_delete")
+
+
+def _changing(responder: Any) -> Any:
+    @functools.wraps(responder)
+    async def changing(self: _Resource, req, resp, **params: Any) -> None:
+        await self.service.converger.catch_up()
+        await responder(self, req, resp, **params)
+        await self.service.converger.publish()
+
+    return changing
 
 
 class SAEs(_Resource):
@@ -278,34 +301,8 @@ class Circuit(_Resource):
         resp.media = await self.service.catalog.set_circuit_intensity(circuit_id, body["intensity"])
 
 
-def _desired(service: SteeringService, responder: Any) -> Any:
-    """A changing responder: catch up with the desired state first, store the live state after."""
-
-    @functools.wraps(responder)
-    async def changing(req, resp, **params) -> None:
-        await service.converger.catch_up()
-        await responder(req, resp, **params)
-        await service.converger.publish()
-
-    return changing
-
-
-CHANGING = ("on_post", "on_put", "on_delete")
-
-
 def install(host: Host, service: SteeringService, add_route) -> None:
     """Add every management route; each change becomes the desired state of every replica (desired.py)."""
-    plain_add_route = add_route
-
-    def add_route(path: str, resource: Any, **kwargs: Any) -> None:
-        suffix = kwargs.get("suffix")
-        for method in CHANGING:
-            name = f"{method}_{suffix}" if suffix else method
-            responder = getattr(resource, name, None)
-            if responder is not None and not hasattr(responder, "__wrapped__"):
-                setattr(resource, name, _desired(service, responder))
-        plain_add_route(path, resource, **kwargs)
-
     saes, sae = SAEs(host, service), SAE(host, service)
     add_route("/api/saes", saes)
     add_route("/api/saes/{sae_id}", sae)
