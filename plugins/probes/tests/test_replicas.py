@@ -134,7 +134,8 @@ def test_a_replica_whose_gates_refuse_says_why_and_is_not_ready(
 def test_steering_on_one_replica_steers_the_other(clients, lab, shared):
     ha, hb = clients
     write_sae(shared["root"] / "saes" / "rep-sae", d_in=lab.d_model, d_sae=128, layer=1)
-    ha.post("/api/saes", json={"path": str(shared["root"] / "saes" / "rep-sae"), "sae_id": "rep-sae"})
+    registered = ha.post("/api/saes", json={"path": str(shared["root"] / "saes" / "rep-sae"), "sae_id": "rep-sae"})
+    assert registered.status_code in (200, 201), registered.text
     assert ha.post("/api/saes/rep-sae/attach", json={}).status_code == 200
     steer = {"sae_id": "rep-sae", "features": [{"index": 3, "strength": 2.0}]}
     assert ha.put("/api/steering", json=steer).status_code == 200

@@ -1,14 +1,17 @@
 """steering desired state: what every replica converges to
 
-Revision ID: steering_0003
+Revision ID: steering_desired_0001
 Revises: steering_0002
+
+Its own revision id: another branch may add steering_0003 on steering_0002 too; Alembic
+upgrades every head, so the two live side by side until a merge revision joins them.
 Create Date: 2026-12-01
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "steering_0003"
+revision = "steering_desired_0001"
 down_revision = "steering_0002"
 branch_labels = None
 depends_on = None
