@@ -29,6 +29,7 @@ from .observability.request import CURRENT, Observation
 from .observability.tracing import Tracing
 from .plugins import build_plugin_manager
 from .registry import ModelRegistry
+from .replicas.convergence import Convergence
 from .scheduler import Scheduler
 from .serving.base import Serving
 from .serving.chat import ServingChat
@@ -48,6 +49,7 @@ T = TypeVar("T")
 #: before the plugins stop; past it the thread is hung and left behind (it is a daemon thread).
 DRAIN_S = 5.0
 BATCH_MIGRATIONS = Path(__file__).parent / "batch" / "migrations"
+REPLICA_MIGRATIONS = Path(__file__).parent / "replicas" / "migrations"
 
 
 class Host:
@@ -70,6 +72,9 @@ class Host:
             self.scheduler.watch = self.metrics.queue_changed
         self.registry = ModelRegistry(self, self.engines)
         self.db = Database(database_url(settings))
+        #: This replica's convergence to the desired state in the database (armed probes, steering);
+        #: plugins add their convergers at ``startup``.
+        self.convergence = Convergence(self)
         #: The Batch API: uploaded files and the batches run over them.
         self.batches = BatchRunner(self, FileStore(settings.data_dir / "files", self.db))
         #: One request lifecycle per endpoint: ``await host.serving[endpoint].handle(body, headers)``
@@ -151,7 +156,10 @@ class Host:
         task.add_done_callback(self._background.discard)
 
     def migrations(self) -> list[tuple[str, str]]:
-        found: list[tuple[str, str]] = [("batch", str(BATCH_MIGRATIONS))]  # the host's own tables
+        found: list[tuple[str, str]] = [  # the host's own tables
+            ("batch", str(BATCH_MIGRATIONS)),
+            ("replicas", str(REPLICA_MIGRATIONS)),
+        ]
         hookcalls.startup(self.pm, "register_migrations", register=lambda name, path: found.append((name, str(path))))
         return found
 
@@ -217,12 +225,14 @@ class _Lifespan:
     async def process_startup(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         self.host._load_task = asyncio.create_task(self.host.load_start_model())
         self.host.batches.resume()  # batches a stop or a crash left unfinished
+        self.host.convergence.start()
 
     async def process_shutdown(self, scope: Mapping[str, Any], event: Mapping[str, Any]) -> None:
         task = self.host._load_task
         if task is not None and not task.done():
             task.cancel()
         await self.host.batches.stop()  # their unfinished lines stay pending for the next start
+        await self.host.convergence.stop()
         await asyncio.to_thread(self.host.stop)
 
 

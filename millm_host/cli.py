@@ -16,6 +16,8 @@ log = logging.getLogger("millm")
 
 def _settings(args: argparse.Namespace) -> Settings:
     environ = dict(os.environ)
+    if getattr(args, "port", None) is not None and not environ.get("MILLM_REPLICA_ID"):
+        environ["MILLM_REPLICA_ID"] = f"{socket.gethostname()}:{args.port}:{os.getpid()}"
     if getattr(args, "model", None):
         environ["MILLM_MODEL"] = args.model
     if getattr(args, "engine", None):

@@ -197,6 +197,16 @@ class QueueState(ResponseModel):
     shutting_down: bool
 
 
+class ReplicaState(ResponseModel):
+    """This replica's convergence to the desired state in the shared database."""
+
+    id: str = Field(description="MILLM_REPLICA_ID, or host:port:pid")
+    converged: bool
+    reasons: list[str] = Field(description="Why this replica differs from the desired state, one line each")
+    checked_at: float | None
+    interval_s: float
+
+
 class Health(ResponseModel):
     """``GET /api/health``."""
 
@@ -211,3 +221,4 @@ class Health(ResponseModel):
     plugins: list[PluginLoaded]
     failed_plugins: list[PluginFailed]
     queue: QueueState
+    replica: ReplicaState

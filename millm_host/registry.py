@@ -349,6 +349,7 @@ class ModelRegistry:
         log.info("model %s loaded in %.1f s", entry.id, seconds)
         self.host.metrics.model_loaded(entry.id, entry.spec.name, seconds)
         hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
+        self.host.convergence.poke()  # the new model runs the gates of what is armed and steered
         return engine
 
     async def unload(self, entry: ModelEntry) -> None:

@@ -163,6 +163,24 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "OpenTelemetry collector base URL (OTLP over HTTP, spans to <url>/v1/traces); tracing is off without it",
     ),
     Setting("OTEL_SERVICE_NAME", str, "millm", "The service name of exported spans"),
+    Setting(
+        "MILLM_REPLICA_ID",
+        str,
+        None,
+        "This replica's name in the shared database and in /api/health (default host:port:pid)",
+    ),
+    Setting(
+        "MILLM_CONVERGE_INTERVAL_S",
+        float,
+        3.0,
+        "Seconds between this replica's passes over the desired state (armed probes, steering) in the database",
+    ),
+    Setting(
+        "MILLM_BATCH_LEASE_S",
+        float,
+        30.0,
+        "Seconds a batch's lease lasts without renewal; another replica resumes the batch only after it expires",
+    ),
 )
 
 

@@ -11,7 +11,9 @@ def test_ready_while_a_model_is_loaded_and_not_while_draining(app_factory):
     with app.http() as http:
         # open without a key: a load balancer carries none
         assert http.get("/api/health/live").json() == {"status": "live"}
-        assert http.get("/api/health/ready").json() == {"status": "ready", "model": "echo"}
+        ready = http.get("/api/health/ready").json()
+        assert ready == {"status": "ready", "model": "echo", "replica": app.host.convergence.replica_id}
+        assert http.get("/api/health").json()["replica"]["converged"] is True
         assert http.post("/api/models/echo/unload", headers=admin).status_code == 200
         assert_error(http.get("/api/health/ready"), 503, "not_ready")
         assert http.post("/api/models/echo/load", headers=admin).status_code == 200

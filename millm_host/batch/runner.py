@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from ..admission import BACKGROUND
 from ..errors import ClientDisconnected, InternalError, MillmError, ShuttingDown
 from ..paging import page
+from . import lease
 from .lines import (
     ENDPOINTS,
     InputFileInvalid,
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("millm.batch")
 
-#: Statuses a batch is still being worked on in (resumed after a restart).
-UNFINISHED = ("validating", "in_progress", "finalizing", "cancelling")
 #: Refusals worth waiting out rather than writing to the error file: the model is loading or unloading.
 TRANSIENT = frozenset({"model_busy", "queue_full"})
 RETRY_S = 1.0
@@ -107,6 +106,10 @@ class BatchRunner:
         self._cancelled: dict[str, asyncio.Event] = {}
         #: Set when the server stops: lines in flight are cancelled and stay pending.
         self._stopping = asyncio.Event()
+        #: This replica's name on the batches it holds the lease of (lease.py).
+        self.owner = host.convergence.replica_id
+        self.lease_s = max(0.3, float(host.settings["MILLM_BATCH_LEASE_S"]))
+        self._sweeper: asyncio.Task | None = None
 
     # --- the routes' operations (event loop; database work on a worker thread) ----------------
     async def create(self, *, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
@@ -188,12 +191,38 @@ class BatchRunner:
 
     # --- lifecycle --------------------------------------------------------------------------
     def resume(self) -> None:
-        """Start a task for every unfinished batch (the server just started; event loop)."""
-        with self.db.session() as session:
-            ids = list(session.scalars(sa.select(Batch.id).where(Batch.status.in_(UNFINISHED))))
-        for batch_id in ids:
-            log.info("batch %s: resuming", batch_id)
-            self._start(batch_id)
+        """Resume every unfinished batch no replica holds, now and whenever a lease expires (event loop)."""
+        self._sweeper = asyncio.create_task(self._sweep(), name="millm-batch-sweep")
+        self.host.keep(self._sweeper)
+
+    async def _sweep(self) -> None:
+        """Every half lease: take over the batches whose runner stopped or crashed (its lease expired)."""
+        while not self._stopping.is_set():
+            try:
+                ids = await asyncio.to_thread(lease.claimable, self.db)
+            except Exception:  # the database may be away for a moment
+                log.exception("looking for batches to resume failed")
+                ids = []
+            for batch_id in ids:
+                if batch_id not in self._tasks:
+                    log.info("batch %s: resuming", batch_id)
+                    self._start(batch_id)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.lease_s / 2)
+            except TimeoutError:
+                pass
+
+    async def _renew(self, batch_id: str, runner: asyncio.Task) -> None:
+        """Keep the lease while the batch runs; hear of a cancel made on another replica."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            status = await asyncio.to_thread(lease.renew, self.db, batch_id, self.owner, self.lease_s)
+            if status is None:  # this replica stalled past its lease and another took the batch
+                log.warning("batch %s: its lease went to another replica; stopping here", batch_id)
+                runner.cancel()
+                return
+            if status == "cancelling":
+                self._cancel_event(batch_id).set()
 
     async def stop(self) -> None:
         """Stop every batch task; their unfinished lines stay pending for the next start.
@@ -202,7 +231,7 @@ class BatchRunner:
         stops at the next token), so the engine thread is free for the shutdown.
         """
         self._stopping.set()
-        tasks = list(self._tasks.values())
+        tasks = list(self._tasks.values()) + ([self._sweeper] if self._sweeper is not None else [])
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=STOP_S)
             for task in late:
@@ -220,6 +249,13 @@ class BatchRunner:
 
     async def _run(self, batch_id: str) -> None:
         BACKGROUND.set(True)  # this task's requests (and their tasks) wait for live traffic
+        if not await asyncio.to_thread(lease.claim, self.db, batch_id, self.owner, self.lease_s):
+            log.info("batch %s: another replica runs it", batch_id)
+            self._cancelled.pop(batch_id, None)
+            return
+        current = asyncio.current_task()
+        assert current is not None
+        renewing = asyncio.create_task(self._renew(batch_id, current), name=f"millm-batch-lease-{batch_id}")
         try:
             row = await asyncio.to_thread(self._row, batch_id)
             if row.status == "cancelling":
@@ -237,6 +273,8 @@ class BatchRunner:
             await asyncio.to_thread(self._fail, batch_id, [{"code": "internal_error", "message": repr(exc)}])
         finally:
             self._cancelled.pop(batch_id, None)
+            renewing.cancel()
+            await asyncio.to_thread(lease.release, self.db, batch_id, self.owner)
 
     # --- validating -------------------------------------------------------------------------
     async def _validate(self, row: Batch) -> Batch:

@@ -56,6 +56,9 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(sa.Integer)
     cancelling_at: Mapped[int | None] = mapped_column(sa.Integer)
     cancelled_at: Mapped[int | None] = mapped_column(sa.Integer)
+    #: The replica running the batch, renewed while it runs; another takes over only once it expires.
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
+    lease_expires_at: Mapped[float | None] = mapped_column(sa.Float)
 
 
 class BatchLine(Base):

@@ -30,6 +30,7 @@ class Ready(ResponseModel):
 
     status: Literal["ready"]
     model: str = Field(description="The resident model")
+    replica: str = Field(description="This replica's id (MILLM_REPLICA_ID, or host:port:pid)")
 
 
 class Health:
@@ -72,6 +73,8 @@ class Health:
                 "stalled": scheduler.stalled(),
                 "shutting_down": scheduler.closing,
             },
+            # Whether this replica has reached the desired state in the database, and why not.
+            "replica": self.host.convergence.report(),
         }
 
     @operation("Liveness: the server answers (for a load balancer or an orchestrator)", response=Live)
@@ -79,12 +82,16 @@ class Health:
         resp.media = {"status": "live"}
 
     @operation(
-        "Readiness: a model is loaded and the server is not draining (503 not_ready otherwise)",
+        "Readiness: a model is loaded, the replica has converged and is not draining (503 not_ready otherwise)",
         response=Ready,
         errors=(503,),
     )
     async def on_get_ready(self, req, resp) -> None:
-        resp.media = {"status": "ready", "model": ready_model(self.host)}
+        model = ready_model(self.host)
+        reasons = await self.host.convergence.current()
+        if reasons:
+            raise NotReady("this replica has not converged to the desired state: " + "; ".join(reasons))
+        resp.media = {"status": "ready", "model": model, "replica": self.host.convergence.replica_id}
 
 
 def ready_model(host: Host) -> str:

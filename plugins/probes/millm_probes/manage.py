@@ -197,44 +197,61 @@ async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
 
 
 async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Arm through the gates (limit, identity, evidence, parity, scope, cost); a refusal names its gate."""
+    """Arm through the gates (limit, identity, evidence, parity, scope, cost); a refusal names its gate.
+
+    The probe is then armed in the database too (desired state): every other replica arms it
+    through its own gates (converge.py).
+    """
     request = validate(ArmRequest, body)
-    host = runtime.host
     async with runtime.lock:
-        row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
-        view = runtime.view(row)
-        if runtime.armed_entry(probe_id) is not None:
-            return {**probe_json(runtime, row, view), "warnings": []}
-        d = view.definition
-        engine, entry = host.registry.current()
-        gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
-        warnings = gates.gate_identity(d, gates.model_identity(host, entry.id))
-        gates.gate_evidence(d, request.acknowledgement)
-        report, compiled = await run_parity(runtime, view, engine, entry.id)
-        await asyncio.to_thread(store.add_parity_report, host.db, report)
-        gates.gate_parity(report)
-        gates.gate_scope(d)
-        budget = await asyncio.to_thread(budget_now, runtime, entry.id, engine.info)
-        projection = capacity.project(budget, [*(a.view for a in runtime.snapshot.armed), view])
-        if not projection["fits"]:
-            raise cost_refusal(projection)
-        if request.acknowledgement and request.acknowledgement.strip():
-            await asyncio.to_thread(
-                store.add_acknowledgement,
-                host.db,
-                probe_id,
-                request.acknowledgement,
-                d.evidence.rung,
-                engine.info.load_id,
-            )
-        assert compiled is not None  # parity passed, so every vector was scored with it
-        await host.run_on_engine_thread(_commit_arm, runtime, view, compiled, engine)
+        row = await asyncio.to_thread(store.get_probe, runtime.host.db, probe_id)
+        result = await arm_here(runtime, row, request.acknowledgement, desired=True)
+    runtime.host.convergence.poke()
+    return result
+
+
+async def arm_here(runtime: Runtime, row: Probe, acknowledgement: str | None, *, desired: bool) -> dict[str, Any]:
+    """Arm ``row`` on this replica through every gate (hold ``runtime.lock``).
+
+    ``desired``: an operator's arm, stored as the desired state with its acknowledgement;
+    else a replica converging to what another replica's operator armed.
+    """
+    host = runtime.host
+    probe_id = row.id
+    view = runtime.view(row)
+    if runtime.armed_entry(probe_id) is not None:
+        return {**probe_json(runtime, row, view), "warnings": []}
+    d = view.definition
+    engine, entry = host.registry.current()
+    gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
+    warnings = gates.gate_identity(d, gates.model_identity(host, entry.id))
+    gates.gate_evidence(d, acknowledgement)
+    report, compiled = await run_parity(runtime, view, engine, entry.id)
+    await asyncio.to_thread(store.add_parity_report, host.db, report)
+    gates.gate_parity(report)
+    gates.gate_scope(d)
+    budget = await asyncio.to_thread(budget_now, runtime, entry.id, engine.info)
+    projection = capacity.project(budget, [*(a.view for a in runtime.snapshot.armed), view])
+    if not projection["fits"]:
+        raise cost_refusal(projection)
+    if desired and acknowledgement and acknowledgement.strip():
+        await asyncio.to_thread(
+            store.add_acknowledgement,
+            host.db,
+            probe_id,
+            acknowledgement,
+            d.evidence.rung,
+            engine.info.load_id,
+        )
+    assert compiled is not None  # parity passed, so every vector was scored with it
+    await host.run_on_engine_thread(_commit_arm, runtime, view, compiled, engine)
+    if desired:
         try:
             await asyncio.to_thread(store.set_armed, host.db, probe_id, engine.info.load_id)
         except BaseException:
             runtime.disarm(probe_id)
             raise
-        return {**probe_json(runtime, row, view), "warnings": warnings, "parity": parity_summary(report)}
+    return {**probe_json(runtime, row, view), "warnings": warnings, "parity": parity_summary(report)}
 
 
 def _commit_arm(runtime: Runtime, view: ProbeView, compiled: CompiledProbe, engine: Any) -> None:
@@ -249,8 +266,11 @@ async def disarm(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     async with runtime.lock:
         row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
         if runtime.disarm(probe_id):
+            row.disarmed_reason = "disarmed"
+        if row.armed:  # disarmed on every replica (desired state), even one this replica never armed
             await asyncio.to_thread(store.set_disarmed, host.db, "disarmed", probe_id)
             row.disarmed_reason = "disarmed"
+        host.convergence.poke()
         return probe_json(runtime, row, runtime.view(row))
 
 

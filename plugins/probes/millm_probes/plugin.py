@@ -14,6 +14,7 @@ from typing import Any
 from millm_host.api import hookimpl
 
 from . import capacity_store, live, routes, sessions, set_routes, store
+from .converge import Converger
 from .retention import Retention
 from .runtime import Runtime
 from .session_settings import SESSION_SETTINGS
@@ -61,9 +62,12 @@ def register_routes(host, add_route) -> None:
 
 @hookimpl
 def startup(host) -> None:
-    """Nothing is armed after a restart: mark what the last process left armed as disarmed."""
+    """Nothing is armed after a restart of the only replica: mark what the last process left armed as
+    disarmed. A replica joining others keeps the armed state, and converges to it (converge.py)."""
     runtime = _start(host)
-    store.set_disarmed(host.db, "restart")
+    if host.convergence.alone():
+        store.set_disarmed(host.db, "restart")
+    host.convergence.add("probes", Converger(runtime))
     runtime.set_members(members_of(store.list_probes(host.db)))
     runtime.retention = Retention(host.db, host.settings)
     runtime.retention.start()
@@ -79,7 +83,12 @@ def shutdown(host) -> None:
 
 @hookimpl
 def model_unloading(host, engine) -> None:
-    """Every probe is disarmed by an unload: its head was checked against this load only."""
+    """Every probe is disarmed here by an unload: its head was checked against this load only.
+
+    On the only replica the probes are disarmed in the database too (as a single server
+    always did); while other replicas run, they stay armed there, and the next model
+    loaded here runs their gates again.
+    """
     runtime = _runtime(host)
     if runtime is None:
         return
@@ -87,7 +96,8 @@ def model_unloading(host, engine) -> None:
     disarmed = runtime.disarm_all()
     if disarmed:
         log.info("model unloading: disarmed %s", ", ".join(disarmed))
-        store.set_disarmed(host.db, "model_unloaded")
+        if host.convergence.alone():
+            store.set_disarmed(host.db, "model_unloaded")
 
 
 @hookimpl

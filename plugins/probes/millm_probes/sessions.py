@@ -163,7 +163,8 @@ def newest_user_message(conversation: list[dict[str, Any]]) -> str | None:
 
 
 class Sessions:
-    """Writes turns (one at a time: a turn number is the session's count plus one)."""
+    """Writes turns: a turn number is the session's count plus one, counted in the database, so two
+    replicas writing turns of one session at once get a turn number each."""
 
     def __init__(self, db: Any) -> None:
         self.db = db
@@ -180,28 +181,7 @@ class Sessions:
             if claim.transcript:
                 user_text, reply_text = newest_user_message(ctx.conversations[0]), reply
         with self.lock, self.db.engine.begin() as connection:
-            turns = connection.scalar(sa.select(ProbeSession.turns).where(ProbeSession.id == claim.session_id))
-            if turns is None:
-                connection.execute(
-                    sa.insert(ProbeSession).values(
-                        id=claim.session_id,
-                        source=claim.source,
-                        ambiguous=claim.ambiguous,
-                        previous_session_id=claim.previous_session_id,
-                        turns=1,
-                        fired=fired,
-                        started_at=stamp,
-                        last_active_at=stamp,
-                    )
-                )
-                turn = 1
-            else:
-                turn = turns + 1
-                connection.execute(
-                    sa.update(ProbeSession)
-                    .where(ProbeSession.id == claim.session_id)
-                    .values(turns=turn, fired=ProbeSession.fired + fired, last_active_at=stamp)
-                )
+            turn = self._next_turn(connection, claim, fired, stamp)
             connection.execute(
                 sa.insert(ProbeSessionTurn).values(
                     session_id=claim.session_id,
@@ -218,6 +198,36 @@ class Sessions:
                 )
             )
         return turn
+
+    @staticmethod
+    def _next_turn(connection: Any, claim: Claim, fired: int, stamp: datetime) -> int:
+        """Count the turn in the session's row (made by the first turn); its number."""
+        bump = (
+            sa.update(ProbeSession)
+            .where(ProbeSession.id == claim.session_id)
+            .values(turns=ProbeSession.turns + 1, fired=ProbeSession.fired + fired, last_active_at=stamp)
+            .returning(ProbeSession.turns)
+        )
+        turn = connection.scalar(bump)  # the row is locked until commit: the next writer waits
+        if turn is not None:
+            return turn
+        try:
+            with connection.begin_nested():  # another replica may insert the session first
+                connection.execute(
+                    sa.insert(ProbeSession).values(
+                        id=claim.session_id,
+                        source=claim.source,
+                        ambiguous=claim.ambiguous,
+                        previous_session_id=claim.previous_session_id,
+                        turns=1,
+                        fired=fired,
+                        started_at=stamp,
+                        last_active_at=stamp,
+                    )
+                )
+            return 1
+        except sa.exc.IntegrityError:
+            return connection.scalar(bump)
 
 
 def headers(ctx: RequestContext) -> dict[str, str] | None:

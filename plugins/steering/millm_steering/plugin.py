@@ -20,7 +20,8 @@ from millm_host.api import (
     hookimpl,
 )
 
-from . import request, routes
+from . import desired, request, routes
+from .converge import Converger
 from .header import INTENSITY, RUNG, STEERING
 from .schemas import SteeringFields
 from .service import SteeringService
@@ -133,8 +134,16 @@ def register_migrations(register) -> None:
 
 @hookimpl
 def startup(host) -> None:
-    """Build the service: the stored lock is read; SAEs and profiles stay in the database."""
-    host.state[STATE_KEY] = SteeringService(host)
+    """Build the service: the stored lock is read; SAEs and profiles stay in the database.
+
+    The live state starts empty on the only replica (as a single server always did); a
+    replica joining others converges to the desired state they share (converge.py).
+    """
+    steering = host.state[STATE_KEY] = SteeringService(host)
+    if host.convergence.alone():
+        desired.write(host.db, desired.EMPTY)
+    steering.converger = Converger(steering)
+    host.convergence.add("steering", steering.converger)
 
 
 @hookimpl
@@ -164,8 +173,13 @@ def model_loaded(host, engine) -> None:
 
 @hookimpl
 def model_unloading(host, engine) -> None:
-    """Attached SAEs (and their live values) go with the model."""
-    service(host).state.model_unloading()
+    """Attached SAEs (and their live values) go with the model: on the only replica from the
+    desired state too; while others run, the next model loaded here attaches them again."""
+    steering = service(host)
+    snap = steering.state.model_unloading()
+    if host.convergence.alone():
+        desired.write(host.db, desired.document_of(snap))
+    steering.converger.applied = -1  # reach the desired state again with the next model
 
 
 @hookimpl

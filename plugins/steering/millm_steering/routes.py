@@ -9,6 +9,7 @@ them on the resident model. ``/api/steering``: the live values (and
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 from millm_host.api import InvalidParameter, JsonResource, check_display_name, operation
@@ -70,11 +71,34 @@ async def _features(value: Any, max_abs: float | None = None) -> Features:
 
 
 class _Resource(JsonResource):
-    """A steering route: the host's body reading, and the plugin's service."""
+    """A steering route: the host's body reading, and the plugin's service.
+
+    Every changing responder (``on_post*``, ``on_put*``, ``on_delete*``) catches up with the
+    desired state first and stores the live state as the desired state after (desired.py).
+    """
 
     def __init__(self, host: Host, service: SteeringService) -> None:
         super().__init__(host)
         self.service = service
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, responder in list(vars(cls).items()):
+            if name.startswith(CHANGING) and callable(responder):
+                setattr(cls, name, _changing(responder))
+
+
+CHANGING = ("on_post", "on_put", "on_delete")
+
+
+def _changing(responder: Any) -> Any:
+    @functools.wraps(responder)
+    async def changing(self: _Resource, req, resp, **params: Any) -> None:
+        await self.service.converger.catch_up()
+        await responder(self, req, resp, **params)
+        await self.service.converger.publish()
+
+    return changing
 
 
 class SAEs(_Resource):
@@ -278,7 +302,7 @@ class Circuit(_Resource):
 
 
 def install(host: Host, service: SteeringService, add_route) -> None:
-    """Add every management route."""
+    """Add every management route; each change becomes the desired state of every replica (desired.py)."""
     saes, sae = SAEs(host, service), SAE(host, service)
     add_route("/api/saes", saes)
     add_route("/api/saes/{sae_id}", sae)

@@ -28,6 +28,7 @@ from .store import Store, to_profile
 if TYPE_CHECKING:
     from millm_host.api import Host
 
+    from .converge import Converger
     from .tables import ProfileRecord, SAERecord
 
 log = logging.getLogger("millm.steering")
@@ -49,6 +50,7 @@ class SteeringService:
         from .catalog import Catalog  # it imports this module's helpers
 
         self.catalog = Catalog(self)
+        self.converger: Converger  # set at startup (plugin.py)
 
     # --- shared with the request path -----------------------------------------------------
     def limits(self) -> Limits:

@@ -72,3 +72,14 @@ class CircuitRecord(Base):
     document: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     intensity: Mapped[float] = mapped_column(sa.Float)
     created: Mapped[int] = mapped_column(sa.Integer)
+
+
+class DesiredRecord(Base):
+    """The live steering every replica converges to (one row): attachments, live values, the active
+    profile and circuits with their dials, as ``desired.document_of`` writes them."""
+
+    __tablename__ = "steering_desired"
+
+    id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    revision: Mapped[int] = mapped_column(sa.Integer)
+    document: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
