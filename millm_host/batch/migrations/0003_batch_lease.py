@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "batch_lease_0001"
-down_revision = "batch_0001"
+down_revision = "batch_0002"
 branch_labels = None
 depends_on = None
 

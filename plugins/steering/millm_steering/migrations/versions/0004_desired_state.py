@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "steering_desired_0001"
-down_revision = "steering_0002"
+down_revision = "steering_0003"
 branch_labels = None
 depends_on = None
 
