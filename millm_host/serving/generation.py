@@ -69,7 +69,7 @@ class GenerationJob:
     def __call__(self) -> None:
         ctx, scheduler = self.ctx, self.host.scheduler
         ctx.timing.start()
-        scheduler.beat()
+        scheduler.begin()
         try:
             if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
                 raise RequestCancelled()
