@@ -17,9 +17,15 @@ the left are dropped. Each row's padding is masked out (``attention_mask``) and
 its positions are its own (``position_ids``), so a row computes what it would
 alone, up to floating-point rounding of the batched matrix products.
 
-The model is shared with serial work (a hooked generation, scoring, embeddings),
-which takes the engine's ``TurnLock`` for as long as it runs; the scheduler takes
-it for one step at a time, in turn with everyone else.
+Layer hooks (steering writes, probe reads) are per row: at each hooked point, each
+row's callbacks get that row alone, ``[1, seq, d]`` with its own start position, as
+``LayerHook`` promises; a row without hooks costs nothing there, and a point no row
+hooks gets no torch hook. A callback that raises fails its own row only.
+
+The model is shared with the engine thread's work (scoring, embeddings, hooked
+forwards, a generation that runs alone), which takes the engine's ``TurnLock`` for
+as long as it runs; the scheduler takes it for one step at a time, in turn with
+everyone else.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ from typing import Any
 import torch
 import transformers
 
-from millm_host.api import SamplingParams
+from millm_host.api import LayerHook, SamplingParams
 
+from . import hooks as layer_hooks
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
 
 log = logging.getLogger("millm.batching")
@@ -80,6 +87,9 @@ class Row:
     generator: torch.Generator
     penalties: Penalties
     bias: LogitBias
+    #: Its layer hooks by point (steering, probes): called on its own row of each pass.
+    hooks: dict[layer_hooks.Point, list[LayerHook]] = field(default_factory=dict)
+    error: Exception | None = None  # one of its hooks raised during the pass
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: list[int] = field(default_factory=list)
     gone: bool = False  # its consumer closed the stream: drop it at the next step
@@ -95,6 +105,7 @@ class BatchScheduler:
     def __init__(
         self,
         model: Any,
+        layers: torch.nn.ModuleList,
         device: torch.device,
         vocab_size: int,
         eos_ids: frozenset[int],
@@ -105,6 +116,7 @@ class BatchScheduler:
         prefill_chunk: int,
     ) -> None:
         self.model = model
+        self.layers = layers
         self.device = device
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
@@ -131,9 +143,11 @@ class BatchScheduler:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
+        hooks: Sequence[LayerHook] = (),
     ) -> Iterator[Any]:
         """Tokens of one generation, as ``Engine.generate`` yields them; closing it leaves the batch."""
         row = Row(
+            hooks=layer_hooks.grouped(hooks, len(self.layers)),
             prompt=list(prompt_ids),
             params=params,
             processors=list(processors),
@@ -215,7 +229,16 @@ class BatchScheduler:
             row.cache = transformers.DynamicCache()
         start = row.prefilled
         chunk = row.prompt[start : start + self.prefill_chunk]
-        output = self._forward(torch.tensor([chunk], device=self.device), row.cache, keep_last=True)
+        try:  # what fails here (a hook, memory for a long prompt) fails this row alone
+            output = self._hooked_forward(
+                [row], [start], torch.tensor([chunk], device=self.device), row.cache, keep_last=True
+            )
+            if row.error is not None:
+                raise row.error
+        except Exception as exc:
+            self._prefilling = None
+            row.out.put(exc)
+            return
         row.prefilled += len(chunk)
         if row.prefilled < len(row.prompt):
             return
@@ -230,7 +253,15 @@ class BatchScheduler:
         ids = torch.tensor([[row.generated[-1]] for row in rows], device=self.device)
         positions = torch.tensor([[row.position] for row in rows], device=self.device)
         mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=self._mask.dtype, device=self.device)], dim=1)
-        output = self._forward(ids, self._cache, keep_last=True, attention_mask=mask, position_ids=positions)
+        output = self._hooked_forward(
+            rows,
+            [row.position for row in rows],
+            ids,
+            self._cache,
+            keep_last=True,
+            attention_mask=mask,
+            position_ids=positions,
+        )
         self._mask = mask
         self.steps += 1
         logits = output.logits[:, -1].float()
@@ -238,9 +269,28 @@ class BatchScheduler:
         for index, row in enumerate(rows):
             row.position += 1
             row.logits = logits[index]
-            if not self._sample(row):
+            if row.error is not None:
+                row.out.put(row.error)
+                leaving.append(row)
+            elif not self._sample(row):
                 leaving.append(row)
         self._drop(leaving)
+
+    def _hooked_forward(self, rows: Sequence[Row], starts: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        """One pass with each row's hooks on its own row (none installed when no row has any)."""
+        hooked = [(row.hooks, start) if row.hooks else None for row, start in zip(rows, starts, strict=True)]
+        if not any(hooked):
+            return self._forward(*args, **kwargs)
+
+        def failed(index: int, exc: Exception) -> None:
+            rows[index].error = rows[index].error or exc
+
+        handles = layer_hooks.install_rows(self.layers, hooked, failed)
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def _forward(self, ids: torch.Tensor, cache: Any, keep_last: bool, **kwargs: Any) -> Any:
         kwargs.update({"input_ids": ids, "use_cache": True, self.cache_arg: cache})

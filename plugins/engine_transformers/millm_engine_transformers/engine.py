@@ -119,6 +119,7 @@ class TransformersEngine(Engine):
         if self.concurrent_generation:
             self.batch = BatchScheduler(
                 self.model,
+                self.layers,
                 self.device,
                 self.info.vocab_size or 0,
                 self.info.eos_token_ids,
@@ -219,14 +220,21 @@ class TransformersEngine(Engine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
-        if self.batch is not None and not hooks:
-            with self._counting:
-                self._batched += 1
-            return self.batch.submit(prompt_ids, params, logits_processors)
         if self.batch is not None:
-            # Layer hooks (steering, probes) see one sequence per pass: those generations run alone.
-            self._count_serial("layer_hooks")
+            reason = self._serial_reason(hooks)
+            if reason is None:
+                with self._counting:
+                    self._batched += 1
+                return self.batch.submit(prompt_ids, params, logits_processors, hooks)
+            self._count_serial(reason)
         return self._serial(prompt_ids, params, hooks, logits_processors)
+
+    def _serial_reason(self, hooks: Sequence[LayerHook]) -> str | None:
+        """Why a generation must run alone while batching is on (None: it joins the batch)."""
+        # The probes plugin's switch: an operator who wants armed probes to read unbatched passes.
+        if self.settings.get("PROBE_FORCE_SERIAL") and any(hook.owner == "probes" for hook in hooks):
+            return "probe_force_serial"
+        return None
 
     def _serial(
         self,

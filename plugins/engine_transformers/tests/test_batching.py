@@ -2,8 +2,9 @@
 
 The engine half: a row computes in the batch what it computes alone (greedy tokens
 equal, log-probabilities within 1e-4), whatever joins and leaves around it; a
-seeded row draws the same; a closed stream leaves the batch; hooked generations
-run alone and say why.
+seeded row draws the same; a closed stream leaves the batch; layer hooks (steering
+writes, reads) work per row: a callback sees its own row, the steered residual equals
+the serial one within 1e-5, and a hook that raises fails its own row only.
 """
 
 from __future__ import annotations
@@ -12,17 +13,20 @@ import threading
 
 import pytest
 
-from millm_host.api import LayerHook, ModelDescriptor, SamplingParams, Settings
+from millm_host.api import LayerHook, ModelDescriptor, SamplingParams, Setting, Settings
 
 #: Prompt lengths from one token to past several prefill chunks.
 WORDS = (0, 1, 3, 8, 20, 40, 2, 15, 60, 5, 33, 11)
 
 
-def load(model_dir, **env):
+def load(model_dir, *declared: Setting, **env):
     from millm_engine_transformers.engine import TransformersEngine
 
     descriptor = ModelDescriptor(id="tiny", path=str(model_dir), format="hf", engine="transformers")
-    return TransformersEngine.load(descriptor, Settings(environ=env), lambda message: None)
+    settings = Settings(environ=env)
+    for setting in declared:
+        settings.declare(setting)
+    return TransformersEngine.load(descriptor, settings, lambda message: None)
 
 
 @pytest.fixture(scope="module")
@@ -141,17 +145,131 @@ def test_a_logits_processor_is_applied_to_its_row_only(serial, batched):
     assert results["free"][0] == banned
 
 
-def test_hooked_generations_run_alone_and_say_why(serial, batched):
-    ids = prompts(serial)[4]
-    seen = []
-    hook = LayerHook(0, "resid_post", lambda hidden, start: seen.append(hidden.shape[0]))
-    before = batched.inference()["serial_reasons"].get("layer_hooks", 0)
-    tokens = batched.generate(ids, SamplingParams(max_tokens=3, temperature=0), hooks=[hook])
-    got = [next(tokens) for _ in range(3)]
-    tokens.close()
-    assert got == run(serial, ids, SamplingParams(max_tokens=3, temperature=0))
-    assert seen and set(seen) == {1}  # one sequence per pass, as the LayerHook contract says
-    assert batched.inference()["serial_reasons"]["layer_hooks"] == before + 1
+class Steer:
+    """A steering write at layer 0 and a read of the residual it leads to (layer 1's input), by position."""
+
+    def __init__(self, seed: int | None):
+        import torch
+
+        self.delta = None
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+            self.delta = torch.randn(64, generator=generator) * 2.0
+        self.rows: dict[int, object] = {}
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def hooks(self) -> list[LayerHook]:
+        hooks = [LayerHook(1, "resid_pre", self.read, order=0)]
+        if self.delta is not None:
+            hooks.append(LayerHook(0, "resid_post", lambda hidden, start: hidden + self.delta, order=100))
+        return hooks
+
+    def read(self, hidden, start):
+        self.shapes.add(tuple(hidden.shape[:1]))
+        for offset, row in enumerate(hidden[0]):
+            self.rows[start + offset] = row.clone()
+
+    def residual(self):
+        import torch
+
+        return torch.stack([self.rows[p] for p in sorted(self.rows)])
+
+
+def test_steered_and_read_rows_share_the_batch_and_match_their_serial_runs(serial, batched):
+    import torch
+
+    ids = prompts(serial)
+    params = SamplingParams(max_tokens=12, temperature=0)
+    # rows 0 and 2 steered, each with its own vector; every row reads; row 3 has no hooks at all
+    seeds = [1, None, 2, None]
+    alone = []
+    for index, seed in enumerate(seeds):
+        steer = Steer(seed)
+        tokens = run_hooked(serial, ids[index + 3], params, steer.hooks() if index != 3 else [])
+        alone.append((tokens, steer))
+    before = batched.inference()
+    steers = [Steer(seed) for seed in seeds]
+    results: list = [None] * 4
+    barrier = threading.Barrier(4)
+
+    def work(index):
+        barrier.wait()
+        hooks = steers[index].hooks() if index != 3 else []
+        results[index] = run_hooked(batched, ids[index + 3], params, hooks)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index in range(4):
+        want_tokens, want_steer = alone[index]
+        assert results[index] == want_tokens
+        if index != 3:
+            got = steers[index].residual()
+            want = want_steer.residual()
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, atol=1e-5, rtol=0)
+            assert steers[index].shapes == {(1,)}  # a callback sees its own row only
+    # steering changed the answers it should have
+    assert alone[0][0] != run_hooked(serial, ids[3], params, [])
+    after = batched.inference()
+    assert after["batched"] == before["batched"] + 4
+    assert after["serial_reasons"] == before["serial_reasons"]
+
+
+def run_hooked(engine, ids, params, hooks) -> list[int]:
+    tokens = engine.generate(ids, params, hooks=hooks)
+    out = []
+    try:
+        for token in tokens:
+            out.append(int(token))
+            if token in engine.info.eos_token_ids or len(out) >= params.max_tokens:
+                break
+    finally:
+        tokens.close()
+    return out
+
+
+def test_a_hook_that_raises_fails_its_own_row_only(serial, batched):
+    ids = prompts(serial)
+    params = SamplingParams(max_tokens=10, temperature=0)
+    calls = []
+
+    def broken(hidden, start):
+        calls.append(start)
+        if len(calls) > 2:  # after the prefill: while decoding beside the others
+            raise RuntimeError("a broken hook")
+
+    outcome: dict[str, object] = {}
+
+    def hooked():
+        try:
+            run_hooked(batched, ids[5], params, [LayerHook(0, "resid_post", broken)])
+        except RuntimeError as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=hooked)
+    thread.start()
+    plain = concurrently(batched, [(p, params, None) for p in ids[:3]])
+    thread.join()
+    assert outcome["error"] == "a broken hook"
+    assert [[int(t) for t in got] for got in plain] == [run_hooked(serial, p, params, []) for p in ids[:3]]
+
+
+def test_probe_force_serial_runs_probed_generations_alone(tiny_model_dir):
+    # the probes plugin declares it (default true); the engine reads it when a probes hook comes
+    force = Setting("PROBE_FORCE_SERIAL", bool, True, "")
+    engine = load(tiny_model_dir, force, MILLM_BATCHING="continuous")
+    try:
+        ids = engine.tokenize("hello there")
+        seen = []
+        probe = LayerHook(0, "resid_post", lambda hidden, start: seen.append(hidden.shape[0]), owner="probes")
+        run_hooked(engine, ids, SamplingParams(max_tokens=3, temperature=0), [probe])
+        report = engine.inference()
+        assert report["serial_reasons"] == {"probe_force_serial": 1} and report["batched"] == 0
+    finally:
+        engine.close()
 
 
 def test_an_unknown_backend_is_refused(tiny_model_dir):
