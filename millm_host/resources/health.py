@@ -51,7 +51,7 @@ class Inference(ResponseModel):
     steps: int | None = Field(default=None, description="Batched decode steps run since the model loaded")
     serial_reasons: dict[str, int] = Field(
         default_factory=dict,
-        description="Generations that ran alone while batching was on, counted by why (layer_hooks: steering or probes)",
+        description="Generations that ran alone while batching was on, counted by why (probe_force_serial: armed probes with PROBE_FORCE_SERIAL)",
     )
 
 
