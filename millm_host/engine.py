@@ -64,6 +64,10 @@ class LayerHook:
     ``hidden[:, 0]`` within the sequence (0 for the prompt pass, then one per
     generated token). It returns a replacement tensor (a write) or ``None`` (a read).
     Callbacks at one point run in ascending ``order``; ties keep registration order.
+    An engine that batches generations (``concurrent_generation``) calls each request's
+    callbacks on that request's own row of the batch (batch 1, its own ``start``), so a
+    callback only ever sees, and only ever changes, its own sequence; a callback that
+    raises fails its own request only.
 
     A write that only adds one vector at every position says so with ``vector``: it
     returns that vector now (1-D float, ``d_model`` values; None: adds nothing). An
