@@ -95,3 +95,22 @@ def test_a_client_that_leaves_mid_stream_leaves_the_batch(tiny_server, batching_
         time.sleep(0.1)
     assert inference(batching_server)["running"] == 0
     assert completion(batching_server, PROMPTS[2], 24) == want  # and goes on serving
+
+
+def test_n_choices_run_as_rows_and_draw_their_serial_seeds(tiny_server, batching_server):
+    def choices(server):
+        body = {
+            "model": server.model_id,
+            "messages": [{"role": "user", "content": "Say something"}],
+            "max_tokens": 12,
+            "n": 3,
+            "seed": 7,
+            "temperature": 1.0,
+        }
+        return [c.message.content for c in server.openai().chat.completions.create(**body).choices]
+
+    want = choices(tiny_server)
+    assert len(set(want)) > 1  # each choice its own seed
+    before = inference(batching_server)["batched"]
+    assert choices(batching_server) == want
+    assert inference(batching_server)["batched"] == before + 3
