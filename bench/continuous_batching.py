@@ -127,7 +127,9 @@ def main() -> None:
                     results.setdefault((mode, size), []).append(rate)
                     if size == max(sizes):
                         ttfts[mode].extend(ttft)
+                    print(f"  {mode} x{size}: {rate:.1f} tok/s", flush=True)  # progress, on a slow machine
                 results.setdefault(("generate", size), []).append(generate(size))
+                print(f"  generate x{size}: {results[('generate', size)][-1]:.1f} tok/s", flush=True)
     finally:
         for server in servers.values():
             server.stop()
