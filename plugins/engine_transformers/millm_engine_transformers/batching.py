@@ -133,6 +133,7 @@ class BatchScheduler:
         self._prefilling: Row | None = None
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [rows, L] 1 = a real token, 0 = left padding
+        self._padded = False  # some row has left padding
         self.steps = 0
         self._thread = threading.Thread(target=self._loop, name="millm-batch", daemon=True)
         self._thread.start()
@@ -253,15 +254,9 @@ class BatchScheduler:
         ids = torch.tensor([[row.generated[-1]] for row in rows], device=self.device)
         positions = torch.tensor([[row.position] for row in rows], device=self.device)
         mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=self._mask.dtype, device=self.device)], dim=1)
-        output = self._hooked_forward(
-            rows,
-            [row.position for row in rows],
-            ids,
-            self._cache,
-            keep_last=True,
-            attention_mask=mask,
-            position_ids=positions,
-        )
+        # No row padded (one row, or rows of one length): the plain causal pass, as a serial decode runs it.
+        padding = {"attention_mask": mask, "position_ids": positions} if self._padded else {}
+        output = self._hooked_forward(rows, [row.position for row in rows], ids, self._cache, keep_last=True, **padding)
         self._mask = mask
         self.steps += 1
         logits = output.logits[:, -1].float()
@@ -341,6 +336,7 @@ class BatchScheduler:
             self._mask = torch.cat([_left_pad(self._mask, total), _left_pad(row_mask, total)], dim=0)
         row.cache = None
         self.rows.append(row)
+        self._padded = bool((self._mask == 0).any())
 
     def _drop(self, leaving: list[Row]) -> None:
         """Cut ``leaving`` out of the batch and trim the padding no remaining row needs."""
@@ -350,12 +346,14 @@ class BatchScheduler:
         self.rows = [self.rows[index] for index in keep]
         if not keep:
             self._cache = self._mask = None
+            self._padded = False
             return
         assert self._mask is not None
         index = torch.tensor(keep, device=self.device)
         mask = self._mask.index_select(0, index)
         first = int(mask.any(dim=0).long().argmax())  # the first column some row still reads
         self._mask = mask[:, first:]
+        self._padded = bool((self._mask == 0).any())
         for layer in self._cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, first:]
             layer.values = layer.values.index_select(0, index)[:, :, first:]
