@@ -64,6 +64,10 @@ class LayerHook:
     ``hidden[:, 0]`` within the sequence (0 for the prompt pass, then one per
     generated token). It returns a replacement tensor (a write) or ``None`` (a read).
     Callbacks at one point run in ascending ``order``; ties keep registration order.
+    An engine that batches generations (``concurrent_generation``) calls each request's
+    callbacks on that request's own row of the batch (batch 1, its own ``start``), so a
+    callback only ever sees, and only ever changes, its own sequence; a callback that
+    raises fails its own request only.
 
     A write that only adds one vector at every position says so with ``vector``: it
     returns that vector now (1-D float, ``d_model`` values; None: adds nothing). An
@@ -215,6 +219,11 @@ class Engine(abc.ABC):
     #: tokenizes requests on its text thread, so a refusal that needs only the tokenizer never
     #: waits behind a generation. False: every method runs on the engine thread.
     concurrent_text: bool = False
+    #: True when ``generate`` may be called from several threads at once (continuous batching:
+    #: the engine shares decode steps between them, and keeps its other model work apart
+    #: itself). The host then runs each generation request on a thread of its own instead
+    #: of the engine thread; scoring, embeddings and loads stay on the engine thread.
+    concurrent_generation: bool = False
 
     @property
     def steering_points(self) -> Sequence[HookPoint]:
@@ -357,6 +366,15 @@ class Engine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 (optional: an engine may hold nothing to release)
         """Release the model's memory. Called once, on unload."""
+
+    def inference(self) -> Mapping[str, Any]:
+        """What ``/api/health/inference`` reports: the generation backend and its batch.
+
+        Keys: ``backend`` (``serial`` or ``continuous``), ``running`` and ``waiting``
+        (generations in and waiting for the batch), ``serial_reasons`` (why
+        generations ran alone, counted). Called from any thread; only reads.
+        """
+        return {"backend": "serial"}
 
     def status(self) -> Mapping[str, Any]:
         """What the engine reports in ``/api/health`` under ``engine_status`` (empty: nothing).

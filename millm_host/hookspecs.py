@@ -21,6 +21,9 @@ a worker thread off the event loop (they may touch the database),
 runs on the text thread (beside the engine thread, when the engine's
 ``concurrent_text`` allows it; otherwise on the engine thread), and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
+When the engine batches generations (``Engine.concurrent_generation``: continuous
+batching), ``before_forward`` and ``after_generate`` of a generation run on that
+request's own thread instead, several requests' at once.
 State a plugin shares between ``before_tokenize`` and the engine-thread hooks needs a lock.
 
 Each request-path hook is called a fixed number of times per request, never per

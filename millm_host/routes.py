@@ -68,6 +68,7 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/api/health", health)
     add_route("/api/health/live", health, suffix="live")
     add_route("/api/health/ready", health, suffix="ready")
+    add_route("/api/health/inference", health, suffix="inference")
     add_route("/metrics", MetricsResource(host))
     add_route("/api/models", ManagedModels(host))
     managed = ManagedModel(host)

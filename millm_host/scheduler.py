@@ -126,7 +126,8 @@ class Scheduler:
         #: Told ``(admitted, running)`` whenever either changes (the queue metrics).
         self.watch: Callable[[int, int], None] | None = None
         self._background = 0  # of which background work (batch lines)
-        self._beat: float | None = None  # last progress of the running generation; None while none runs
+        self._beat: float | None = None  # last progress of the running generations; None while none runs
+        self._generations = 0  # running (several at once when the engine batches)
         #: Set when shutdown begins: new requests are refused (``503 shutting_down``).
         self.closing = False
         #: When the shutdown grace ends (``time.monotonic()``): what still waits is cancelled.
@@ -190,17 +191,31 @@ class Scheduler:
             self.watch(self._admitted, int(self._beat is not None))
 
     # --- progress ---------------------------------------------------------------------
+    def begin(self) -> None:
+        """A generation starts (its thread; then ``beat`` at every token and ``rest`` at its end)."""
+        with self._lock:
+            self._generations += 1
+        self.beat()
+
     def beat(self) -> None:
-        """A generation made progress (engine thread: at its start and at every token)."""
+        """A generation made progress (its thread: at its start and at every token)."""
         starting = self._beat is None
         self._beat = time.monotonic()
         if starting:
             self._changed()
 
     def rest(self) -> None:
-        """The running generation ended (engine thread)."""
-        self._beat = None
+        """A running generation ended (its thread); the stall clock stops when none runs."""
+        with self._lock:
+            self._generations = max(0, self._generations - 1)
+            if self._generations == 0:
+                self._beat = None
         self._changed()
+
+    @property
+    def generations(self) -> int:
+        """Generations running now (more than one only when the engine batches)."""
+        return self._generations
 
     @property
     def generating(self) -> bool:
@@ -233,6 +248,27 @@ class Scheduler:
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Queue ``fn(*args)`` on the engine thread; the caller waits for the future itself."""
         return self._engine.submit(fn, *args)
+
+    def submit_beside(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` now on a thread of its own (a generation the engine batches with others).
+
+        Admission still bounds how many run: one per admitted request.
+        """
+        future: Future[T] = Future()
+        run = contextvars.copy_context().run  # the request's log context and observation go along
+
+        def body() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = run(fn, *args)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=body, name="millm-generation", daemon=True).start()
+        return future
 
     async def run(self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None) -> T:
         """Run ``fn(*args)`` on the engine thread, in order.

@@ -123,6 +123,7 @@ def test_real_responses_match_the_document(full_app, document):
         models = http.get("/v1/models")
         one = http.get(f"/v1/models/{model}")
         health = http.get("/api/health")
+        inference = http.get("/api/health/inference")
         managed = http.get("/api/models")
         missing = http.get("/v1/models/nope")
         with http.stream("POST", "/v1/chat/completions", json=chat_body(model, max_tokens=3, stream=True)) as stream:
@@ -134,6 +135,7 @@ def test_real_responses_match_the_document(full_app, document):
         (models, "/v1/models", "get"),
         (one, "/v1/models/{model_id}", "get"),
         (health, "/api/health", "get"),
+        (inference, "/api/health/inference", "get"),
         (managed, "/api/models", "get"),
     ]:
         assert response.status_code == 200, response.text

@@ -1,8 +1,9 @@
-"""``GET /api/health``, and the load balancer's two questions: ``/api/health/live`` and ``/api/health/ready``."""
+"""``GET /api/health``, the load balancer's two questions (``/api/health/live`` and ``/api/health/ready``),
+and ``/api/health/inference``: how generations are being run."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -31,6 +32,49 @@ class Ready(ResponseModel):
     status: Literal["ready"]
     model: str = Field(description="The resident model")
     replica: str = Field(description="This replica's id (MILLM_REPLICA_ID, or host:port:pid)")
+
+
+class Inference(ResponseModel):
+    """``GET /api/health/inference``: the generation backend of the resident model, its batch and queue."""
+
+    model: str | None = Field(description="The resident model (None: none is loaded)")
+    backend: Literal["serial", "continuous"] = Field(
+        description="serial: one generation at a time; continuous: generations share decode steps"
+    )
+    batching_unavailable: str | None = Field(
+        default=None, description="Why MILLM_BATCHING=continuous could not batch this model (it runs serial)"
+    )
+    max_rows: int = Field(default=1, description="The most generations decoding at once")
+    running: int = Field(description="Generations running now (in the batch, prefilling, or alone)")
+    waiting: int = Field(description="Admitted requests not yet generating (queued for the engine or the batch)")
+    admitted: int = Field(description="Admitted requests, waiting or running")
+    batched: int = Field(default=0, description="Generations served in the batch since the model loaded")
+    steps: int | None = Field(default=None, description="Batched decode steps run since the model loaded")
+    serial_reasons: dict[str, int] = Field(
+        default_factory=dict,
+        description="Generations that ran alone while batching was on, counted by why (probe_force_serial: armed probes with PROBE_FORCE_SERIAL)",
+    )
+
+
+def inference_report(host: Host) -> dict[str, Any]:
+    """The body of ``GET /api/health/inference``."""
+    registry, scheduler = host.registry, host.scheduler
+    engine = registry.engine
+    report: dict[str, Any] = dict(engine.inference()) if engine is not None else {"backend": "serial"}
+    running = scheduler.generations
+    batch_waiting = report.pop("waiting", None) or 0
+    return {
+        "model": registry.resident.id if registry.resident is not None else None,
+        "backend": report.get("backend", "serial"),
+        "batching_unavailable": report.get("batching_unavailable"),
+        "max_rows": report.get("max_rows", 1),
+        "running": running - batch_waiting,
+        "waiting": max(0, scheduler.admitted - running) + batch_waiting,
+        "admitted": scheduler.admitted,
+        "batched": report.get("batched", 0),
+        "steps": report.get("steps"),
+        "serial_reasons": dict(report.get("serial_reasons", {})),
+    }
 
 
 class Health:
@@ -76,6 +120,13 @@ class Health:
             # Whether this replica has reached the desired state in the database, and why not.
             "replica": self.host.convergence.report(),
         }
+
+    @operation(
+        "How generations run: the backend (serial or continuous batching), its batch, and why any ran alone",
+        response=Inference,
+    )
+    async def on_get_inference(self, req, resp) -> None:
+        resp.media = inference_report(self.host)
 
     @operation("Liveness: the server answers (for a load balancer or an orchestrator)", response=Live)
     async def on_get_live(self, req, resp) -> None:

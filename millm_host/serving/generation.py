@@ -12,6 +12,7 @@ host can tell a stalled generation from a slow one.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -63,13 +64,14 @@ class GenerationJob:
         self.emit = emit
         self._lock = threading.Lock()
         self._told = False  # after_generate has been called
+        self._abort = threading.Event()  # a sibling sequence failed: the others stop (``_together``)
         #: Per sequence index, its logprobs (when the request asks for them).
         self._logprobs: dict[int, SequenceLogprobs] = {}
 
     def __call__(self) -> None:
         ctx, scheduler = self.ctx, self.host.scheduler
         ctx.timing.start()
-        scheduler.beat()
+        scheduler.begin()
         try:
             if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
                 raise RequestCancelled()
@@ -77,9 +79,13 @@ class GenerationJob:
             hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
             filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
-            for prompt_index, prompt in enumerate(ctx.prompts):
-                for choice in range(ctx.n):
-                    self._sequence(prompt_index, prompt, choice, hooks, processors, filters)
+            sequences = [(index, prompt, choice) for index, prompt in enumerate(ctx.prompts) for choice in range(ctx.n)]
+            if len(sequences) > 1 and ctx.engine is not None and ctx.engine.concurrent_generation:
+                opened = [(self._open(index, prompt), prompt, choice) for index, prompt, choice in sequences]
+                self._together(opened, hooks, processors, filters)
+            else:  # one after the other: a sequence's output exists once it starts
+                for index, prompt, choice in sequences:
+                    self._sequence(self._open(index, prompt), prompt, choice, hooks, processors, filters)
         except RequestCancelled:
             ctx.interrupted = ctx.interrupted or "client_disconnected"
         except MillmError as exc:
@@ -110,9 +116,46 @@ class GenerationJob:
         self.ctx.finished = True
         hookcalls.after_generate(self.host.pm, self.ctx)
 
+    def _open(self, prompt_index: int, prompt: list[int]) -> SequenceOutput:
+        """The next sequence's output, in ``ctx.outputs`` order (made before any runs)."""
+        out = SequenceOutput(index=len(self.ctx.outputs), prompt_index=prompt_index, prompt_ids=prompt)
+        self.ctx.outputs.append(out)
+        return out
+
+    def _together(
+        self,
+        sequences: list[tuple[SequenceOutput, list[int], int]],
+        hooks: list[LayerHook],
+        processors: list[LogitsProcessorFactory],
+        filters: list[OutputFilterFactory],
+    ) -> None:
+        """Every sequence at once, each on a thread of its own (``n > 1`` as rows of the engine's batch).
+
+        The first failure stops the others at their next token and is raised here.
+        """
+        failures: list[BaseException] = []
+
+        def one(out: SequenceOutput, prompt: list[int], choice: int) -> None:
+            try:
+                self._sequence(out, prompt, choice, hooks, processors, filters)
+            except BaseException as exc:
+                failures.append(exc)
+                self._abort.set()
+
+        threads = [
+            threading.Thread(target=contextvars.copy_context().run, args=(one, *seq), name="millm-choice")
+            for seq in sequences
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:  # a real failure before the cancellations it caused
+            raise next((f for f in failures if not isinstance(f, RequestCancelled)), failures[0])
+
     def _sequence(
         self,
-        prompt_index: int,
+        out: SequenceOutput,
         prompt: list[int],
         choice: int,
         hooks: list[LayerHook],
@@ -122,8 +165,7 @@ class GenerationJob:
         ctx = self.ctx
         engine = ctx.engine
         assert engine is not None and ctx.sampling is not None
-        out = SequenceOutput(index=len(ctx.outputs), prompt_index=prompt_index, prompt_ids=prompt)
-        ctx.outputs.append(out)
+        prompt_index = out.prompt_index
         params = replace(ctx.sampling, seed=derive_seed(ctx.sampling.seed, choice))
         seq_filters = [f.make(out.index) for f in filters]
         assembler = TextAssembler(engine.decode, ctx.params.stop_list)
@@ -141,7 +183,7 @@ class GenerationJob:
             for token in tokens:
                 beat()
                 mark()
-                if ctx.cancel_event.is_set():
+                if ctx.cancel_event.is_set() or self._abort.is_set():
                     raise RequestCancelled()
                 if token in eos:
                     finish = "stop"

@@ -171,7 +171,9 @@ class Flight:
         self.ended = False
         self.job = GenerationJob(host, ctx, self._emit if streaming else None)
         ctx.timing.queue()
-        self.future = host.scheduler.submit(self.job)
+        # An engine that batches serves many generations at once: each waits on its own thread.
+        concurrent = ctx.engine is not None and ctx.engine.concurrent_generation
+        self.future = (host.scheduler.submit_beside if concurrent else host.scheduler.submit)(self.job)
         self.future.add_done_callback(lambda _: self._emit(FINISHED))
         if gone is not None:
             gone.add_done_callback(self._on_gone)

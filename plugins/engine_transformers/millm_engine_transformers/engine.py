@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import copy
 import inspect
 import threading
@@ -28,6 +30,7 @@ from millm_host.api import (
 )
 
 from . import hooks as layer_hooks
+from .batching import BatchScheduler, TurnLock, batchable_model
 from .embedding import pooled_last_hidden
 from .float32 import score_in_float32
 from .loader import load_model
@@ -95,6 +98,37 @@ class TransformersEngine(Engine):
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._tokenizers.tokenizer = copy.deepcopy(tokenizer)  # the loading (engine) thread's, made now
+        self._start_batching(settings)
+
+    def _start_batching(self, settings: Any) -> None:
+        """With ``MILLM_BATCHING=continuous``, generations share decode steps (``batching``).
+
+        The model is then used from two threads, the engine thread's serial work and the
+        batch scheduler's steps, which take turns on ``_turn``; serial mode takes no lock.
+        """
+        mode = settings["MILLM_BATCHING"]
+        if mode not in ("serial", "continuous"):
+            raise ValueError(f"MILLM_BATCHING={mode!r}: use serial or continuous")
+        self._serial_reasons: collections.Counter[str] = collections.Counter()
+        self._counting = threading.Lock()
+        self._batched = 0
+        self.batch: BatchScheduler | None = None
+        self.batching_unavailable = None if mode == "serial" else batchable_model(self.model)
+        self.concurrent_generation = mode == "continuous" and self.batching_unavailable is None
+        self._turn: Any = TurnLock() if self.concurrent_generation else contextlib.nullcontext()
+        if self.concurrent_generation:
+            self.batch = BatchScheduler(
+                self.model,
+                self.layers,
+                self.device,
+                self.info.vocab_size or 0,
+                self.info.eos_token_ids,
+                self.info.context_window,
+                self._cache_arg,
+                self._turn,
+                max_rows=settings["MILLM_BATCH_MAX_ROWS"],
+                prefill_chunk=settings["MILLM_PREFILL_CHUNK"],
+            )
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
@@ -186,8 +220,52 @@ class TransformersEngine(Engine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> Iterator[int]:
-        with layer_hooks.installed(self.layers, hooks, self._position):
+        if self.batch is not None:
+            reason = self._serial_reason(hooks)
+            if reason is None:
+                with self._counting:
+                    self._batched += 1
+                return self.batch.submit(prompt_ids, params, logits_processors, hooks)
+            self._count_serial(reason)
+        return self._serial(prompt_ids, params, hooks, logits_processors)
+
+    def _serial_reason(self, hooks: Sequence[LayerHook]) -> str | None:
+        """Why a generation must run alone while batching is on (None: it joins the batch)."""
+        # The probes plugin's switch: an operator who wants armed probes to read unbatched passes.
+        if self.settings.get("PROBE_FORCE_SERIAL") and any(hook.owner == "probes" for hook in hooks):
+            return "probe_force_serial"
+        return None
+
+    def _serial(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        hooks: Sequence[LayerHook],
+        logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
+    ) -> Iterator[int]:
+        with self._turn, layer_hooks.installed(self.layers, hooks, self._position):
             yield from self._generate(prompt_ids, params, logits_processors)
+
+    def _count_serial(self, reason: str) -> None:
+        with self._counting:
+            self._serial_reasons[reason] += 1
+
+    def inference(self) -> dict[str, Any]:
+        """The generation backend, the batch's size and queue, and why generations ran alone."""
+        batch = self.batch
+        with self._counting:
+            reasons = dict(self._serial_reasons)
+            batched = self._batched
+        return {
+            "backend": "continuous" if batch is not None else "serial",
+            "batching_unavailable": self.batching_unavailable,
+            "max_rows": batch.max_rows if batch is not None else 1,
+            "running": batch.running if batch is not None else None,
+            "waiting": batch.waiting if batch is not None else None,
+            "steps": batch.steps if batch is not None else None,
+            "batched": batched,
+            "serial_reasons": reasons,
+        }
 
     @torch.inference_mode()
     def _generate(
@@ -220,7 +298,7 @@ class TransformersEngine(Engine):
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
-        with layer_hooks.installed(self.layers, hooks, self._position):
+        with self._turn, layer_hooks.installed(self.layers, hooks, self._position):
             self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
 
     def score_next_token(
@@ -237,6 +315,7 @@ class TransformersEngine(Engine):
 
         if params.precision != "float32":
             with (
+                self._turn,
                 layer_hooks.installed(self.layers, hooks, self._position),
                 self._typed_out_of_memory("scoring the input beside the model"),
             ):
@@ -245,18 +324,19 @@ class TransformersEngine(Engine):
             raise InvalidParameter(
                 "float32 scoring runs on a copy of the model: it takes no layer hooks", param="scoring_precision"
             )
-        return score_in_float32(
-            self.model,
-            self.device,
-            self.dtype,
-            self.descriptor.format,
-            self.settings["SCORING_FLOAT32_DEVICE"],
-            self.settings["SCORING_FLOAT32_HEADROOM_MB"],
-            score,
-        )
+        with self._turn:  # the copy is made from the model, or is the model (already float32)
+            return score_in_float32(
+                self.model,
+                self.device,
+                self.dtype,
+                self.descriptor.format,
+                self.settings["SCORING_FLOAT32_DEVICE"],
+                self.settings["SCORING_FLOAT32_HEADROOM_MB"],
+                score,
+            )
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
-        with self._typed_out_of_memory("embedding the input beside the model"):
+        with self._turn, self._typed_out_of_memory("embedding the input beside the model"):
             return pooled_last_hidden(self.model, ids, self.device, pooling)
 
     @contextmanager
@@ -271,6 +351,9 @@ class TransformersEngine(Engine):
             ) from None
 
     def close(self) -> None:
+        if self.batch is not None:
+            self.batch.close()
+            self.batch = None
         self.model = None
         self.layers = None
         if self.device.type == "cuda":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,39 +32,91 @@ class Position:
         self.start = 0
 
 
-def _run(callbacks: Sequence[LayerHook], hidden: torch.Tensor, position: Position) -> torch.Tensor | None:
+def _run(callbacks: Sequence[LayerHook], hidden: torch.Tensor, start: int) -> torch.Tensor | None:
     replaced = None
     for hook in callbacks:
-        result = hook.callback(hidden, position.start)
+        result = hook.callback(hidden, start)
         if result is not None:
             hidden = replaced = result
     return replaced
 
 
+Point = tuple[int, str]  # (layer, "resid_pre" | "resid_post")
+
+
+def grouped(hooks: Sequence[LayerHook], n_layers: int) -> dict[Point, list[LayerHook]]:
+    """``hooks`` by the point they hook, each group in call order; a layer that does not exist is refused."""
+    groups: dict[Point, list[LayerHook]] = defaultdict(list)
+    for hook in hooks:
+        if not 0 <= hook.layer < n_layers:
+            raise ValueError(f"layer {hook.layer} does not exist (the model has {n_layers})")
+        if hook.point not in ("resid_pre", "resid_post"):
+            raise ValueError(f"unknown hook point {hook.point!r}")
+        groups[(hook.layer, hook.point)].append(hook)
+    return {point: sorted(group, key=lambda h: h.order) for point, group in groups.items()}  # stable sort
+
+
 def install(layers: torch.nn.ModuleList, hooks: Sequence[LayerHook], position: Position) -> list[Any]:
     """Register one torch hook per hooked point; return the handles to remove."""
-    groups: dict[tuple[int, str], list[LayerHook]] = defaultdict(list)
-    for hook in hooks:
-        if not 0 <= hook.layer < len(layers):
-            raise ValueError(f"layer {hook.layer} does not exist (the model has {len(layers)})")
-        groups[(hook.layer, hook.point)].append(hook)
-    handles = []
-    for (layer, point), group in groups.items():
-        ordered = sorted(group, key=lambda h: h.order)  # stable: ties keep registration order
-        module = layers[layer]
-        if point == "resid_post":
-            handles.append(module.register_forward_hook(_post_hook(ordered, position)))
-        elif point == "resid_pre":
-            handles.append(module.register_forward_pre_hook(_pre_hook(ordered, position), with_kwargs=True))
-        else:
-            raise ValueError(f"unknown hook point {point!r}")
-    return handles
+    return [
+        _register(layers, point, lambda hidden, group=group: _run(group, hidden, position.start))
+        for point, group in grouped(hooks, len(layers)).items()
+    ]
 
 
-def _post_hook(callbacks: Sequence[LayerHook], position: Position):
+#: One row's hooks at each point, and the position of its first token in this pass.
+RowHooks = tuple[Mapping[Point, Sequence[LayerHook]], int]
+
+
+def install_rows(
+    layers: torch.nn.ModuleList, rows: Sequence[RowHooks | None], failed: Callable[[int, Exception], None]
+) -> list[Any]:
+    """Hooks for a batched pass: each row's callbacks see only its own row, ``[1, seq, d]``, as alone.
+
+    Rows without hooks at a point cost nothing there; a point no row hooks gets no
+    torch hook at all. A callback that raises fails its row only (``failed(row, exc)``).
+    """
+    at: dict[Point, list[tuple[int, Sequence[LayerHook], int]]] = defaultdict(list)
+    for index, row in enumerate(rows):
+        if row is not None:
+            groups, start = row
+            for point, group in groups.items():
+                at[point].append((index, group, start))
+    return [_register(layers, point, _per_row(entries, failed)) for point, entries in at.items()]
+
+
+def _per_row(
+    entries: Sequence[tuple[int, Sequence[LayerHook], int]], failed: Callable[[int, Exception], None]
+) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    def run(hidden: torch.Tensor) -> torch.Tensor | None:
+        out = None
+        for index, group, start in entries:
+            try:
+                replaced = _run(group, hidden[index : index + 1], start)
+            except Exception as exc:
+                failed(index, exc)
+                continue
+            if replaced is not None:
+                if out is None:
+                    out = hidden.clone()
+                out[index : index + 1] = replaced
+        return out
+
+    return run
+
+
+def _register(layers: torch.nn.ModuleList, point: Point, run: Callable[[torch.Tensor], torch.Tensor | None]) -> Any:
+    layer, name = point
+    module = layers[layer]
+    if name == "resid_post":
+        return module.register_forward_hook(_post_hook(run))
+    return module.register_forward_pre_hook(_pre_hook(run), with_kwargs=True)
+
+
+def _post_hook(run: Callable[[torch.Tensor], torch.Tensor | None]):
     def hook(module, args, output):
         hidden = output[0] if isinstance(output, tuple) else output
-        replaced = _run(callbacks, hidden, position)
+        replaced = run(hidden)
         if replaced is None:
             return None
         return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
@@ -72,12 +124,12 @@ def _post_hook(callbacks: Sequence[LayerHook], position: Position):
     return hook
 
 
-def _pre_hook(callbacks: Sequence[LayerHook], position: Position):
+def _pre_hook(run: Callable[[torch.Tensor], torch.Tensor | None]):
     def hook(module, args, kwargs):
         if args:
-            replaced = _run(callbacks, args[0], position)
+            replaced = run(args[0])
             return None if replaced is None else ((replaced, *args[1:]), kwargs)
-        replaced = _run(callbacks, kwargs["hidden_states"], position)
+        replaced = run(kwargs["hidden_states"])
         if replaced is None:
             return None
         return args, {**kwargs, "hidden_states": replaced}

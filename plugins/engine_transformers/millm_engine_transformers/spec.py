@@ -33,6 +33,14 @@ SETTINGS = (
     Setting(
         "SCORING_FLOAT32_HEADROOM_MB", int, 1024, "Memory (MiB) a float32 scoring copy must leave free on its device"
     ),
+    Setting(
+        "MILLM_BATCHING",
+        str,
+        "serial",
+        "Generation backend: serial (one at a time) or continuous (generations share decode steps)",
+    ),
+    Setting("MILLM_BATCH_MAX_ROWS", int, 8, "Continuous batching: the most generations decoding at once"),
+    Setting("MILLM_PREFILL_CHUNK", int, 256, "Continuous batching: prompt tokens prefilled between two decode steps"),
 )
 
 SPEC = EngineSpec(

@@ -1,0 +1,155 @@
+"""Aggregate tokens/s with 1, 4 and 8 concurrent clients: serial against continuous batching.
+
+Two ``millm serve`` processes on the default model (transformers engine, float32
+CPU): one with ``MILLM_BATCHING=serial`` (the default), one with
+``MILLM_BATCHING=continuous``. Each client streams one greedy chat completion
+(a prompt of its own, ``--max-tokens``); the aggregate is every client's
+completion tokens over the wall time from the first request to the last answer.
+The baseline for the batch is transformers' own batched ``model.generate`` on the
+same checkpoint in this process (left-padded, the same prompts, at the same
+sizes). Time to first token (p50, p95) is measured at the largest size. Sizes are
+run in turn on both servers, ``--runs`` times; each figure is the median.
+
+    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from millm_host.default_model import default_model_path
+from millm_host.testing import ServerProcess, shared_cache_dir
+
+TOPICS = ["a dragon who learns to cook", "the sea at night", "a robot gardener", "two rival bakers",
+          "a lost key", "the first snow", "a lighthouse keeper", "a city under glass"]  # fmt: skip
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def messages(index: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Write a long story about {TOPICS[index % len(TOPICS)]}."}]
+
+
+def converted_checkpoint() -> Path:
+    """The float32 checkpoint the server converted the bundled GGUF into."""
+    from millm_engine_transformers.loader import gguf_cache_dir
+
+    return gguf_cache_dir(shared_cache_dir() / "model-cache", default_model_path())
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def served(server: ServerProcess, clients: int, max_tokens: int) -> tuple[float, list[float]]:
+    """(aggregate tokens/s, each client's time to first token) of ``clients`` concurrent streams."""
+    tokens = [0] * clients
+    ttft = [0.0] * clients
+    barrier = threading.Barrier(clients + 1)
+
+    def client(index: int) -> None:
+        api = server.openai(timeout=900)
+        barrier.wait()
+        start = time.perf_counter()
+        for chunk in api.chat.completions.create(
+            model=MODEL,
+            messages=messages(index),
+            temperature=0,
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            if not ttft[index] and chunk.choices and chunk.choices[0].delta.content:
+                ttft[index] = time.perf_counter() - start
+            if chunk.usage:
+                tokens[index] = chunk.usage.completion_tokens
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return sum(tokens) / (time.perf_counter() - start), ttft
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--clients", default="1,4,8")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.clients.split(",")]
+
+    servers = {
+        mode: ServerProcess(Path(tempfile.mkdtemp(prefix=f"millm-bench-{mode}-")), env={"MILLM_BATCHING": mode})
+        for mode in ("serial", "continuous")
+    }
+    for server in servers.values():
+        server.start()
+    folder = converted_checkpoint()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, padding_side="left")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def generate(size: int) -> float:
+        texts = [tokenizer.apply_chat_template(messages(i), add_generation_prompt=True, tokenize=False)
+                 for i in range(size)]  # fmt: skip
+        batch = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                **batch, max_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+        elapsed = time.perf_counter() - start
+        new = out[:, batch["input_ids"].shape[1] :]
+        eos = tokenizer.eos_token_id
+        counted = 0
+        for row in new.tolist():  # up to and with the first EOS, as usage counts
+            counted += row.index(eos) + 1 if eos in row else len(row)
+        return counted / elapsed
+
+    results: dict[tuple[str, int], list[float]] = {}
+    ttfts: dict[str, list[float]] = {"serial": [], "continuous": []}
+    try:
+        for _ in range(args.runs):
+            for size in sizes:
+                for mode, server in servers.items():
+                    rate, ttft = served(server, size, args.max_tokens)
+                    results.setdefault((mode, size), []).append(rate)
+                    if size == max(sizes):
+                        ttfts[mode].extend(ttft)
+                    print(f"  {mode} x{size}: {rate:.1f} tok/s", flush=True)  # progress, on a slow machine
+                results.setdefault(("generate", size), []).append(generate(size))
+                print(f"  generate x{size}: {results[('generate', size)][-1]:.1f} tok/s", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    def median(mode: str, size: int) -> float:
+        return statistics.median(results[(mode, size)])
+
+    one = median("serial", sizes[0])
+    print(f"max_tokens={args.max_tokens} runs={args.runs} (tok/s, medians)")
+    print(f"{'clients':>7} {'serial':>8} {'continuous':>10} {'generate':>9} {'cont/serial':>11} "
+          f"{'cont/generate':>13} {'cont/serial@1':>13}")  # fmt: skip
+    for size in sizes:
+        s, c, g = median("serial", size), median("continuous", size), median("generate", size)
+        print(f"{size:>7} {s:>8.1f} {c:>10.1f} {g:>9.1f} {c / s:>11.2f} {c / g:>13.2f} {c / one:>13.2f}")
+    for mode, values in ttfts.items():
+        print(
+            f"TTFT at {max(sizes)} clients, {mode}: p50 {percentile(values, 0.5) * 1000:.0f} ms,"
+            f" p95 {percentile(values, 0.95) * 1000:.0f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,400 @@
+"""Continuous batching: many generations share each decode step of the model.
+
+One scheduler thread owns the running batch. Between two steps it drops the rows
+whose consumer left (closed its generator: a disconnect, a stop string, EOS), runs
+one chunk of a waiting request's prefill (on that request's own cache, batch of
+one, so a long prompt never stalls the running decodes for more than one chunk),
+and merges a finished prefill into the batch. Each step then runs one forward over
+every decoding row and samples each row on its own terms: temperature, top_p,
+penalties, logit bias, logits processors (``response_format``, tools) and logprobs,
+with a ``torch.Generator`` per row, so a seeded row draws the same whatever shares
+its batch.
+
+The KV cache is one left-padded ``DynamicCache`` of shape ``[rows, heads, L, d]``:
+a row that joins is padded on the left to the batch's length (or the batch to its);
+a row that leaves is cut out of the batch dimension and the all-padding columns on
+the left are dropped. Each row's padding is masked out (``attention_mask``) and
+its positions are its own (``position_ids``), so a row computes what it would
+alone, up to floating-point rounding of the batched matrix products.
+
+Layer hooks (steering writes, probe reads) are per row: at each hooked point, each
+row's callbacks get that row alone, ``[1, seq, d]`` with its own start position, as
+``LayerHook`` promises; a row without hooks costs nothing there, and a point no row
+hooks gets no torch hook. A callback that raises fails its own row only.
+
+The model is shared with the engine thread's work (scoring, embeddings, hooked
+forwards, a generation that runs alone), which takes the engine's ``TurnLock`` for
+as long as it runs; the scheduler takes it for one step at a time, in turn with
+everyone else.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import transformers
+
+from millm_host.api import LayerHook, SamplingParams
+
+from . import hooks as layer_hooks
+from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
+
+log = logging.getLogger("millm.batching")
+
+_END = object()
+
+
+class TurnLock:
+    """A lock served in arrival order.
+
+    The scheduler re-takes it after every step; a plain lock would let it starve
+    the engine thread's serial work.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    def __enter__(self) -> TurnLock:
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while ticket != self._serving:
+                self._cond.wait()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
+@dataclass(eq=False)
+class Row:
+    """One generation in (or waiting for) the batch."""
+
+    prompt: list[int]
+    params: SamplingParams
+    processors: Sequence[Callable[[Sequence[int], Any], Any]]
+    generator: torch.Generator
+    penalties: Penalties
+    bias: LogitBias
+    #: Its layer hooks by point (steering, probes): called on its own row of each pass.
+    hooks: dict[layer_hooks.Point, list[LayerHook]] = field(default_factory=dict)
+    error: Exception | None = None  # one of its hooks raised during the pass
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    generated: list[int] = field(default_factory=list)
+    gone: bool = False  # its consumer closed the stream: drop it at the next step
+    prefilled: int = 0
+    cache: Any = None  # its own cache while it prefills
+    logits: torch.Tensor | None = None  # the logits it samples next from
+    position: int = 0  # the position of its next input token
+
+
+class BatchScheduler:
+    """The running batch and the queue of generations waiting to join it."""
+
+    def __init__(
+        self,
+        model: Any,
+        layers: torch.nn.ModuleList,
+        device: torch.device,
+        vocab_size: int,
+        eos_ids: frozenset[int],
+        window: int | None,
+        cache_arg: str,
+        turn: TurnLock,
+        max_rows: int,
+        prefill_chunk: int,
+    ) -> None:
+        self.model = model
+        self.layers = layers
+        self.device = device
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+        self.window = window
+        self.cache_arg = cache_arg
+        self.turn = turn
+        self.max_rows = max(1, max_rows)
+        self.prefill_chunk = max(1, prefill_chunk)
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Row] = collections.deque()
+        self._closed = False
+        # The batch (scheduler thread only).
+        self.rows: list[Row] = []
+        self._prefilling: Row | None = None
+        self._cache: Any = None
+        self._mask: torch.Tensor | None = None  # [rows, L] 1 = a real token, 0 = left padding
+        self._padded = False  # some row has left padding
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="millm-batch", daemon=True)
+        self._thread.start()
+
+    # --- the consumer side (any thread) ------------------------------------------------
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
+        hooks: Sequence[LayerHook] = (),
+    ) -> Iterator[Any]:
+        """Tokens of one generation, as ``Engine.generate`` yields them; closing it leaves the batch."""
+        row = Row(
+            hooks=layer_hooks.grouped(hooks, len(self.layers)),
+            prompt=list(prompt_ids),
+            params=params,
+            processors=list(processors),
+            generator=generator_for(params, self.device),
+            penalties=Penalties(params, self.vocab_size, self.device),
+            bias=LogitBias(params, self.device),
+            position=len(prompt_ids),
+        )
+        return self._stream(row)
+
+    def _stream(self, row: Row) -> Iterator[Any]:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            self._waiting.append(row)
+            self._cond.notify()
+        try:
+            while True:
+                item = row.out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            row.gone = True
+            with self._cond:
+                self._cond.notify()
+
+    @property
+    def running(self) -> int:
+        """Rows decoding in the batch, and the one prefilling."""
+        return len(self.rows) + (self._prefilling is not None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    # --- the scheduler thread ----------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._has_work():
+                    self._cond.wait()
+                if self._closed:
+                    self._fail_all(RuntimeError("the model was unloaded"))
+                    return
+                if self._prefilling is None and self._waiting and len(self.rows) < self.max_rows:
+                    self._prefilling = self._waiting.popleft()
+            try:
+                with self.turn, torch.inference_mode():
+                    self._step()
+            except Exception as exc:  # a failed forward fails every row in it; the scheduler goes on
+                log.exception("batched step failed")
+                self._fail_all(exc)
+
+    def _has_work(self) -> bool:
+        return bool(self.rows or self._prefilling or (self._waiting and len(self.rows) < self.max_rows))
+
+    def _step(self) -> None:
+        """Drop the rows that left, one chunk of prefill, then one decode step of the batch."""
+        self._drop([row for row in self.rows if row.gone])
+        row = self._prefilling
+        if row is not None and row.gone:
+            self._prefilling = row = None
+        if row is not None:
+            self._prefill_chunk(row)
+        if self.rows:
+            self._decode()
+
+    def _prefill_chunk(self, row: Row) -> None:
+        if row.cache is None:
+            row.cache = transformers.DynamicCache()
+        start = row.prefilled
+        chunk = row.prompt[start : start + self.prefill_chunk]
+        try:  # what fails here (a hook, memory for a long prompt) fails this row alone
+            output = self._hooked_forward(
+                [row], [start], torch.tensor([chunk], device=self.device), row.cache, keep_last=True
+            )
+            if row.error is not None:
+                raise row.error
+        except Exception as exc:
+            self._prefilling = None
+            row.out.put(exc)
+            return
+        row.prefilled += len(chunk)
+        if row.prefilled < len(row.prompt):
+            return
+        self._prefilling = None
+        row.logits = output.logits[0, -1].float()
+        if self._sample(row):
+            self._join(row)
+
+    def _decode(self) -> None:
+        rows = self.rows
+        assert self._mask is not None
+        ids = torch.tensor([[row.generated[-1]] for row in rows], device=self.device)
+        positions = torch.tensor([[row.position] for row in rows], device=self.device)
+        mask = torch.cat([self._mask, torch.ones(len(rows), 1, dtype=self._mask.dtype, device=self.device)], dim=1)
+        # No row padded (one row, or rows of one length): the plain causal pass, as a serial decode runs it.
+        padding = {"attention_mask": mask, "position_ids": positions} if self._padded else {}
+        output = self._hooked_forward(rows, [row.position for row in rows], ids, self._cache, keep_last=True, **padding)
+        self._mask = mask
+        self.steps += 1
+        logits = output.logits[:, -1].float()
+        leaving = []
+        for index, row in enumerate(rows):
+            row.position += 1
+            row.logits = logits[index]
+            if row.error is not None:
+                row.out.put(row.error)
+                leaving.append(row)
+            elif not self._sample(row):
+                leaving.append(row)
+        self._drop(leaving)
+
+    def _hooked_forward(self, rows: Sequence[Row], starts: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+        """One pass with each row's hooks on its own row (none installed when no row has any)."""
+        hooked = [(row.hooks, start) if row.hooks else None for row, start in zip(rows, starts, strict=True)]
+        if not any(hooked):
+            return self._forward(*args, **kwargs)
+
+        def failed(index: int, exc: Exception) -> None:
+            rows[index].error = rows[index].error or exc
+
+        handles = layer_hooks.install_rows(self.layers, hooked, failed)
+        try:
+            return self._forward(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _forward(self, ids: torch.Tensor, cache: Any, keep_last: bool, **kwargs: Any) -> Any:
+        kwargs.update({"input_ids": ids, "use_cache": True, self.cache_arg: cache})
+        if keep_last:
+            kwargs["logits_to_keep"] = 1
+        return self.model(**kwargs)
+
+    def _sample(self, row: Row) -> bool:
+        """Choose ``row``'s next token and send it; False when the row is done (or failed)."""
+        if row.gone:
+            return False
+        params = row.params
+        try:
+            logits = row.penalties.apply(row.bias.apply(row.logits))
+            for process in row.processors:
+                logits = process(row.generated, logits)
+            token = choose(logits, params, row.generator)
+            item = token if params.logprobs is None else with_logprobs(token, logits, params)
+        except Exception as exc:  # a processor's failure is its row's alone
+            row.out.put(exc)
+            return False
+        row.generated.append(token)
+        row.penalties.record(token)
+        row.out.put(item)
+        done = (
+            token in self.eos_ids
+            or len(row.generated) >= params.max_tokens
+            or (self.window is not None and row.position >= self.window)
+        )
+        if done:
+            row.out.put(_END)
+        return not done
+
+    # --- the batch's cache ---------------------------------------------------------------
+    def _join(self, row: Row) -> None:
+        """Merge ``row``'s prefilled cache into the batch, left-padding the shorter side."""
+        layers = row.cache.layers
+        length = layers[0].keys.shape[-2]
+        row_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
+        if self._cache is None:
+            self._cache, self._mask = row.cache, row_mask
+        else:
+            assert self._mask is not None
+            total = max(length, self._mask.shape[1])
+            for mine, theirs in zip(self._cache.layers, layers, strict=True):
+                mine.keys = torch.cat([_left_pad(mine.keys, total), _left_pad(theirs.keys, total)], dim=0)
+                mine.values = torch.cat([_left_pad(mine.values, total), _left_pad(theirs.values, total)], dim=0)
+            self._mask = torch.cat([_left_pad(self._mask, total), _left_pad(row_mask, total)], dim=0)
+        row.cache = None
+        self.rows.append(row)
+        self._padded = bool((self._mask == 0).any())
+
+    def _drop(self, leaving: list[Row]) -> None:
+        """Cut ``leaving`` out of the batch and trim the padding no remaining row needs."""
+        if not leaving:
+            return
+        keep = [index for index, row in enumerate(self.rows) if row not in leaving]
+        self.rows = [self.rows[index] for index in keep]
+        if not keep:
+            self._cache = self._mask = None
+            self._padded = False
+            return
+        assert self._mask is not None
+        index = torch.tensor(keep, device=self.device)
+        mask = self._mask.index_select(0, index)
+        first = int(mask.any(dim=0).long().argmax())  # the first column some row still reads
+        self._mask = mask[:, first:]
+        self._padded = bool((self._mask == 0).any())
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+    def _fail_all(self, exc: BaseException) -> None:
+        rows = list(self.rows)
+        if self._prefilling is not None:
+            rows.append(self._prefilling)
+        if self._closed:
+            with self._cond:
+                rows.extend(self._waiting)
+                self._waiting.clear()
+        for row in rows:
+            row.out.put(exc)
+        self.rows, self._prefilling, self._cache, self._mask = [], None, None, None
+
+
+def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """``tensor`` padded with zeros on the left of its sequence dimension (-2 for a cache, -1 for a mask)."""
+    dim = -1 if tensor.dim() == 2 else -2
+    missing = length - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def batchable_model(model: Any) -> str | None:
+    """Why ``model`` cannot be batched here (None: it can).
+
+    The batch's cache is plain per-layer keys and values, left-padded; sliding-window
+    and hybrid (recurrent, convolutional) caches are not laid out that way.
+    """
+    try:
+        cache = transformers.DynamicCache(config=model.config)
+    except Exception as exc:
+        return f"no dynamic cache for this model ({type(exc).__name__})"
+    kinds = {type(layer).__name__ for layer in cache.layers}
+    if cache.layers and kinds != {"DynamicLayer"}:
+        return f"its cache layers ({', '.join(sorted(kinds))}) are not plain key/value layers"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    return None

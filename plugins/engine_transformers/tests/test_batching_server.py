@@ -1,0 +1,116 @@
+"""Continuous batching through a real ``millm serve`` (``MILLM_BATCHING=continuous``), with concurrent clients.
+
+Answers equal the serial server's, streamed or not; a request that arrives while
+others stream joins them; a client that leaves mid-stream leaves the batch and the
+server goes on; ``/api/health/inference`` reports it all.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+PROMPTS = ["hi", "tell me a story about " * 3, "one two three four five six seven", "x " * 40, "ok", "why " * 9]
+
+
+@pytest.fixture(scope="module")
+def batching_server(server_factory, tiny_model_dir):
+    return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "continuous", "MILLM_PREFILL_CHUNK": "16"})
+
+
+def completion(server, prompt, max_tokens, stream=False) -> str:
+    client = server.openai()
+    body = {"model": server.model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if not stream:
+        return client.completions.create(**body).choices[0].text
+    return "".join(chunk.choices[0].text for chunk in client.completions.create(**body, stream=True) if chunk.choices)
+
+
+def together(calls) -> list:
+    """Each call on its own thread, started together; their results in order."""
+    results: list = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
+
+    def work(index, call):
+        barrier.wait()
+        results[index] = call()
+
+    threads = [threading.Thread(target=work, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def inference(server) -> dict:
+    with server.http() as http:
+        response = http.get("/api/health/inference")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_serial_server_reports_serial(tiny_server):
+    report = inference(tiny_server)
+    assert report["backend"] == "serial" and report["model"] == tiny_server.model_id
+
+
+def test_concurrent_clients_get_their_serial_answers(tiny_server, batching_server):
+    want = [completion(tiny_server, p, 24) for p in PROMPTS]
+    before = inference(batching_server)["batched"]
+    got = together(
+        [lambda p=p, i=i: completion(batching_server, p, 24, stream=bool(i % 2)) for i, p in enumerate(PROMPTS)]
+    )
+    assert got == want
+    report = inference(batching_server)
+    assert report["backend"] == "continuous"
+    assert report["batched"] == before + len(PROMPTS)
+    assert report["serial_reasons"] == {}
+
+
+def test_a_request_joins_streams_already_running(tiny_server, batching_server):
+    long_want = completion(tiny_server, PROMPTS[1], 200)
+    short_want = completion(tiny_server, PROMPTS[0], 10)
+    client = batching_server.openai()
+    body = {"model": batching_server.model_id, "max_tokens": 200, "temperature": 0, "stream": True}
+    stream = client.completions.create(prompt=PROMPTS[1], **body)
+    parts = [next(iter(stream)).choices[0].text]  # the long one is generating
+    short = completion(batching_server, PROMPTS[0], 10)
+    parts += [chunk.choices[0].text for chunk in stream if chunk.choices]
+    assert short == short_want
+    assert "".join(parts) == long_want
+
+
+def test_a_client_that_leaves_mid_stream_leaves_the_batch(tiny_server, batching_server):
+    want = completion(tiny_server, PROMPTS[2], 24)
+    with batching_server.http() as http:
+        body = {"model": batching_server.model_id, "prompt": PROMPTS[3], "max_tokens": 400, "stream": True}
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            first = next(line for line in response.iter_lines() if line.startswith("data:"))
+            assert "[DONE]" not in first  # generating; then the client goes away
+    deadline = time.monotonic() + 60  # the server finds out at its next write
+    while inference(batching_server)["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert inference(batching_server)["running"] == 0
+    assert completion(batching_server, PROMPTS[2], 24) == want  # and goes on serving
+
+
+def test_n_choices_run_as_rows_and_draw_their_serial_seeds(tiny_server, batching_server):
+    def choices(server):
+        body = {
+            "model": server.model_id,
+            "messages": [{"role": "user", "content": "Say something"}],
+            "max_tokens": 12,
+            "n": 3,
+            "seed": 7,
+            "temperature": 1.0,
+        }
+        return [c.message.content for c in server.openai().chat.completions.create(**body).choices]
+
+    want = choices(tiny_server)
+    assert len(set(want)) > 1  # each choice its own seed
+    before = inference(batching_server)["batched"]
+    assert choices(batching_server) == want
+    assert inference(batching_server)["batched"] == before + 3

@@ -1,0 +1,103 @@
+"""Probes inside a continuous batch (``MILLM_BATCHING=continuous``, ``PROBE_FORCE_SERIAL=false``).
+
+Concurrent chats, each read by two armed probes at different layers while it
+shares decode steps with the others (and its prompt is prefilled in chunks), score
+what the independent reference computes for that chat alone (1e-4), and were
+served in the batch, not on the serial fallback.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import pytest
+
+from .test_correctness import TOLERANCE, WINDOWS, expected_spans
+
+CHATS = [
+    [{"role": "user", "content": "Where do foxes live?"}],
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three rivers of Europe, please."}],
+    [{"role": "user", "content": "And what do they eat in winter, mostly?"}],
+]
+MAX_TOKENS = 6
+PROBES = [("b-mean", 0, "resid_post", "mean", None, True), ("b-max", 2, "resid_pre", "max", None, False)]
+
+
+@pytest.fixture(scope="module")
+def batching_server(app_factory, probe_model_dir, sae_dir):
+    return app_factory(
+        plugins="all",
+        models={},
+        model=str(probe_model_dir),
+        env={
+            "PROBE_SAE_DIR": str(sae_dir),
+            "MILLM_SAE_DIRS": str(sae_dir),
+            "MILLM_BATCHING": "continuous",
+            "PROBE_FORCE_SERIAL": "false",
+            "MILLM_PREFILL_CHUNK": "5",
+        },
+    )
+
+
+def test_probes_score_each_row_of_a_batch_as_alone(batching_server, lab, helpers):
+    with batching_server.http() as http:
+        model = http.get("/api/health").json()["model"]
+        identity = http.get(f"/api/models/{model}").json()
+        docs = {}
+        for name, layer, point, rule, k, skip in PROBES:
+            doc = lab.definition(
+                identity,
+                name=name,
+                layer=layer,
+                point=point,
+                rule=rule,
+                k=k,
+                skip_prefix=skip,
+                windows=WINDOWS,
+                seed=zlib.crc32(name.encode()) % 1000,
+            )
+            probe = helpers.import_probe(http, doc)
+            helpers.arm(http, probe["id"])
+            docs[probe["id"]] = (doc, skip)
+    bodies: list = [None] * len(CHATS)
+    barrier = threading.Barrier(len(CHATS))
+
+    def work(index):
+        with batching_server.http() as http:
+            barrier.wait()
+            response = http.post(
+                "/v1/chat/completions",
+                json={"model": model, "messages": CHATS[index], "max_tokens": MAX_TOKENS, "temperature": 0},
+            )
+        assert response.status_code == 200, response.text
+        bodies[index] = response.json()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(CHATS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with batching_server.http() as http:
+        report = http.get("/api/health/inference").json()
+        for probe_id in docs:
+            http.post(f"/api/probes/{probe_id}/disarm")
+            http.delete(f"/api/probes/{probe_id}")
+    assert report["backend"] == "continuous"
+    assert report["serial_reasons"] == {} and report["batched"] >= len(CHATS)
+    for chat, body in zip(CHATS, bodies, strict=True):
+        prompt = lab.chat_ids(chat)
+        generated = lab.greedy(prompt, MAX_TOKENS)
+        assert body["usage"]["completion_tokens"] == len(generated)
+        fed = prompt + (generated[:-1] if len(generated) == MAX_TOKENS else generated)
+        results = body["millm_probe_verdicts"]
+        assert len(results) == len(docs) * len(WINDOWS)
+        for result in results:
+            doc, skip = docs[result["probe_id"]]
+            start, end = expected_spans(lab, prompt, fed, skip)[result["window"]]
+            if end <= start:
+                continue  # a window with nothing in it (a chat with no prefix to skip, ...)
+            assert result["outcome"] == "completed", result
+            assert result["n_scored_tokens"] == end - start, result
+            assert abs(result["score"] - lab.score(doc, fed, start, end)) <= TOLERANCE, result

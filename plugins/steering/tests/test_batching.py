@@ -1,0 +1,100 @@
+"""Steering inside a continuous batch (``MILLM_BATCHING=continuous``): each row its own vector.
+
+Concurrent requests, half steered (each with its own features) and half not, all
+reading their residual through the identity SAE, get what they get one at a time
+on the serial server: the same text, the same ``X-miLLM-Steering``, the same
+residual (1e-5), and they were served in the batch, not on the serial fallback.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from .conftest import MAX_ENTRIES, reset
+from .test_correctness import D, identity_tensors, residuals
+
+PROMPTS = ["Tell me about the sea", "Hi", "A long walk through the old town at night", "Why?"]
+FEATURES = [[(3, 5.0), (17, -2.5)], None, [(200, 8.0)], None]
+
+
+@pytest.fixture(scope="module")
+def batching_server(app_factory, tiny_model_dir, sae_root):
+    return app_factory(
+        plugins="all",
+        models={},
+        model=str(tiny_model_dir),
+        env={
+            "SAE_ACTIVATIONS_MAX_ENTRIES": str(MAX_ENTRIES),
+            "MILLM_SAE_DIRS": str(sae_root),
+            "MILLM_BATCHING": "continuous",
+            "MILLM_PREFILL_CHUNK": "5",  # the prompts prefill over several passes
+        },
+    )
+
+
+def prepare(server, sae_dir) -> None:
+    with server.http() as client:
+        reset(client)
+        for sae_id, kwargs in (("steer", {"d_sae": 256, "seed": 3}), ("identity", {"d_sae": 2 * D})):
+            if sae_id == "identity":
+                kwargs["tensors"] = identity_tensors()
+            path = sae_dir(sae_id, **kwargs)
+            client.post("/api/saes", json={"path": str(path), "sae_id": sae_id}).raise_for_status()
+            client.post(f"/api/saes/{sae_id}/attach", json={}).raise_for_status()
+
+
+def body(model, prompt, features):
+    request = {
+        "model": model,
+        "max_tokens": 8,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": prompt}],
+        "return_sae_activations": {"sae_id": "identity", "top_k": D, "positions": "all", "read_point": "post_steering"},
+    }
+    if features is not None:
+        request["steering"] = {"sae_id": "steer", "features": [{"index": i, "strength": s} for i, s in features]}
+    return request
+
+
+def answer(response):
+    assert response.status_code == 200, response.text
+    payload = response.json()
+    return payload["choices"][0]["message"]["content"], response.headers["x-millm-steering"], residuals(payload)
+
+
+def test_steered_and_plain_rows_share_the_batch_each_with_its_own_vector(steering_server, batching_server, sae_dir):
+    prepare(steering_server, sae_dir)
+    prepare(batching_server, sae_dir)
+    with steering_server.http() as client:
+        model = client.get("/api/health").json()["model"]
+        want = [
+            answer(client.post("/v1/chat/completions", json=body(model, p, f)))
+            for p, f in zip(PROMPTS, FEATURES, strict=True)
+        ]
+    got: list = [None] * len(PROMPTS)
+    barrier = threading.Barrier(len(PROMPTS))
+
+    def work(index):
+        with batching_server.http() as client:
+            barrier.wait()
+            got[index] = answer(client.post("/v1/chat/completions", json=body(model, PROMPTS[index], FEATURES[index])))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for (text, header, (ids, rows)), (want_text, want_header, (want_ids, want_rows)) in zip(got, want, strict=True):
+        assert (text, header, ids) == (want_text, want_header, want_ids)
+        np.testing.assert_allclose(rows, want_rows, atol=1e-5, rtol=0)
+    assert want[0][1] != "none" and want[1][1] == "none"
+    with batching_server.http() as client:
+        report = client.get("/api/health/inference").json()
+        reset(client)
+    with steering_server.http() as client:
+        reset(client)
+    assert report["backend"] == "continuous"
+    assert report["batched"] >= len(PROMPTS) and report["serial_reasons"] == {}
