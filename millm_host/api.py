@@ -38,7 +38,9 @@ What is here:
   ``monitor_results(ctx, monitored)`` (hook ``monitor_results``): the probes plugin
   calls it, other plugins implement the hook; ``revise_monitor_results(host, results)``
   (hook ``revise_monitor_results``) replaces such a result once it is decided
-  after the response, the probes plugin implements it.
+  after the response, the probes plugin implements it;
+  ``stateless_monitor_results(host, monitored)`` calls the hook for a stateless
+  route (``POST /api/probes/score``), with ``ctx=None``.
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,
@@ -99,7 +101,13 @@ from .errors import (
 from .files import save_atomically
 from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
 from .hookspecs import hookimpl
-from .monitoring import MonitoredRequest, WindowText, monitor_results, revise_monitor_results
+from .monitoring import (
+    MonitoredRequest,
+    WindowText,
+    monitor_results,
+    revise_monitor_results,
+    stateless_monitor_results,
+)
 from .naming import check_display_name, split_gguf_name
 from .openapi import Param, operation
 from .output import (
@@ -196,6 +204,7 @@ __all__ = [
     "message_text",
     "monitor_results",
     "revise_monitor_results",
+    "stateless_monitor_results",
     "operation",
     "parse_list",
     "read_body",

@@ -161,7 +161,7 @@ def rendering(pm: pluggy.PluginManager, name: str, ctx: RequestContext) -> list[
     return results
 
 
-def monitor(pm: pluggy.PluginManager, ctx: RequestContext, monitored: Any) -> list[Any]:
+def monitor(pm: pluggy.PluginManager, ctx: RequestContext | None, monitored: Any) -> list[Any]:
     """Policy ``monitor``: each plugin's results, flattened; a plugin that raises is logged and left out."""
     results: list[Any] = []
     for impl in _impls(pm, "monitor_results", MONITOR):

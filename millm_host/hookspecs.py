@@ -339,7 +339,7 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
 
 
 @hookspec
-def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[dict[str, Any]] | None:
+def monitor_results(ctx: RequestContext | None, monitored: MonitoredRequest) -> list[dict[str, Any]] | None:
     """Report results beside the probes' on a monitored request (e.g. rule signals).
 
     Called by the probes plugin once per request while at least one probe is armed,
@@ -352,6 +352,13 @@ def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[di
     ``probe_id: None``, a ``name``, a ``window`` and ``fires``: the probes plugin lists
     them after its own in the header, the body, the stream and the events list, and
     stores them. A returned result never changes a probe result.
+
+    Stateless routes call it too: ``POST /api/probes/score`` once per input, with
+    ``ctx=None`` and ``monitored.stateless`` true (read the host from
+    ``monitored.host``; ``monitored.state`` is shared by the request's inputs). It
+    runs off the event loop with no live budget, so a plugin may wait for what it
+    decides; the results are listed after that input's probe results and are not
+    stored: return them with ``persistence: "not_persisted"``.
 
     Policy: monitor (``millm_host.hookcalls``): every plugin runs; one that raises is
     logged and its results are left out.

@@ -37,6 +37,12 @@ class MonitoredRequest:
     skip: str | None  # why no window is scored (judge_traffic, engine_unsupported, …); None: scored
     interrupted: str | None
     read_window: Callable[[str], WindowText]  # decodes a window's text (engine thread; cached here)
+    host: Any = None  # the Host serving it (a stateless request has no ``ctx``)
+    #: True on a stateless route (``POST /api/probes/score``, one call per input): no live budget, so a
+    #: plugin may wait for what it decides (operator code); nothing is stored (``persistence: not_persisted``).
+    stateless: bool = False
+    #: Per-plugin scratch shared by every call of one request (a stateless request's inputs); keep your own key.
+    state: dict[str, Any] = field(default_factory=dict)
     _texts: dict[str, WindowText] = field(default_factory=dict)
 
     def window(self, name: str) -> WindowText:
@@ -52,6 +58,16 @@ def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[di
 
     assert ctx.host is not None, "a monitored request runs on a host"
     return hookcalls.monitor(ctx.host.pm, ctx, monitored)
+
+
+def stateless_monitor_results(host: Any, monitored: MonitoredRequest) -> list[dict[str, Any]]:
+    """``monitor_results`` on a stateless route (``monitored.stateless``): the hook is called with ``ctx=None``.
+
+    Blocking (a plugin may wait for operator code): call it off the event loop."""
+    from . import hookcalls
+
+    assert monitored.stateless, "a live request goes through monitor_results(ctx, monitored)"
+    return hookcalls.monitor(host.pm, None, monitored)
 
 
 def revise_monitor_results(host: Any, results: list[dict[str, Any]]) -> int:

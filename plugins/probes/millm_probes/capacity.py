@@ -8,24 +8,28 @@ budgets ``PROBE_MAX_OVERHEAD_MS_PER_PASS`` and ``PROBE_MAX_PREFILL_MS_PER_1K``
 apply, with the reference unit costs below.
 
 A set of probes costs, on each half, a fixed part per hooked residual point
-plus each probe's own arithmetic by kind (``set_cost``): the one function the
-arming gate, the dry run and the recommendation all use.
+plus each probe's own arithmetic by kind, and on the prompt half the work done
+once per request (``cost`` over a ``Shape``): the one function the arming gate,
+the dry run and the recommendation all use. A budget approved before D83's
+date is not in force (``not_in_force``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 HALVES = ("per_token", "per_1k_prompt")
-KINDS = ("layer", "mean", "max", "attention", "sparse")
+KINDS = ("layer", "mean", "max", "attention", "sparse", "request", "result")
 SPARSE_FACTOR = 5.0  # "a k-sparse probe costs about five times a dense one per token" (no SAE to time it with)
 
 #: Unit costs (ms) used until the model is measured: the shape of the 2026-10-21 RTX 3090 reference
-#: (about seven dense probes on one layer fill the fallback budgets).
+#: (about seven dense probes on one layer fill the fallback budgets). That reference timed no per-request
+#: work, so its ``request`` and ``result`` are 0: only a measurement prices them.
 REFERENCE_UNITS: dict[str, dict[str, float]] = {
     "per_token": {"layer": 0.015, "mean": 0.03, "max": 0.03, "attention": 0.045, "sparse": 0.15},
     "per_1k_prompt": {"layer": 0.03, "mean": 0.06, "max": 0.06, "attention": 0.09, "sparse": 0.3},
@@ -33,6 +37,8 @@ REFERENCE_UNITS: dict[str, dict[str, float]] = {
 
 #: A reference set: nine probes over three layers, mixed rules.
 REFERENCE_SET = tuple((layer, rule) for layer in range(3) for rule in ("mean", "max", "attention"))
+
+FIT_CAP = 100_000  # a count past this is reported as this (a unit measured at ~0 would fit without end)
 
 
 def kind_of(view: Any) -> str:
@@ -44,24 +50,61 @@ def kind_of(view: Any) -> str:
     return rule if rule in ("max", "attention") else "mean"
 
 
-def _points_and_kinds(views: Iterable[Any]) -> tuple[set[tuple[int, str]], list[str]]:
-    points, kinds = set(), []
-    for view in views:
-        points.add((view.definition.read.layer, view.definition.read.hook_point))
-        kinds.append(kind_of(view))
-    return points, kinds
+@dataclass(frozen=True)
+class Shape:
+    """What an armed set costs by: hooked points, each probe's kind, and results per request."""
+
+    points: int
+    kinds: tuple[str, ...]
+    results: int
+
+    @classmethod
+    def of(cls, views: Iterable[Any]) -> Shape:
+        points, kinds, results = set(), [], 0
+        for view in views:
+            points.add((view.definition.read.layer, view.definition.read.hook_point))
+            kinds.append(kind_of(view))
+            results += len(view.windows)
+        return cls(len(points), tuple(kinds), results)
+
+    @classmethod
+    def dense(cls, count: int) -> Shape:
+        """``count`` dense (mean) probes on one layer, one window each."""
+        return cls(1 if count else 0, ("mean",) * count, count)
+
+    @classmethod
+    def reference_sets(cls, count: int) -> Shape:
+        """``count`` reference sets, each on three layers of its own."""
+        return cls(3 * count, tuple(rule for _, rule in REFERENCE_SET) * count, len(REFERENCE_SET) * count)
 
 
-def cost_of(units: dict[str, dict[str, float]], points: int, kinds: Iterable[str]) -> dict[str, float]:
-    """Milliseconds on each half for ``points`` hooked points and probes of ``kinds``."""
-    kinds = list(kinds)
-    return {half: points * units[half]["layer"] + sum(units[half][k] for k in kinds) for half in HALVES}
+def cost(units: dict[str, dict[str, float]], shape: Shape) -> dict[str, float]:
+    """Milliseconds a set of ``shape`` adds on each half: THE costing, for the gate, the dry run and the
+    recommendation alike.
+
+    Per hooked point, the read hook as a forward pass really pays it (torch's hook dispatch, the callback,
+    the copy); per probe, its arithmetic by kind; and, once armed at all, the per-request work (setting up
+    the capture, building and storing the results: ``request`` plus ``result`` per result). A request has
+    one prompt and the prompt half is the budget of a 1,000-token prompt, so per-request work is charged
+    there; the generated-token half carries what every pass pays.
+    """
+    if not shape.kinds:
+        return {half: 0.0 for half in HALVES}
+    out = {}
+    for half in HALVES:
+        u = units[half]
+        out[half] = (
+            shape.points * u["layer"]
+            + sum(u[k] for k in shape.kinds)
+            + u.get("request", 0.0)
+            + shape.results * u.get("result", 0.0)
+        )
+    return out
 
 
 def set_cost(units: dict[str, dict[str, float]], views: Iterable[Any]) -> dict[str, float]:
     """What a set of probes costs, costed as measure costs it."""
-    points, kinds = _points_and_kinds(views)
-    return cost_of(units, len(points), kinds)
+    return cost(units, Shape.of(views))
 
 
 # --- the budget ----------------------------------------------------------------------------
@@ -87,6 +130,42 @@ def stale_fields(measurement: dict[str, Any] | None, info: Any | None) -> list[s
     return [key for key, value in now.items() if measurement["identity"].get(key) != value]
 
 
+#: Decision D83: from this instant the budget is a share of the model's own time. A budget approved before it
+#: was sized from the old count of behaviours and is no longer in force.
+D83_IN_FORCE_FROM = datetime(2026, 10, 29, tzinfo=UTC)
+
+
+def parse_instant(value: Any) -> datetime | None:
+    """An ISO 8601 instant, tz-aware (a naive one is read as UTC); None when absent or unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        instant = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+
+
+def not_in_force(limits: dict[str, Any] | None) -> str | None:
+    """Why stored limits are not in force (None when they are, or there are none)."""
+    if limits is None or limits.get("mode") != "approved":
+        return None
+    approved_at = parse_instant(limits.get("set_at"))
+    if approved_at is None:
+        return (
+            "approved at an unknown time, so possibly before 2026-10-29 (decision D83), when budgets were sized "
+            "from the count of behaviours; the PROBE_SLOWDOWN_BUDGET_PCT budget (5% by default) applies until "
+            "the new recommendation is approved"
+        )
+    if approved_at < D83_IN_FORCE_FROM:
+        return (
+            f"approved {approved_at.isoformat()}, before 2026-10-29 (decision D83): it was sized from the old "
+            "count of behaviours, so the PROBE_SLOWDOWN_BUDGET_PCT budget (5% by default) applies until the new "
+            "recommendation is approved"
+        )
+    return None
+
+
 def units_of(measurement: dict[str, Any] | None) -> dict[str, dict[str, float]]:
     return measurement["units"] if measurement is not None else REFERENCE_UNITS
 
@@ -96,8 +175,11 @@ def budget(
 ) -> dict[str, Any]:
     """Both halves of the budget in force, and where each came from.
 
-    ``measurement`` counts only when it is not stale; ``limits`` is what PUT probe-limits stored.
+    ``measurement`` counts only when it is not stale; ``limits`` is what PUT probe-limits stored, and counts
+    only while in force (``not_in_force``).
     """
+    if not_in_force(limits):
+        limits = None
     stale = stale_fields(measurement, info)
     usable = measurement if measurement is not None and not stale else None
     headroom = settings["PROBE_BUDGET_HEADROOM"]
@@ -139,14 +221,14 @@ def budget(
 
 def project(budget_now: dict[str, Any], views: Iterable[Any]) -> dict[str, Any]:
     """A set's projected cost against both halves of ``budget_now``."""
-    cost = set_cost(budget_now["units"], views)
+    spent = set_cost(budget_now["units"], views)
     halves = {
         half: {
-            "cost_ms": round(cost[half], 6),
+            "cost_ms": round(spent[half], 6),
             "fillable_ms": round(budget_now[half]["fillable_ms"], 6),
             "budget_ms": round(budget_now[half]["budget_ms"], 6),
             "source": budget_now[half]["source"],
-            "fits": cost[half] <= budget_now[half]["fillable_ms"] + 1e-12,
+            "fits": spent[half] <= budget_now[half]["fillable_ms"] + 1e-12,
         }
         for half in HALVES
     }
@@ -167,20 +249,21 @@ def over_message(projection: dict[str, Any]) -> str:
 # --- the recommendation --------------------------------------------------------------------
 
 
-def _fit(fillable: dict[str, float], units: dict[str, dict[str, float]], points: int, kinds: list[str]) -> int:
-    """How many copies of (points, kinds) fit on both halves."""
-    unit = cost_of(units, points, kinds)
-    counts = [math.floor(fillable[h] / unit[h] + 1e-9) if unit[h] > 0 else 10**6 for h in HALVES]
-    return max(0, min(counts))
+def fits(units: dict[str, dict[str, float]], fillable: dict[str, float], shape: Shape) -> bool:
+    """Whether ``shape`` fits both halves of ``fillable`` (the arming gate's own test)."""
+    spent = cost(units, shape)
+    return all(spent[h] <= fillable[h] + 1e-12 for h in HALVES)
 
 
-def dense_fit(fillable: dict[str, float], units: dict[str, dict[str, float]]) -> int:
-    """Dense probes on one layer that fit on both halves."""
-    counts = []
-    for half in HALVES:
-        room = fillable[half] - units[half]["layer"]
-        counts.append(max(0, math.floor(room / units[half]["mean"] + 1e-9)) if units[half]["mean"] > 0 else 10**6)
-    return min(counts)
+def most_that_fit(units: dict[str, dict[str, float]], fillable: dict[str, float], shape: Callable[[int], Shape]) -> int:
+    """The largest count whose ``shape(count)`` fits (cost grows with the count: a binary search)."""
+    low, high = 0, FIT_CAP
+    if fits(units, fillable, shape(high)):
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(units, fillable, shape(middle)) else (low, middle)
+    return low
 
 
 def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -191,8 +274,8 @@ def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[st
     units = measurement["units"]
     budget_ms = {half: pct / 100.0 * measurement["step"][f"ms_{half}"] for half in HALVES}
     fillable = {half: budget_ms[half] * headroom for half in HALVES}
-    sets = _fit(fillable, units, 3, [rule for _, rule in REFERENCE_SET])
-    dense = dense_fit(fillable, units)
+    sets = most_that_fit(units, fillable, Shape.reference_sets)
+    dense = most_that_fit(units, fillable, Shape.dense)
     body = {
         "slowdown_budget_pct": pct,
         "headroom": headroom,
@@ -201,12 +284,16 @@ def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[st
         "fillable_ms": {h: round(v, 6) for h, v in fillable.items()},
         "reference_sets_fit": sets,
         "dense_probes_fit": dense,
+        # what the counts above cost, by the function the arming gate uses (capacity.cost)
+        "dense_cost_ms": {h: round(v, 6) for h, v in cost(units, Shape.dense(dense)).items()},
+        "reference_sets_cost_ms": {h: round(v, 6) for h, v in cost(units, Shape.reference_sets(sets)).items()},
     }
     body["explanation"] = (
         f"{pct:g}% of this model's own time is {budget_ms['per_token']:.4g} ms per generated token and "
         f"{budget_ms['per_1k_prompt']:.4g} ms per 1,000 prompt tokens; arming fills {headroom:g} of it. "
         f"That fits {sets} reference set(s) (nine probes over three layers, mixed rules) or {dense} dense "
-        f"probes on one layer, costed exactly as arming costs them."
+        f"probes on one layer, costed exactly as arming costs them (per hooked layer, per probe, and per "
+        f"request on the prompt half)."
     )
     body["digest"] = digest(body)
     return body

@@ -84,7 +84,15 @@ def cost_refusal(projection: dict[str, Any]) -> GateRefused:
     return GateRefused("cost", "PROBE_COST_BUDGET_EXCEEDED", capacity.over_message(projection), cost=projection)
 
 
+def _in_force(limits: dict[str, Any]) -> dict[str, Any]:
+    """``in_force`` of stored limits, and why not (decision D83: an approval before 2026-10-29)."""
+    reason = capacity.not_in_force(limits)
+    return {"in_force": reason is None, "not_in_force_reason": reason}
+
+
 def _limits_in_force(settings: Any, budget: dict[str, Any], limits: dict[str, Any] | None) -> dict[str, Any]:
+    if capacity.not_in_force(limits):
+        limits = None  # superseded (stored_limits says why): the settings are in force
     who = {"set_by": (limits or {}).get("set_by"), "set_at": (limits or {}).get("set_at")}
     pct_from_limits = budget["slowdown_budget_pct_source"] != "setting PROBE_SLOWDOWN_BUDGET_PCT"
     in_force: dict[str, Any] = {
@@ -134,7 +142,7 @@ def _capacity(runtime: Runtime, model_id: str) -> dict[str, Any]:
         "unit_costs": budget["units"],
         "recommendation": capacity.recommendation(settings, measurement),
         "limits": _limits_in_force(settings, budget, limits),
-        "stored_limits": limits,
+        "stored_limits": None if limits is None else {**limits, **_in_force(limits)},
         "armed": capacity.project(budget, armed) | {"probes": len(armed)},
         "checked_at": now_iso(),
     }
@@ -163,7 +171,7 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
         async with host.engine_slot(model_id) as slot:
             if slot.engine is not engine:
                 raise ModelBusy("the model changed while measuring started; retry", param="model_id")
-            measurement = await slot.run(measure, engine, model_id)
+            measurement = await slot.run(measure, engine, model_id, host.db)
         await asyncio.to_thread(capacity_store.write, host.db, model_id, measurement=measurement)
     return await get_capacity(runtime, model_id)
 

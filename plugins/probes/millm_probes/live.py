@@ -169,33 +169,44 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
 
 def _monitored(ctx: RequestContext, request: LiveRequest, layout: Layout | None, ids: list[int]) -> MonitoredRequest:
     """The request as other plugins' results see it (hook ``monitor_results``)."""
-    behaviours: dict[str, list[str]] = {}
-    for view, window in request.snapshot.plan.pairs:
-        if view.behaviour is not None and window not in behaviours.setdefault(view.behaviour, []):
-            behaviours[view.behaviour].append(window)
 
     def read_window(window: str) -> WindowText:
         if ctx.interrupted:
             return WindowText(None, "interrupted", ctx.interrupted, "unavailable")
         if request.skip is not None:
             return WindowText(None, "skipped", request.skip)
-        if layout is None:
-            return WindowText(None, "skipped", "no_scored_tokens")
-        span = window_span(layout, window, False)
-        if isinstance(span, NotScored):
-            return WindowText(None, span.outcome, span.reason)
-        end = len(ids) if span.end >= layout.positions else span.end  # the last token has no residual, yet is text
-        return WindowText(ctx.engine.decode(list(ids[span.start : end])))
+        return window_text(ctx.engine, ids, layout, window)
 
     return MonitoredRequest(
-        behaviours={key: tuple(windows) for key, windows in behaviours.items()},
+        behaviours=monitored_behaviours(request.snapshot.plan.pairs),
         request_id=ctx.request_id,
         trace_id=request.trace.trace_id,
         span_id=request.trace.span_id,
         skip=request.skip,
         interrupted=ctx.interrupted,
         read_window=read_window,
+        host=ctx.host,
     )
+
+
+def monitored_behaviours(pairs: Any) -> dict[str, tuple[str, ...]]:
+    """Each behaviour of the scored probes -> the windows they report, in listing order."""
+    behaviours: dict[str, list[str]] = {}
+    for view, window in pairs:
+        if view.behaviour is not None and window not in behaviours.setdefault(view.behaviour, []):
+            behaviours[view.behaviour].append(window)
+    return {key: tuple(windows) for key, windows in behaviours.items()}
+
+
+def window_text(engine: Any, ids: list[int], layout: Layout | None, window: str) -> WindowText:
+    """A window's decoded text (engine thread), or why it has none: the reason the probes report for it."""
+    if layout is None:
+        return WindowText(None, "skipped", "no_scored_tokens")
+    span = window_span(layout, window, False)
+    if isinstance(span, NotScored):
+        return WindowText(None, span.outcome, span.reason)
+    end = len(ids) if span.end >= layout.positions else span.end  # the last token has no residual, yet is text
+    return WindowText(engine.decode(list(ids[span.start : end])))
 
 
 def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:

@@ -1,6 +1,8 @@
 """``POST /api/probes/score``: asking imported probes about inputs you already have.
 
-Nothing is persisted and nothing armed is touched. Each input takes its own
+Nothing is persisted and nothing armed is touched. Other plugins' results for the
+scored behaviours (rule signals, hook ``monitor_results`` with ``ctx=None``) follow
+each input's probe results, as on live traffic. Each input takes its own
 place in the queue and its own unsteered forward pass on the resident model,
 scored by the code live serving uses. An input's windows are never guessed: a
 boundary that the input does not establish is reported, not assumed.
@@ -21,8 +23,11 @@ from millm_host.api import (
     MillmError,
     ModelBusy,
     ModelNotLoaded,
+    MonitoredRequest,
     NoChatTemplate,
+    WindowText,
     message_text,
+    stateless_monitor_results,
     validate,
 )
 
@@ -32,6 +37,7 @@ from .definition import Window
 from .errors import GateRefused, ModelChanged, mismatch_message
 from .evaluate import Plan, compile_bank, forward_columns, read_pairs
 from .gates import identity_check, model_identity
+from .live import monitored_behaviours, window_text
 from .parity import parity_summary
 from .results import ProbeView, Reading, Served, result_object
 from .runtime import Runtime
@@ -139,11 +145,14 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
 
 def _score_one(
     runtime: Runtime, engine: Any, views: list[ProbeView], plan: Plan, item: Prepared, compiled: dict[str, Any]
-) -> list[Any]:
-    """Readings of one input, in listing order (engine thread)."""
+) -> tuple[list[Any], dict[str, WindowText]]:
+    """Readings of one input, in listing order, and the text of each window a behaviour's probes report
+    (for the results other plugins add beside the probes', hook ``monitor_results``) (engine thread)."""
     pairs = plan.pairs
+    windows = {w for ws in monitored_behaviours(pairs).values() for w in ws}
     if not engine.hook_points:  # llama.cpp exposes no layers to read
-        return [(pair, Reading("skipped", "engine_unsupported")) for pair in pairs]
+        unscored = {w: WindowText(None, "skipped", "engine_unsupported") for w in windows}
+        return [(pair, Reading("skipped", "engine_unsupported")) for pair in pairs], unscored
     if "bank" not in compiled:  # compiled once, on the first input's turn on the engine thread
         compiled["bank"], compiled["unusable"] = compile_bank(
             views, engine, runtime.settings["PROBE_SAE_DIR"], runtime.encoders
@@ -161,7 +170,8 @@ def _score_one(
         no_turns="token_ids_have_no_turns",
         need_last_user=plan.last_user,
     )
-    return list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
+    readings = list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
+    return readings, {w: window_text(engine, item.ids, layout, w) for w in windows}
 
 
 async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
@@ -221,6 +231,8 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     served = Served.of(engine, "stateless")
     blocks = blocks_for(views, runtime.members)  # of each set, the members this request scores
     compiled: dict[str, Any] = {}
+    behaviours = monitored_behaviours(plan.pairs)
+    shared: dict[str, Any] = {}  # other plugins' per-request state, across this request's inputs
     outputs: list[dict[str, Any]] = []
     changed = False
     for index, item in enumerate(prepared):
@@ -232,7 +244,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
                 async with host.engine_slot(entry.id) as slot:
                     changed = slot.engine is not engine
                     if not changed:
-                        readings = await slot.run(_score_one, runtime, engine, views, plan, item, compiled)
+                        readings, texts = await slot.run(_score_one, runtime, engine, views, plan, item, compiled)
             except (ModelBusy, ModelNotLoaded):  # an unload or a load is under way
                 changed = True
         if changed:
@@ -245,6 +257,20 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             result_object(view, window, reading, served, trace, request_id, "not_persisted", blocks.get(view.probe_id))
             for (view, window), reading in (readings if views else [])
         ]
+        if behaviours:  # other plugins' results (rule signals) after the probes', as on live traffic
+            monitored = MonitoredRequest(
+                behaviours=behaviours,
+                request_id=request_id,
+                trace_id=trace.trace_id,
+                span_id=trace.span_id,
+                skip=None if engine.hook_points else "engine_unsupported",
+                interrupted=None,
+                read_window=texts.__getitem__,
+                host=host,
+                stateless=True,
+                state=shared,
+            )
+            output["results"] += await asyncio.to_thread(stateless_monitor_results, host, monitored)
     return {
         "object": "probe.score",
         "request_id": request_id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -224,16 +225,15 @@ def recalibrations(db: Any, probe_id: str) -> list[dict[str, Any]]:
 # --- events ------------------------------------------------------------------------------
 
 
-def write_events(
-    db: Any,
+def event_rows(
     results: Sequence[dict[str, Any]],
     details: Sequence[dict[str, Any] | None],
     session_id: str | None = None,
     turn: int | None = None,
-) -> None:
-    """Store a request's results in one transaction (a Core insert: this runs on the request path)."""
+) -> list[dict[str, Any]]:
+    """A request's results as ``probe_events`` rows."""
     stamp = now()
-    rows = [
+    return [
         {
             "result_id": r["result_id"],
             "probe_id": r["probe_id"],
@@ -250,8 +250,33 @@ def write_events(
         }
         for r, detail in zip(results, details, strict=True)
     ]
+
+
+def write_events(
+    db: Any,
+    results: Sequence[dict[str, Any]],
+    details: Sequence[dict[str, Any] | None],
+    session_id: str | None = None,
+    turn: int | None = None,
+) -> None:
+    """Store a request's results in one transaction (a Core insert: this runs on the request path)."""
+    rows = event_rows(results, details, session_id, turn)
     with db.engine.begin() as connection:
         connection.execute(sa.insert(ProbeEvent), rows)
+
+
+def time_write(db: Any, results: Sequence[dict[str, Any]]) -> float:
+    """Seconds that storing ``results`` as one request's events takes, as ``write_events`` stores them; the rows
+    are deleted in the same transaction, so nothing is left and no reader ever sees them (capacity measure)."""
+    began = time.perf_counter()
+    rows = event_rows(results, [None] * len(results))
+    with db.engine.begin() as connection:
+        connection.execute(sa.insert(ProbeEvent), rows)
+        took = time.perf_counter() - began
+        ids = [r["result_id"] for r in rows]
+        connection.execute(sa.delete(ProbeEvent).where(ProbeEvent.result_id.in_(ids)))
+        mark = time.perf_counter()
+    return took + time.perf_counter() - mark  # the commit, not the delete
 
 
 def revise_events(db: Any, results: Sequence[dict[str, Any]]) -> int:

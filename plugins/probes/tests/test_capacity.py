@@ -67,7 +67,15 @@ def test_the_budget_falls_back_until_measured_then_measures(http, lab, helpers):
     step = measured["measurement"]["step"]
     assert step["ms_per_token"] > 0 and step["ms_per_1k_prompt"] > 0
     assert {"hf_id", "precision", "device"} <= set(measured["measurement"]["identity"])
-    assert set(measured["unit_costs"]["per_token"]) == {"layer", "mean", "max", "attention", "sparse"}
+    assert set(measured["unit_costs"]["per_token"]) == {
+        "layer",
+        "mean",
+        "max",
+        "attention",
+        "sparse",
+        "request",
+        "result",
+    }
     assert measured["stale"] is False and measured["fallback"] is None
     assert measured["budget"]["per_token"]["source"] == "measured"
     budget_ms = measured["budget"]["per_token"]["budget_ms"]

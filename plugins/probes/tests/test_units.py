@@ -184,3 +184,37 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
         assert stored == [result]
     finally:
         host.stop()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_recommendation_counts_what_the_gate_accepts(seed):
+    """For any unit costs, n dense probes on one layer pass the gate's projection exactly when n is at most
+    what the recommendation says fits: one costing function."""
+    import random
+    from types import SimpleNamespace
+
+    from millm_probes import capacity
+
+    rng = random.Random(seed)
+    units = {half: {kind: rng.uniform(0.0, 0.5) for kind in capacity.KINDS} for half in capacity.HALVES}
+    measurement = {"measurement_id": "pm_x", "units": units, "step": {"ms_per_token": 20.0, "ms_per_1k_prompt": 200.0}}
+    settings = {"PROBE_SLOWDOWN_BUDGET_PCT": 5.0, "PROBE_BUDGET_HEADROOM": 0.9}
+    recommendation = capacity.recommendation(settings, measurement)
+    fillable = recommendation["fillable_ms"]
+    budget = {"basis": "measured", "units": units}
+    for half in capacity.HALVES:
+        budget[half] = {"fillable_ms": fillable[half], "budget_ms": fillable[half] / 0.9, "source": "measured"}
+
+    def dense(n: int) -> list[SimpleNamespace]:
+        definition = SimpleNamespace(
+            basis="residual",
+            aggregation=SimpleNamespace(rule="mean"),
+            read=SimpleNamespace(layer=3, hook_point="resid_post"),
+        )
+        return [SimpleNamespace(definition=definition, windows=["all"]) for _ in range(n)]
+
+    fit = recommendation["dense_probes_fit"]
+    assert capacity.project(budget, dense(fit))["fits"] or fit == 0
+    assert not capacity.project(budget, dense(fit + 1))["fits"]
+    projected = capacity.project(budget, dense(fit))
+    assert {h: projected[h]["cost_ms"] for h in capacity.HALVES} == recommendation["dense_cost_ms"]

@@ -14,6 +14,8 @@ the JSON pointer of what failed):
    ``when`` and ``removes``, then each ``field`` output
    (``code_rule_positions_needed``, its ``use``: ``anchor``, ``span_of``,
    ``veto_when``, ``veto_removes`` or ``field``);
+   (what a veto or a ``field`` output reads must have positions: a ``not``, or an
+   expression over one, is refused there too, naming it);
 5. the cases (``rule_set_cases_failed``, naming each disagreement), run by
    ``manage.check``: a case naming what a code rule decides asks the rule runner
    (``code_runner``); operator code itself is loaded only there, never here.
@@ -76,6 +78,23 @@ class Expression:
 
 
 @dataclass(frozen=True)
+class Veto:
+    """Where ``when`` matched, the spans of each of ``removes`` that overlap it are removed (datasets only)."""
+
+    when: str
+    removes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Output:
+    """A dataset column: ``fired`` (bool), ``count`` (int) or ``field`` (the matched texts) of ``of``."""
+
+    column: str
+    use: str
+    of: str
+
+
+@dataclass(frozen=True)
 class RuleSet:
     """A checked document, compiled: what evaluation runs."""
 
@@ -86,6 +105,8 @@ class RuleSet:
     cases: list[dict[str, Any]]
     digest: str
     document: dict[str, Any]
+    vetoes: tuple[Veto, ...] = ()
+    outputs: tuple[Output, ...] = ()
 
     def has_positions(self, name: str) -> bool:
         if name in self.signals:
@@ -337,6 +358,8 @@ def _check_code_rule_positions(rs: RuleSet, doc: dict[str, Any]) -> None:
                 param=pointer("vetoes", i, "when"),
                 extra={"veto": i, "use": "veto_when"},
             )
+        if not rs.has_positions(veto["when"]):
+            raise _refuse(f"veto {i}: when {veto['when']!r} has no spans to veto by", "vetoes", i, "when")
         for j, removed in enumerate(veto.get("removes") or []):
             if rs.uses_code(removed):
                 raise CodeRulePositionsNeeded(
@@ -344,6 +367,8 @@ def _check_code_rule_positions(rs: RuleSet, doc: dict[str, Any]) -> None:
                     param=pointer("vetoes", i, "removes", j),
                     extra={"veto": i, "use": "veto_removes"},
                 )
+            if not rs.has_positions(removed):
+                raise _refuse(f"veto {i}: removes {removed!r}, which has no spans", "vetoes", i, "removes", j)
     for i, output in enumerate(doc.get("outputs") or []):
         if output["use"] == "field" and rs.uses_code(output["of"]):
             raise CodeRulePositionsNeeded(
@@ -351,9 +376,27 @@ def _check_code_rule_positions(rs: RuleSet, doc: dict[str, Any]) -> None:
                 param=pointer("outputs", i),
                 extra={"column": output["column"], "use": "field"},
             )
+        if output["use"] == "field" and not rs.has_positions(output["of"]):
+            raise _refuse(f"output column {output['column']!r}: {output['of']!r} has no matched text", "outputs", i)
+
+
+def _check_case_outputs(case: dict[str, Any], i: int, columns: dict[str, str]) -> None:
+    """``outputs``: the dataset row a case expects (after the vetoes), by column; each value of its column's type."""
+    for column, value in _object(case.get("outputs"), "cases", i, "outputs", required=False).items():
+        where = ("cases", i, "outputs", column)
+        use = columns.get(column)
+        if use is None:
+            raise _refuse(f"case {i}: outputs names {column!r}, which is no output column", *where)
+        if use == "fired" and not isinstance(value, bool):
+            raise _refuse(f"case {i}: output {column!r} is fired: true or false", *where)
+        if use == "count":
+            _int(value, *where)
+        if use == "field" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise _refuse(f"case {i}: output {column!r} is a field: a list of the matched texts", *where)
 
 
 def _check_cases(doc: dict[str, Any], known: set[str]) -> list[dict[str, Any]]:
+    columns = {o["column"]: o["use"] for o in doc.get("outputs") or []}
     cases = _list(doc.get("cases"), "cases")
     for i, case in enumerate(cases):
         case = _object(case, "cases", i)
@@ -372,6 +415,7 @@ def _check_cases(doc: dict[str, Any], known: set[str]) -> list[dict[str, Any]]:
                     _int(value["count"], "cases", i, "expect", name, "count")
             elif not isinstance(value, bool):
                 _int(value, "cases", i, "expect", name)
+        _check_case_outputs(case, i, columns)
     return cases
 
 
@@ -397,6 +441,8 @@ def parse(doc: Any) -> RuleSet:
     known = set(signals) | set(expressions)
     _check_vetoes_and_outputs(doc, known)
     cases = _check_cases(doc, known)
-    rs = RuleSet(ruleset_id, version, signals, expressions, cases, digest_of(doc), doc)
+    vetoes = tuple(Veto(v["when"], tuple(v.get("removes") or ())) for v in doc.get("vetoes") or [])
+    outputs = tuple(Output(o["column"], o["use"], o["of"]) for o in doc.get("outputs") or [])
+    rs = RuleSet(ruleset_id, version, signals, expressions, cases, digest_of(doc), doc, vetoes, outputs)
     _check_code_rule_positions(rs, doc)
     return rs

@@ -22,6 +22,17 @@ spans only when they fire, so ``count > 0`` exactly when ``fires``:
   one whose call fails, leaves it ``Undecided`` with the runner's code, and so
   is every expression that reads it.
 
+Vetoes and outputs are for building datasets (spec: they are never applied to the
+rule results served beside probes, nor to a case's ``expect``). ``Vetoed`` reads
+the set as a dataset does: each veto whose ``when`` fires removes, from each name
+in its ``removes``, the spans that overlap a span of ``when``; whatever reads a
+cut name is computed again from what is left (a validator checks fewer spans, a
+word list weighs fewer words, ``all``/``any``/``within_n`` combine fewer). Every
+``when`` is read without vetoes, so the vetoes apply at once and their order does
+not matter. ``dataset_row`` then gives each output column: ``fired`` (bool),
+``count`` (int) or ``field`` (the matched texts, in order); ``None`` when operator
+code did not decide it.
+
 A deadline (``time.perf_counter()`` seconds) bounds a run: an expression not
 started before it is reported as out of time (``None``).
 """
@@ -32,9 +43,10 @@ import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .code_runner import UNAVAILABLE, CodeResult
-from .document import RuleSet, Signal
+from .document import Output, RuleSet, Signal
 from .validators import VALIDATORS
 
 Span = tuple[int, int]
@@ -172,6 +184,89 @@ class Run:
         return Outcome.of_spans(joined)
 
 
+def _overlaps(span: Span, cuts: Nearby) -> bool:
+    """Whether a span of ``cuts`` shares a character with ``span`` (touching is not overlapping)."""
+    lo = bisect.bisect_left(cuts.starts, span[0] - cuts.longest)
+    hi = bisect.bisect_left(cuts.starts, span[1])  # a cut starting at span's end does not overlap it
+    return any(end > span[0] for _, end in cuts.spans[lo:hi])
+
+
+class Vetoed(Run):
+    """The set as a dataset reads it: ``raw``'s outcomes, with every firing veto applied (see the module)."""
+
+    def __init__(self, raw: Run) -> None:
+        super().__init__(raw.rs, raw.text, raw.code)
+        self.raw = raw
+        cuts: dict[str, list[Span]] = {}
+        self.fired: list[bool] = []
+        for veto in self.rs.vetoes:
+            when = raw.get(veto.when)  # never operator code (D74): always an Outcome with spans
+            fires = isinstance(when, Outcome) and when.fires
+            self.fired.append(fires)
+            if fires:
+                for name in veto.removes:
+                    cuts.setdefault(name, []).extend(when.spans or ())  # type: ignore[union-attr]
+        self.cuts = {name: Nearby(spans) for name, spans in cuts.items()}
+        self._reads_cut: dict[str, bool] = {}
+
+    def reads_cut(self, name: str) -> bool:
+        """Whether ``name`` is cut or reads (through any chain) a name that is."""
+        if name not in self._reads_cut:
+            reads = self.rs.expressions[name].operands if name in self.rs.expressions else self.rs.signals[name].refs
+            self._reads_cut[name] = name in self.cuts or any(self.reads_cut(op) for op in reads)
+        return self._reads_cut[name]
+
+    def get(self, name: str) -> Result:
+        if not self.reads_cut(name):
+            return self.raw.get(name)  # untouched by any veto: computed once, shared (operator code included)
+        if name not in self.done:
+            got = self._signal(self.rs.signals[name]) if name in self.rs.signals else self._expression(name)
+            if name in self.cuts and isinstance(got, Outcome) and got.spans is not None:
+                got = self._cut(name, got)
+            self.done[name] = got
+        return self.done[name]
+
+    def _cut(self, name: str, got: Outcome) -> Outcome:
+        kept = [s for s in got.spans or () if not _overlaps(s, self.cuts[name])]
+        sig = self.rs.signals.get(name)
+        if sig is not None and sig.kind == "wordlist":  # what is left must still weigh enough
+            weight = sum(sig.weights.get(self.text[s:e].lower(), 0.0) for s, e in kept)
+            minimum = sig.spec.get("min_weight")
+            if kept and minimum is not None and weight < minimum:
+                return NONE
+        return Outcome.of_spans(kept)
+
+    def removed(self) -> dict[str, int]:
+        """How many spans the vetoes removed from each name they cut."""
+        out = {}
+        for name in self.cuts:
+            before, after = self.raw.get(name), self.get(name)
+            if isinstance(before, Outcome) and isinstance(after, Outcome):
+                out[name] = before.count - after.count
+        return out
+
+
+def column(run: Vetoed, output: Output) -> Any:
+    """One output column's value after the vetoes, or ``Undecided`` (operator code did not decide it)."""
+    got = run.get(output.of)
+    if isinstance(got, Undecided):
+        return got
+    if output.use == "fired":
+        return got.fires
+    if output.use == "count":
+        return got.count
+    return [run.text[s:e] for s, e in got.spans or ()]  # field: never operator code nor a not (refused)
+
+
+def dataset_row(run: Vetoed) -> dict[str, Any]:
+    """Each output column of the set, in document order, read after the vetoes; None where undecided."""
+    row = {}
+    for output in run.rs.outputs:
+        value = column(run, output)
+        row[output.column] = None if isinstance(value, Undecided) else value
+    return row
+
+
 def evaluate(
     rs: RuleSet,
     text: str,
@@ -214,4 +309,15 @@ def case_failures(rs: RuleSet, code: CodeCall | None = None) -> list[dict[str, o
             actual = {"fires": got.fires, "count": got.count}
             if any(actual[k] != v for k, v in want.items()):
                 failures.append({"case": i, "name": name, "expected": want, "got": actual})
+        expected_row = case.get("outputs") or {}
+        vetoed = Vetoed(run) if expected_row else None
+        for name, value in expected_row.items():  # the dataset row, after the vetoes
+            assert vetoed is not None
+            got_value = column(vetoed, next(o for o in rs.outputs if o.column == name))
+            if isinstance(got_value, Undecided):
+                failures.append(
+                    {"case": i, "output": name, "expected": {"value": value}, "got": {"reason": got_value.reason}}
+                )
+            elif got_value != value:
+                failures.append({"case": i, "output": name, "expected": {"value": value}, "got": {"value": got_value}})
     return failures

@@ -4,6 +4,11 @@ those probes report, within ``RULE_TIME_BUDGET_MS`` for the whole request.
 Runs on the engine thread from the probes' ``after_generate`` (hook
 ``monitor_results``). A rule result never changes a probe result; a set's vetoes
 and output columns are for building datasets and are not applied here.
+
+A stateless request (``POST /api/probes/score``: ``monitored.stateless``) has no
+live budget: there is no deadline, operator code is asked and waited for (within
+the request's ``CallBudget``, shared by its inputs), nothing is rescored later and
+the results are ``not_persisted``.
 """
 
 from __future__ import annotations
@@ -21,12 +26,20 @@ from .runtime import Runtime
 
 log = logging.getLogger("millm.rulesets")
 
+CODE_KEY = "rulesets.code"  # a stateless request's operator-code caller (its CallBudget), shared by its inputs
+
 
 def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any]]:
     """One rule result per attached set's expression and window of each armed behaviour."""
     attached, sets = runtime.attached, runtime.sets
     enabled = runtime.settings["RULE_SIGNALS_ENABLED"]
-    deadline = time.perf_counter() + runtime.settings["RULE_TIME_BUDGET_MS"] / 1000.0
+    stateless = monitored.stateless
+    deadline = None if stateless else time.perf_counter() + runtime.settings["RULE_TIME_BUDGET_MS"] / 1000.0
+    code = None
+    if stateless:
+        if CODE_KEY not in monitored.state:
+            monitored.state[CODE_KEY] = runtime.code_caller()
+        code = monitored.state[CODE_KEY]
     out: list[dict[str, Any]] = []
     for behaviour, windows in monitored.behaviours.items():
         entry = attached.get(behaviour)
@@ -39,6 +52,7 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
             "request_id": monitored.request_id,
             "trace_id": monitored.trace_id,
             "span_id": monitored.span_id,
+            "persistence": "not_persisted" if stateless else "persisted",
         }
         for window in windows:
             text = monitored.window(window)
@@ -53,19 +67,19 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
                 continue
             assert loaded.rs is not None
             try:
-                outcomes = evaluate(loaded.rs, text.text, deadline)
+                outcomes = evaluate(loaded.rs, text.text, deadline, code=code)
             except Exception:
                 log.exception("rule set %s failed on window %s", loaded.id, window)
                 out += [rule_result(loaded, n, window, None, reason="rule_error", **base) for n in names]
                 continue
             pending = []
             for name, outcome in outcomes.items():
-                if isinstance(outcome, Undecided):  # operator code never delays a chat: skipped for now
+                if isinstance(outcome, Undecided):  # live: operator code never delays a chat, skipped for now
                     pending.append(undecided_result(loaded, name, window, outcome, **base))
                     out.append(pending[-1])
                     continue
                 reason = "rule_timeout" if outcome is None else None
                 out.append(rule_result(loaded, name, window, outcome, reason=reason, **base))
-            if pending:  # scored by the rule runner after the response; revised in place (same result_id)
+            if pending and not stateless:  # scored by the rule runner after the response; revised in place
                 runtime.rescorer.submit(Job(loaded, text.text, [dict(r) for r in pending]))
     return out

@@ -13,7 +13,7 @@ from . import store
 from .code_runner import UNAVAILABLE
 from .document import RuleSet, parse
 from .errors import CasesFailed, RuleSetNotFound, pointer
-from .evaluate import Outcome, Run, Undecided, case_failures, evaluate
+from .evaluate import Outcome, Run, Undecided, Vetoed, case_failures, dataset_row, evaluate
 from .results import rule_result, undecided_result
 from .runtime import PUBLISHED, Loaded, Runtime
 from .tables import RuleSetRow
@@ -60,10 +60,11 @@ def check(runtime: Runtime, document: Any) -> RuleSet:
         )
     if failures:
         first = failures[0]
+        what, name = ("outputs", first["output"]) if "output" in first else ("expect", first["name"])
         raise CasesFailed(
-            f"{len(failures)} case expectation(s) disagree; first: case {first['case']} expects {first['name']!r} "
+            f"{len(failures)} case expectation(s) disagree; first: case {first['case']} expects {what} {name!r} "
             f"{first['expected']}, got {first['got']}",
-            param=pointer("cases", first["case"], "expect", first["name"]),
+            param=pointer("cases", first["case"], what, name),
             extra={"failures": failures},
         )
     return rs
@@ -165,7 +166,7 @@ def evaluate_text(runtime: Runtime, rule_set_id: str, body: dict[str, Any]) -> d
             rule_result(loaded, n, None, None, reason="rule_set_vectors_failed", persistence="not_persisted")
             for n in names
         ]
-        return {**common, "results": results, "signals": []}
+        return {**common, "results": results, "signals": [], "vetoes": [], "outputs": None}
     rs = loaded.rs
     run = Run(rs, request.text, runtime.code_caller())  # one run: each code rule is called once
     outcomes = evaluate(rs, request.text, run=run)
@@ -181,7 +182,34 @@ def evaluate_text(runtime: Runtime, rule_set_id: str, body: dict[str, Any]) -> d
         results.append(result)
     signal_outcomes = evaluate(rs, request.text, names=list(rs.signals), run=run)
     signals = [_entry(n, o, request.return_rule_positions) for n, o in signal_outcomes.items() if o is not None]
-    return {**common, "results": results, "signals": signals}
+    return {
+        **common,
+        "results": results,
+        "signals": signals,
+        **dataset_view(Vetoed(run), request.return_rule_positions),
+    }
+
+
+def dataset_view(vetoed: Vetoed, positions: bool) -> dict[str, Any]:
+    """The set as a dataset reads the sent text: which vetoes fired and what they removed, and the output row.
+
+    ``results`` and ``signals`` stay as served beside probes (vetoes are never applied there). A ``field``
+    column is matched text, so like spans it is returned only with ``return_rule_positions`` (else null),
+    and only of the sent text."""
+    removed = vetoed.removed()
+    vetoes = [
+        {
+            "index": i,
+            "when": veto.when,
+            "fires": fired,
+            "removed": {name: removed.get(name, 0) for name in veto.removes} if fired else {},
+        }
+        for i, (veto, fired) in enumerate(zip(vetoed.rs.vetoes, vetoed.fired, strict=True))
+    ]
+    row = dataset_row(vetoed)
+    if not positions:
+        row = {o.column: None if o.use == "field" else row[o.column] for o in vetoed.rs.outputs}
+    return {"vetoes": vetoes, "outputs": row}
 
 
 def behaviour_view(runtime: Runtime, behaviour: str) -> dict[str, Any]:

@@ -59,10 +59,12 @@ def shutdown(host) -> None:
 
 @hookimpl
 def monitor_results(ctx, monitored):
-    """A rule result per attached expression and window, beside the armed probes."""
-    runtime = ctx.host.state.get(STATE_KEY)
+    """A rule result per attached expression and window, beside the armed (or, stateless, scored) probes."""
+    host = ctx.host if ctx is not None else monitored.host
+    runtime = host.state.get(STATE_KEY) if host is not None else None
     if runtime is None:
         return None
     results = live.results(runtime, monitored)
-    ctx.host.metrics.rule_results(ctx, results)
+    if ctx is not None:  # a live request: counted in /metrics and added to its span
+        host.metrics.rule_results(ctx, results)
     return results

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-CARD = "4111 1111 1111 1111"  # passes Luhn
+CARD = "4111 1111 1111 1111"  # passes Luhn; the well-known test card the set's veto removes from datasets
+REAL_CARD = "5500 0000 0000 0004"  # passes Luhn; no test card
 BAD_CARD = "4111 1111 1111 1112"
 IBAN = "DE89 3704 0044 0532 0130 00"  # passes mod97
 BAD_IBAN = "DE89 3704 0044 0532 0130 01"
@@ -20,6 +21,7 @@ PII: dict[str, Any] = {
     "signals": {
         "card": {"kind": "pattern", "pattern": r"\b(?:\d[ -]?){13,19}\b"},
         "card_ok": {"kind": "validator", "validator": "luhn", "span_of": "card"},
+        "test_card": {"kind": "pattern", "pattern": r"\b4111(?:[ -]?1111){3}\b"},
         "iban": {"kind": "pattern", "pattern": r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){3,7}(?: ?[A-Z0-9]{1,3})?\b"},
         "iban_ok": {"kind": "validator", "validator": "mod97", "span_of": "iban"},
         "iban_len": {
@@ -40,13 +42,25 @@ PII: dict[str, Any] = {
         "threat_words": {"signal": "threat"},
         "no_threat": {"not": "threat"},
     },
-    "vetoes": [{"when": "threat", "removes": ["card"]}],
+    # Datasets only (never applied to served rule results nor to a case's expect): a test card is no PII.
+    "vetoes": [{"when": "test_card", "removes": ["card"]}],
     "outputs": [
         {"column": "has_pii", "use": "fired", "of": "pii"},
+        {"column": "pii_count", "use": "count", "of": "pii"},
+        {"column": "cards", "use": "field", "of": "card_ok"},
         {"column": "email_text", "use": "field", "of": "email"},
     ],
     "cases": [
-        {"text": f"card {CARD}", "expect": {"pii": True, "card_ok": 1}},
+        {
+            "text": f"card {CARD}",
+            "expect": {"pii": True, "card_ok": 1},  # as served: vetoes are not applied here
+            "outputs": {"has_pii": False, "pii_count": 0, "cards": []},  # the dataset row: the veto removed it
+        },
+        {
+            "text": f"cards {CARD} and {REAL_CARD}, mail a@b.example",
+            "expect": {"pii": {"fires": True, "count": 3}},
+            "outputs": {"has_pii": True, "pii_count": 2, "cards": [REAL_CARD], "email_text": ["a@b.example"]},
+        },
         {"text": f"card {BAD_CARD}", "expect": {"pii": False, "card": 1, "card_ok": 0}},
         {"text": f"pay to {IBAN} please", "expect": {"iban_valid": True}},
         {"text": "my ssn is 123-45-6789", "expect": {"pii": True, "ssn_near": {"fires": True, "count": 1}}},
@@ -65,7 +79,9 @@ def pii(**changes: Any) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def docs() -> SimpleNamespace:
     """The shared documents and texts (test modules are not importable under --import-mode=importlib)."""
-    return SimpleNamespace(PII=PII, pii=pii, CARD=CARD, BAD_CARD=BAD_CARD, IBAN=IBAN, BAD_IBAN=BAD_IBAN)
+    return SimpleNamespace(
+        PII=PII, pii=pii, CARD=CARD, REAL_CARD=REAL_CARD, BAD_CARD=BAD_CARD, IBAN=IBAN, BAD_IBAN=BAD_IBAN
+    )
 
 
 #: Until ``pip install -r requirements.txt`` installs this plugin (entry point ``rulesets``), the tests

@@ -102,6 +102,9 @@ def _with_code(docs, **extra):
             doc["expressions"].update(value)
         else:
             doc[key] = value
+            if key == "outputs":  # the cases' dataset rows name the columns replaced
+                for case in doc["cases"]:
+                    case.pop("outputs", None)
     return doc
 
 
@@ -200,3 +203,93 @@ def test_a_long_chain_of_references_is_refused_not_a_crash(docs):
     doc["expressions"] = {f"e{i}": {"not": f"e{i + 1}"} for i in range(150)}
     doc["expressions"]["e150"] = "card"
     assert evaluate(parse(doc), "nothing")["e0"].fires is False  # 150 nots over a silent card
+
+
+# --- vetoes and outputs: the set as a dataset reads it ---------------------------------------
+
+
+def _dataset(rs, text):
+    from millm_rulesets.evaluate import Run, Vetoed, dataset_row
+
+    vetoed = Vetoed(Run(rs, text))
+    return vetoed, dataset_row(vetoed)
+
+
+def test_a_veto_removes_the_spans_its_when_overlaps_and_what_reads_them_follows(docs):
+    rs = parse(docs.PII)
+    text = f"cards {docs.CARD} and {docs.REAL_CARD}, mail a@b.example"
+    served = evaluate(rs, text)
+    assert served["pii"].count == 3  # served results: the veto is not applied
+    vetoed, row = _dataset(rs, text)
+    assert vetoed.fired == [True] and vetoed.removed() == {"card": 1}
+    assert vetoed.get("card").count == 1 and vetoed.get("card_ok").count == 1  # the validator checks what is left
+    assert vetoed.get("pii").count == 2 and vetoed.get("card_and_email").fires is True  # REAL_CARD near the mail
+    assert row == {"has_pii": True, "pii_count": 2, "cards": [docs.REAL_CARD], "email_text": ["a@b.example"]}
+    # a veto whose when does not fire removes nothing
+    vetoed, row = _dataset(rs, f"card {docs.REAL_CARD}")
+    assert vetoed.fired == [False] and vetoed.removed() == {} and row["cards"] == [docs.REAL_CARD]
+
+
+def test_a_vetoed_word_list_must_still_weigh_enough(docs):
+    doc = docs.pii(
+        signals={
+            **docs.PII["signals"],
+            "quoted": {"kind": "pattern", "pattern": r'"[^"]*"'},
+            "threat": {"kind": "wordlist", "words": {"kill": 2.0, "bomb": 3.0}, "min_weight": 3.0},
+        },
+        vetoes=[{"when": "quoted", "removes": ["threat"]}],
+        outputs=[{"column": "threat", "use": "count", "of": "threat_words"}],
+        cases=[
+            {"text": 'the film "bomb" and kill', "expect": {"threat_words": 2}, "outputs": {"threat": 0}},
+            {"text": '"kill" bomb', "expect": {"threat_words": 2}, "outputs": {"threat": 1}},
+        ],
+    )
+    rs = parse(doc)
+    assert case_failures(rs) == []  # kill alone weighs 2 < 3: no fire; bomb alone weighs 3
+
+
+def test_a_case_whose_dataset_row_disagrees_fails_naming_the_column(docs):
+    doc = docs.pii()
+    doc["cases"][0]["outputs"]["has_pii"] = True  # the veto removes the test card: the row says False
+    assert case_failures(parse(doc)) == [
+        {"case": 0, "output": "has_pii", "expected": {"value": True}, "got": {"value": False}}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"vetoes": [{"when": "no_threat", "removes": ["card"]}]}, "/vetoes/0/when"),  # a not has no spans
+        ({"vetoes": [{"when": "card", "removes": ["no_threat"]}]}, "/vetoes/0/removes/0"),
+        ({"outputs": [{"column": "c", "use": "field", "of": "no_threat"}]}, "/outputs/0"),
+        (
+            {
+                "outputs": [{"column": "c", "use": "fired", "of": "pii"}],
+                "cases": [{"text": "x", "expect": {}, "outputs": {"nope": True}}],
+            },
+            "/cases/0/outputs/nope",
+        ),
+        (
+            {
+                "outputs": [{"column": "c", "use": "fired", "of": "pii"}],
+                "cases": [{"text": "x", "expect": {}, "outputs": {"c": 1}}],
+            },
+            "/cases/0/outputs/c",
+        ),
+        (
+            {
+                "outputs": [{"column": "c", "use": "field", "of": "pii"}],
+                "cases": [{"text": "x", "expect": {}, "outputs": {"c": "text"}}],
+            },
+            "/cases/0/outputs/c",
+        ),
+    ],
+)
+def test_what_vetoes_and_outputs_read_must_have_spans_and_case_rows_their_types(docs, change, param):
+    doc = docs.pii(**change)
+    if "outputs" in change and "cases" not in change:
+        for case in doc["cases"]:
+            case.pop("outputs", None)
+    with pytest.raises(InvalidRuleSet) as refused:
+        parse(doc)
+    assert refused.value.param == param

@@ -132,3 +132,88 @@ def test_a_behaviour_without_an_attached_set_reports_no_rules(server, model_id, 
         finally:
             http.put(f"/api/probes/behaviours/{BEHAVIOUR}/rule-signals", json={"rule_set_id": armed["rule_set_id"]})
     assert [r for r in response.json()["millm_probe_verdicts"] if r["kind"] == "rule"] == []
+
+
+LENGTH = '(module (memory (export "memory") 1) (func (export "count") (param i32 i32) (result i32) (local.get 1)))'
+
+
+def test_probe_score_reports_rule_results_beside_the_probes(server, model_id, armed, docs):
+    """POST /api/probes/score: a scored behaviour's rule signals follow each input's probe results, as on live
+    traffic (kind rule, fires and count, never the matched text), not stored; they never change a probe result."""
+    secret = f"My card is {docs.CARD} and my IBAN is {docs.IBAN}, mail me at jane@example.org"
+    body = {
+        "behaviours": [BEHAVIOUR],
+        "inputs": [
+            {"messages": [{"role": "user", "content": secret}, {"role": "assistant", "content": "noted"}]},
+            {"token_ids": [1, 2, 3]},  # no turns: prompt and response cannot be read, so neither can their rules
+        ],
+    }
+    with server.http() as http:
+        scored = http.post("/api/probes/score", json=body)
+        assert scored.status_code == 200, scored.text
+        http.delete(f"/api/probes/behaviours/{BEHAVIOUR}/rule-signals")
+        try:
+            bare = http.post("/api/probes/score", json=body).json()
+        finally:
+            http.put(f"/api/probes/behaviours/{BEHAVIOUR}/rule-signals", json={"rule_set_id": armed["rule_set_id"]})
+    first, second = scored.json()["results"]
+    prompt = rules(first["results"], "prompt")
+    assert set(prompt) == set(docs.PII["expressions"])
+    assert prompt["pii"]["fires"] is True and prompt["pii"]["count"] == 3  # card, IBAN, email
+    assert rules(first["results"], "response")["pii"]["fires"] is False
+    assert {r["persistence"] for r in first["results"] if r["kind"] == "rule"} == {"not_persisted"}
+    assert all(r["behaviour"] == BEHAVIOUR and r["probe_id"] is None for r in rules(first["results"]).values())
+    for matched in (docs.CARD, docs.IBAN, "jane@example.org"):
+        assert matched not in scored.text  # never the matched text
+    kinds = [r["kind"] for r in first["results"]]
+    assert kinds == sorted(kinds, key=lambda k: k != "probe")  # the probes' own first
+
+    # a rule result never changes a probe result: the same probe results without the set attached
+    def probe_part(output):
+        return [
+            (r["probe_id"], r["window"], r["outcome"], r["score"], r["fires"])
+            for r in output["results"]
+            if r["kind"] == "probe"
+        ]
+
+    assert [probe_part(o) for o in scored.json()["results"]] == [probe_part(o) for o in bare["results"]]
+    assert all(r["kind"] == "probe" for o in bare["results"] for r in o["results"])
+    # the second input has no turns: its prompt window is skipped with the probes' own reason
+    probe_prompt = next(r for r in second["results"] if r["kind"] == "probe" and r["window"] == "prompt")
+    rule_prompt = rules(second["results"], "prompt")["pii"]
+    assert (rule_prompt["outcome"], rule_prompt["reason"]) == (probe_prompt["outcome"], probe_prompt["reason"])
+    assert (rule_prompt["fires"], rule_prompt["count"], rule_prompt["status"]) == (None, 0, "unavailable")
+
+
+def test_probe_score_waits_for_operator_code(server, model_id, lab, docs):
+    """The stateless route asks the rule runner: a code rule is decided there, not skipped as on a live chat."""
+    doc = {
+        "format": "mi.ruleset/v1",
+        "ruleset_id": "length-score",
+        "version": "1",
+        "signals": {
+            "custom": {"kind": "code_rule", "wat": LENGTH},
+            "email": {"kind": "pattern", "pattern": r"\S+@\S+"},
+        },
+        "expressions": {"bytes": "custom", "either": {"any": ["custom", "email"]}},
+        "cases": [{"text": "abc", "expect": {"bytes": 3}}],
+    }
+    with server.http() as http:
+        identity = http.get(f"/api/models/{model_id}").json()
+        definition = lab.definition(identity, name="counted-watch", behaviour="counted", windows=["all"])
+        probe = http.post("/api/probes/import", json=definition)
+        assert probe.status_code == 201, probe.text
+        made = http.post("/api/rule-sets/import", json=doc)
+        assert made.status_code == 201, made.text
+        attach = http.put("/api/probes/behaviours/counted/rule-signals", json={"rule_set_id": made.json()["id"]})
+        assert attach.status_code == 200, attach.text
+        try:
+            scored = http.post("/api/probes/score", json={"behaviours": ["counted"], "inputs": [{"text": "héllo"}]})
+        finally:
+            http.delete("/api/probes/behaviours/counted/rule-signals")
+            http.delete(f"/api/probes/{probe.json()['id']}")
+    assert scored.status_code == 200, scored.text
+    got = rules(scored.json()["results"][0]["results"], "all")
+    assert got["bytes"]["outcome"] == "completed" and got["bytes"]["fires"] is True
+    assert got["bytes"]["count"] > len("héllo")  # the whole window's UTF-8 bytes, template included
+    assert got["either"]["fires"] is True

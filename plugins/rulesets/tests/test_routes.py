@@ -71,6 +71,14 @@ def test_a_set_failing_its_cases_is_refused(http, docs):
     ]
 
 
+def test_a_set_whose_dataset_row_disagrees_with_a_case_is_refused_naming_the_column(http, docs):
+    doc = docs.pii()
+    doc["cases"][0]["outputs"]["has_pii"] = True  # the veto removes the test card: the row says False
+    error = http.post("/api/rule-sets/validate", json=doc).json()["error"]
+    assert error["code"] == "rule_set_cases_failed" and error["param"] == "/cases/0/outputs/has_pii"
+    assert error["failures"] == [{"case": 0, "output": "has_pii", "expected": {"value": True}, "got": {"value": False}}]
+
+
 def test_evaluate_returns_counts_and_spans_only_on_request(http, docs):
     made = http.post("/api/rule-sets/import", json=docs.PII).json()
     text = f"card {docs.CARD}, mail a@b.example"
@@ -83,6 +91,15 @@ def test_evaluate_returns_counts_and_spans_only_on_request(http, docs):
     ).json()
     pii = next(r for r in spans["results"] if r["name"] == "pii")
     assert [text[s["start"] : s["end"]].strip(" ,") for s in pii["spans"]] == [docs.CARD, "a@b.example"]
+    # the dataset view: the veto removed the test card; field columns (matched text) only with positions
+    assert plain["vetoes"] == [{"index": 0, "when": "test_card", "fires": True, "removed": {"card": 1}}]
+    assert plain["outputs"] == {"has_pii": True, "pii_count": 1, "cards": None, "email_text": None}
+    assert spans["outputs"] == {"has_pii": True, "pii_count": 1, "cards": [], "email_text": ["a@b.example"]}
+    real = http.post(
+        f"/api/rule-sets/{made['id']}/evaluate",
+        json={"text": f"card {docs.REAL_CARD}", "return_rule_positions": True},
+    ).json()
+    assert real["vetoes"][0]["fires"] is False and real["outputs"]["cards"] == [docs.REAL_CARD]
     bad = http.post(f"/api/rule-sets/{made['id']}/evaluate", json={"text": 3})
     assert bad.status_code == 400
     assert http.post("/api/rule-sets/rs_nothing/evaluate", json={"text": "x"}).status_code == 404

@@ -50,8 +50,11 @@ def response_extras(ctx):
 
 @hookimpl
 def monitor_results(ctx, monitored):
-    """Beside armed probes: a ``shouting`` result per armed behaviour and window (hook ``monitor_results``)."""
-    if not ctx.settings["DETECTOR_EXAMPLE_ENABLED"]:
+    """Beside armed probes: a ``shouting`` result per armed behaviour and window (hook ``monitor_results``).
+
+    On ``POST /api/probes/score`` the hook has no ``ctx`` (``monitored.stateless``): settings come from the host."""
+    settings = ctx.settings if ctx is not None else monitored.host.settings
+    if not settings["DETECTOR_EXAMPLE_ENABLED"]:
         return None
     results = []
     for behaviour, windows in monitored.behaviours.items():
