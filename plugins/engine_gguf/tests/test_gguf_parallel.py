@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 
+import httpx
 import numpy as np
 import pytest
 
@@ -145,3 +146,31 @@ def test_a_crash_fails_every_generation_in_flight_and_the_child_restarts(engine,
             list(stream)
     assert take(engine, ids, GREEDY, 4) == expected  # waits for the restart
     assert engine.status()["restarts"] == before["restarts"] + 1
+
+
+def test_a_parallel_server_answers_concurrent_chats_and_reports_its_batch(server_factory, gguf_path):
+    server = server_factory(
+        model=gguf_path,
+        env={"GGUF_PARALLEL": "4", "GGUF_N_CTX": "256", "GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"},
+        args=["--engine", "gguf"],
+    )
+    with httpx.Client(base_url=server.base_url, timeout=300) as client:
+        model = client.get("/api/health").json()["model"]
+
+        def chat(prompt: str, **extra) -> str:
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8, **extra}
+            response = client.post("/v1/chat/completions", json={"temperature": 0, **body})
+            response.raise_for_status()
+            return response.json()["choices"][0]["message"]["content"]
+
+        answers: dict[int, str] = {}
+        threads = [threading.Thread(target=lambda i=i: answers.update({i: chat(PROMPTS[i])})) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert all(answers.get(i) for i in range(4))
+        assert chat(PROMPTS[0], presence_penalty=1.0)
+        report = client.get("/api/health/inference").json()
+    assert (report["backend"], report["max_rows"], report["batched"]) == ("continuous", 4, 4)
+    assert report["serial_reasons"] == {"penalties": 1}
