@@ -20,6 +20,7 @@ class LoadOptions:
     n_threads_batch: int | None
     n_gpu_layers: int
     embeddings: bool
+    parallel: int = 1  # generations decoded together (1: one at a time)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> LoadOptions:
@@ -33,7 +34,15 @@ class LoadOptions:
             n_threads_batch=settings["GGUF_N_THREADS_BATCH"] or None,
             n_gpu_layers=settings["GGUF_N_GPU_LAYERS"],
             embeddings=settings["GGUF_ENABLE_EMBEDDINGS"],
+            parallel=_parallel(settings),
         )
+
+
+def _parallel(settings: Mapping[str, Any]) -> int:
+    parallel = settings.get("GGUF_PARALLEL", 1)
+    if parallel < 1:
+        raise ValueError(f"GGUF_PARALLEL must be 1 or more (got {parallel})")
+    return parallel
 
 
 def load_llama(path: str, options: LoadOptions, progress: Callable[[str], None]) -> llama_cpp.Llama:

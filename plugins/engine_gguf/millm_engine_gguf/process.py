@@ -185,7 +185,9 @@ class ProcessEngine(GGUFTextEngine):
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> ProcessEngine:
-        """Start a child that loads ``descriptor``; meanwhile load its vocabulary here (engine thread)."""
+        """Start a child that loads ``descriptor``; meanwhile load its vocabulary here (engine thread).
+
+        With ``GGUF_PARALLEL`` > 1 the engine is a ``parallel.ParallelEngine``."""
         options = LoadOptions.from_settings(settings)
         started = time.monotonic()
         child = Child()
@@ -200,7 +202,12 @@ class ProcessEngine(GGUFTextEngine):
                     f"loading model {descriptor.id!r} failed: the gguf engine process "
                     f"(pid {child.pid}) ended ({child.exit_text()}) while loading it"
                 ) from None
-            return cls(descriptor, options, vocabulary, child, info, window, time.monotonic() - started)
+            engine_class = cls
+            if options.parallel > 1 and cls is ProcessEngine:
+                from .parallel import ParallelEngine  # imports this module
+
+                engine_class = ParallelEngine
+            return engine_class(descriptor, options, vocabulary, child, info, window, time.monotonic() - started)
         except BaseException:
             child.stop(timeout=2)
             if vocabulary is not None:

@@ -23,6 +23,13 @@ SETTINGS = (
     ),
     Setting("GGUF_N_GPU_LAYERS", int, 0, "Layers offloaded to the GPU on a GPU build of llama.cpp (-1: all)"),
     Setting(
+        "GGUF_PARALLEL",
+        int,
+        1,
+        "Generations llama.cpp decodes together, each a sequence of one context (1: one at a time; "
+        "steering, penalties, logit_bias and logprobs still run alone)",
+    ),
+    Setting(
         "GGUF_ENABLE_EMBEDDINGS",
         bool,
         True,

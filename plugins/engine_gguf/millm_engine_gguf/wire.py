@@ -17,7 +17,14 @@ Generation, seen from the server::
 
 The server reads the frames after its STOP (up to END) when it
 sends its next request, not before it answers. A STOP that arrives after END
-is ignored. Loading: LOAD, PROGRESS..., then
+is ignored.
+
+With ``GGUF_PARALLEL`` > 1 the child serves several generations at once, so each
+of their frames carries the generation's key (a little-endian uint32 the server
+chose) after its tag: ``ROW_GENERATE`` (key, prompt, params, vectors),
+``ROW_TOKEN``/``ROW_PAUSED`` (key, then a token as above), ``ROW_CONTINUE``,
+``ROW_STOP``, ``ROW_END``, ``ROW_ERROR`` (key, then an ERROR frame's body). The flow
+per key is the one above; EMBED is answered between two decode steps. Loading: LOAD, PROGRESS..., then
 LOADED or ERROR. The child sets the control vectors before the first token
 and clears them after END or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
 """
@@ -34,6 +41,8 @@ LOAD, PROGRESS, LOADED = b"l", b"o", b"r"
 GENERATE, TOKEN, PAUSED, CONTINUE, STOP, END = b"g", b"t", b"p", b"c", b"s", b"e"
 EMBED, VECTOR = b"m", b"v"
 ERROR, CLOSE = b"x", b"q"
+ROW_GENERATE, ROW_TOKEN, ROW_PAUSED, ROW_CONTINUE, ROW_STOP, ROW_END = b"G", b"T", b"P", b"C", b"S", b"E"
+ROW_ERROR = b"X"
 
 
 _LOGPROB = struct.Struct("<f")
@@ -85,3 +94,13 @@ def frame_error(frame: bytes) -> Exception:
         error.__dict__.update(fields)
         return error
     return RuntimeError(message if cls == "RuntimeError" else f"{cls}: {message}")
+
+
+def keyed(tag: bytes, key: int, body: bytes = b"") -> bytes:
+    """A parallel-mode frame: ``tag``, the generation's key, then ``body`` (an unkeyed frame less its tag)."""
+    return tag + key.to_bytes(4, "little") + body
+
+
+def frame_key(frame: bytes) -> tuple[int, bytes]:
+    """A keyed frame's key, and the frame as it would be unkeyed (its tag, then its body)."""
+    return int.from_bytes(frame[1:5], "little"), frame[:1] + frame[5:]

@@ -18,9 +18,13 @@ import sys
 import threading
 import time
 from array import array
+from collections import deque
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from typing import Any
 
 from . import wire
+from .batch import BatchContext, serial_reason
 from .cpu import amx_flags, llama_system_info
 from .engine import GGUFEngine
 
@@ -52,7 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         conn.send_bytes(wire.pack(wire.LOADED, (engine.info, engine.embedding_window)))
-        Worker(conn, engine).serve()
+        if options.parallel > 1:
+            ParallelWorker(conn, engine, options).serve()
+        else:
+            Worker(conn, engine).serve()
     except (EOFError, OSError):
         pass  # the server went away
     finally:
@@ -121,6 +128,159 @@ class Worker:
             send(wire.error_frame(exc))
             return
         send(wire.END)
+
+
+class ParallelWorker:
+    """Answers keyed frames (``wire``'s parallel mode): many generations, one decode step each at a time.
+
+    Between two steps it reads every frame waiting, admits new generations as rows
+    (``batch``), and answers embeddings. A generation that cannot be a row
+    (``serial_reason``) waits until the batch is empty, then runs alone on the serial
+    context while new ones wait behind it.
+    """
+
+    def __init__(self, conn: Connection, engine: GGUFEngine, options: Any) -> None:
+        self.conn, self.engine = conn, engine
+        llm = engine.llm
+        window = engine.info.context_window
+        assert window is not None
+        self.batch = BatchContext(
+            llm.model, options.parallel, window, options.n_batch, llm.n_threads, llm.n_threads_batch
+        )
+        self.window = window
+        self.stops = set(engine.info.eos_token_ids)
+        self.waiting: deque[tuple[int, list[int], Any, Any]] = deque()
+        self.alone: tuple[int, Iterator[int], Any] | None = None  # key, tokens, params
+        self.alone_count = 0
+        self.alone_paused = False
+        self._poll = select.poll()
+        self._poll.register(conn.fileno(), select.POLLIN)
+
+    def serve(self) -> None:
+        try:
+            while True:
+                if not self._busy():
+                    if self.handle(self.conn.recv_bytes()):
+                        return
+                while self._poll.poll(0):
+                    if self.handle(self.conn.recv_bytes()):
+                        return
+                self._admit()
+                if self.alone is not None and not self.alone_paused:
+                    self._step_alone()
+                elif self.batch.running():
+                    self._step_batch()
+        finally:
+            self.batch.close()
+
+    def _busy(self) -> bool:
+        if self.alone is not None:
+            return not self.alone_paused
+        return self.batch.running() or (bool(self.waiting) and self._can_admit())
+
+    def _can_admit(self) -> bool:
+        key, prompt, params, vectors = self.waiting[0]
+        if serial_reason(params, vectors):
+            return not self.batch.rows
+        return self.batch.has_room()
+
+    def handle(self, frame: bytes) -> bool:
+        """Act on one frame; True on CLOSE."""
+        tag, send = frame[:1], self.conn.send_bytes
+        if tag == wire.ROW_GENERATE:
+            self.waiting.append(wire.unpack(frame))
+        elif tag in (wire.ROW_STOP, wire.ROW_CONTINUE):
+            key, _ = wire.frame_key(frame)
+            self._signal(key, stop=tag == wire.ROW_STOP)
+        elif tag == wire.EMBED:
+            try:
+                vector = self.engine.embed(*wire.unpack(frame))
+                send(wire.VECTOR + array("f", vector).tobytes())
+            except Exception as exc:
+                send(wire.error_frame(exc))
+        elif tag == wire.CLOSE:
+            return True
+        return False
+
+    def _signal(self, key: int, stop: bool) -> None:
+        """STOP or CONTINUE for generation ``key``, wherever it is (a signal for an ended one is ignored)."""
+        row = self.batch.rows.get(key)
+        if row is not None:
+            if stop:
+                self._end_row(key)
+            else:
+                row.paused = False
+        elif self.alone is not None and self.alone[0] == key:
+            if stop:
+                self._end_alone()
+            else:
+                self.alone_paused = False
+        elif stop:
+            for item in self.waiting:
+                if item[0] == key:
+                    self.waiting.remove(item)
+                    self.conn.send_bytes(wire.keyed(wire.ROW_END, key))
+                    break
+
+    def _admit(self) -> None:
+        while self.alone is None and self.waiting and self._can_admit():
+            key, prompt, params, vectors = self.waiting.popleft()
+            if serial_reason(params, vectors):
+                self.alone = (key, self.engine.generate_checked(prompt, params, vectors), params)
+                self.alone_count, self.alone_paused = 0, False
+                return
+            self.batch.add(key, prompt, params)
+
+    def _step_batch(self) -> None:
+        send = self.conn.send_bytes
+        try:
+            for row, token in list(self.batch.step()):
+                if token in self.stops or row.count >= row.params.max_tokens:
+                    row.paused = True  # the host most likely stops here: wait for its word
+                    send(wire.keyed(wire.ROW_PAUSED, row.key, wire.token_frame(b"", token)))
+                else:
+                    send(wire.keyed(wire.ROW_TOKEN, row.key, wire.token_frame(b"", token)))
+                if row.pos + len(row.feed) >= self.window:  # the next token would not fit
+                    self._end_row(row.key)
+        except RuntimeError as exc:  # a failed decode fails every row in it
+            for key in list(self.batch.rows):
+                self.batch.remove(key)
+                send(wire.keyed(wire.ROW_ERROR, key, wire.error_frame(exc)[1:]))
+
+    def _end_row(self, key: int) -> None:
+        self.batch.remove(key)
+        self.conn.send_bytes(wire.keyed(wire.ROW_END, key))
+
+    def _step_alone(self) -> None:
+        assert self.alone is not None
+        key, tokens, params = self.alone
+        send = self.conn.send_bytes
+        try:
+            token = next(tokens, None)
+        except Exception as exc:
+            self.alone = None
+            send(wire.keyed(wire.ROW_ERROR, key, wire.error_frame(exc)[1:]))
+            return
+        if token is None:
+            self._end_alone()
+            return
+        self.alone_count += 1
+        if token in self.stops or self.alone_count >= params.max_tokens:
+            self.alone_paused = True
+            send(wire.keyed(wire.ROW_PAUSED, key, wire.token_frame(b"", token)))
+        else:
+            send(wire.keyed(wire.ROW_TOKEN, key, wire.token_frame(b"", token)))
+
+    def _end_alone(self) -> None:
+        assert self.alone is not None
+        key, tokens, _ = self.alone
+        self.alone = None
+        try:
+            tokens.close()  # clears its control vectors
+        except Exception as exc:
+            self.conn.send_bytes(wire.keyed(wire.ROW_ERROR, key, wire.error_frame(exc)[1:]))
+            return
+        self.conn.send_bytes(wire.keyed(wire.ROW_END, key))
 
 
 if __name__ == "__main__":
