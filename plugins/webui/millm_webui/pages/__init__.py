@@ -1,0 +1,11 @@
+"""Every page, in nav order. A page is one module here (its ``PAGE``) and one template; add yours to the list."""
+
+from __future__ import annotations
+
+from ..render import Page
+from . import home, models
+
+PAGES: list[Page] = [
+    home.PAGE,
+    models.PAGE,
+]

@@ -1,0 +1,90 @@
+"""Pages: a Jinja template (autoescaped: every name from the server is text, never markup) filled
+by a loader that reads the public API, and the Falcon resource that serves it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import falcon
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from millm_host.api import operation
+
+from .api_client import Api, NeedsKey
+
+Loader = Callable[..., Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page: ``path`` (a Falcon URI template under ``/ui``), its nav ``title`` (``None``: not in the
+    nav), its ``template``, and ``load(api, req, **params)`` → the template's variables."""
+
+    path: str
+    title: str | None
+    template: str
+    load: Loader
+    summary: str = ""
+
+
+ENV = Environment(
+    loader=PackageLoader("millm_webui", "templates"),
+    autoescape=select_autoescape(["html"], default=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def render(template: str, **context: Any) -> str:
+    return ENV.get_template(template).render(**context)
+
+
+class PageResource:
+    """``GET`` one page: its loader's data through the API, rendered; the key form if the API wants a key."""
+
+    def __init__(self, host: Any, page: Page, nav: list[Page]) -> None:
+        self.host = host
+        self.page = page
+        self.nav = nav
+
+    @operation("An operator's page (HTML), built on this API's own answers", media_type="text/html")
+    async def on_get(self, req, resp, **params: str) -> None:
+        api = Api(self.host.routes.app, req)
+        base = {"nav": self.nav, "page": self.page, "path": req.path}
+        try:
+            data = await self.page.load(api, req, **params)
+            body = render(self.page.template, **base, **data)
+        except NeedsKey as refused:
+            resp.status = falcon.HTTP_401
+            body = render("key.html", **base, message=refused.message)
+        resp.content_type = "text/html; charset=utf-8"
+        resp.text = body
+        resp.set_header("Cache-Control", "no-store")
+
+
+STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+
+
+class Static:
+    """``/ui/static/ui.js`` and ``ui.css``: the script layer and the style sheet (no build step)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.body = resources.files("millm_webui").joinpath("static", name).read_bytes()
+        self.content_type = STATIC_TYPES[name[name.rindex(".") :]]
+
+    @operation("The web UI's script or style sheet", media_type="text/plain")
+    async def on_get(self, req, resp) -> None:
+        resp.content_type = self.content_type
+        resp.data = self.body
+
+
+class Root:
+    """``/`` sends a browser to the UI."""
+
+    @operation("Redirect to the operator's web UI (/ui)", status=302, media_type="text/html")
+    async def on_get(self, req, resp) -> None:
+        raise falcon.HTTPFound("/ui")
