@@ -66,10 +66,14 @@ class PageResource:
 
 
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+#: Every script and style sheet in ``static/`` (a page's own script is ``static/<page>.js``).
+STATIC_FILES = sorted(
+    f.name for f in resources.files("millm_webui").joinpath("static").iterdir() if f.name.endswith(tuple(STATIC_TYPES))
+)
 
 
 class Static:
-    """``/ui/static/ui.js`` and ``ui.css``: the script layer and the style sheet (no build step)."""
+    """``/ui/static/<name>``: the script layer and the style sheet (no build step)."""
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -52,6 +52,7 @@ class Watched:
         page.on("pageerror", lambda error: self.problems.append(f"page error: {error}"))
         page.on("requestfailed", self._failed)
         page.on("response", self._response)
+        page.on("dialog", self._dialog)
 
     def _console(self, message: Any) -> None:
         if message.type == "error":
@@ -60,6 +61,11 @@ class Watched:
             if any(f"status of {s}" in text for s in self.expected_statuses):
                 return
             self.problems.append(f"console error: {text}")
+
+    def _dialog(self, dialog: Any) -> None:
+        # The UI never calls alert/confirm/prompt: one that opens is injected markup running.
+        self.problems.append(f"a {dialog.type} dialog opened: {dialog.message}")
+        dialog.dismiss()
 
     def _failed(self, request: Any) -> None:
         self.problems.append(f"request failed: {request.method} {request.url} ({request.failure})")
@@ -124,3 +130,17 @@ def ui_env():
         return {"MILLM_PLUGIN_MODULES": UI_MODULES, **extra}
 
     return env
+
+
+@pytest.fixture(scope="session")
+def lab(ui_model_dir) -> Any:
+    """The probes plugin's own test reference (``Lab`` in its tests' conftest): probe documents whose test
+    vectors come from transformers and the FORMATS.md math, never from the plugin's code."""
+    import importlib.util
+
+    path = REPO / "plugins" / "probes" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("millm_probes_test_lab", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Lab(ui_model_dir)

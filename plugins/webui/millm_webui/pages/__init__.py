@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from ..render import Page
-from . import home, models
+from . import events, home, models, probes
 
 PAGES: list[Page] = [
     home.PAGE,
     models.PAGE,
+    probes.PAGE,
+    events.PAGE,
 ]

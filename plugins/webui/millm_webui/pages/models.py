@@ -22,7 +22,7 @@ async def load(api, req) -> dict[str, Any]:
     health = await api.data("/api/health", default={})
     capacities = {}
     for model in models:
-        if model["state"] == "loaded":
+        if model["state"] == "LOADED":
             capacities[model["id"]] = await api.data(f"/api/models/{quote(model['id'], safe='')}/probe-capacity")
     return {"models": models, "health": health, "capacities": capacities, "halves": HALVES, "used": used_percent}
 

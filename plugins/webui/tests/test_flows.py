@@ -1,0 +1,142 @@
+"""The operator's flows in a real browser against one real server, in order: load the model, import
+a probe, arm its behaviour through the dialog, see a chat's verdict arrive live, open the event detail,
+read the session timeline and transcript, delete the session.
+
+Names and text the server returns are hostile markup: the page must show them as text (a script that
+ran would open a dialog, which fails the test)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from openai import OpenAI
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+SESSION = f"ui {HOSTILE}"
+PROMPT = f"Tell me about {HOSTILE} please"
+BEHAVIOUR = "stakes<b>"
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, ui_model_dir, ui_env):
+    """The tiny model, found but not loaded: the first flow loads it from the Models page."""
+    return server_factory(
+        ui_model_dir, env=ui_env(MILLM_LOAD_ON_START="false", PROBE_TRANSCRIPTS="true"), wait_for=None
+    )
+
+
+@pytest.fixture(scope="module")
+def state() -> dict:
+    return {}
+
+
+def api(server) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, timeout=120)
+
+
+def test_load_the_model_from_the_models_page(server, ui_page, ui_model_dir):
+    """The probes' model (the bundled default runs on llama.cpp, where probes have no hook)."""
+    page = ui_page(server)
+    page.goto("/ui/models")
+    card = page.page.locator("section.model", has_text="probe-llama")
+    assert card.locator(".badge").inner_text() == "READY"
+    page.shot("before-load")
+    card.locator("button.load").click()
+    card.locator(".badge.state-loaded").wait_for(timeout=120_000)
+    assert page.page.locator("#server-status").inner_text() == "ok"
+    capacity = card.locator("details.capacity")
+    assert "Probe capacity" in capacity.inner_text()
+    bars = capacity.locator(".bar[role=meter]")
+    assert bars.count() == 2 and bars.first.get_attribute("aria-valuenow") == "0"  # nothing armed yet
+    assert "Fallback budgets (not measured)" in capacity.inner_text()
+    page.shot("loaded")
+
+
+def test_import_a_probe(server, ui_page, state, lab):
+    with api(server) as http:
+        model_id = http.get("/api/health").json()["model"]
+        identity = http.get(f"/api/models/{model_id}").json()
+    doc = lab.definition(identity, name=f"mean {HOSTILE}", behaviour=BEHAVIOUR, threshold=-1e9, rung=1, seed=11)
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    page.page.fill("#probe-document", json.dumps(doc))
+    page.page.click("#import-probe")
+    group = page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]')
+    group.wait_for()
+    assert group.locator("h2").inner_text().startswith(BEHAVIOUR)  # the markup is text
+    assert f"mean {HOSTILE}" in group.inner_text()
+    assert "rung 1: detects on held-out data" in group.inner_text()
+    assert "0 results · 0 fired" in group.inner_text()
+    state["probe_id"] = group.locator("tr[data-probe]").first.get_attribute("data-probe")
+    page.shot("imported")
+
+
+def test_arm_the_behaviour_through_the_dialog(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    group = page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]')
+    group.locator("button[data-dry-run]").click()
+    dry = group.locator(".dry-run-result")
+    dry.locator("li[data-gate=evidence]").wait_for()
+    assert "Dry run: the behaviour would not arm." in dry.inner_text()
+    assert "gate evidence" in dry.inner_text() and "PROBE_ACKNOWLEDGEMENT_REQUIRED" in dry.inner_text()
+    assert "cost per generated token" in dry.inner_text()  # the projected cost against the budget
+
+    group.locator("button[data-arm]").click()
+    dialog = page.page.locator("#arm-dialog")
+    dialog.locator("#arm-gates li[data-gate=evidence]").wait_for()
+    assert dialog.locator("#arm-ack-block").is_visible()  # below rung 2: the acknowledgement
+    page.shot("arm-dialog")
+    dialog.locator("#arm-confirm").click()  # without an acknowledgement: refused here, nothing sent
+    assert "gate evidence" in dialog.locator("#arm-refusal").inner_text()
+    dialog.locator("#arm-ack").fill("watching the UI tests")
+    dialog.locator("#arm-confirm").click()
+    page.page.wait_for_selector(f'section.behaviour[data-behaviour="{BEHAVIOUR}"] .badge.state:text-is("armed")')
+    assert "1 of 1 armed" in page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]').inner_text()
+    with api(server) as http:
+        assert http.get(f"/api/probes/{state['probe_id']}").json()["armed"] is True
+
+
+def test_a_chat_verdict_appears_live(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    page.page.wait_for_selector("#feed-state[data-state=live]")
+    with api(server) as http:
+        model_id = http.get("/api/health").json()["model"]
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=4,
+        extra_headers={"X-miLLM-Session": SESSION},
+    )
+    verdicts = reply.model_extra["millm_probe_verdicts"]
+    item = page.page.locator("#live-verdicts li").first
+    item.wait_for()
+    assert item.get_attribute("data-result") == verdicts[0]["result_id"]
+    assert "fired" in item.locator(".verdict").inner_text()
+    assert f"session {SESSION} turn 1" in item.inner_text()
+    assert PROMPT not in page.page.content()  # no prompt text outside the event detail and transcript
+    assert "1 results · 1 fired" in page.page.locator(f"#results-{state['probe_id']} .count").inner_text()
+    state["result_id"] = verdicts[0]["result_id"]
+    page.shot("live-verdict")
+    item.locator("a").click()
+    page.page.wait_for_selector("#decoded-window")
+    assert PROMPT in page.page.locator("#window-text").inner_text()
+    assert "fired" in page.page.locator("h1").inner_text()
+    page.shot("event-detail")
+
+
+def test_results_filters_and_histogram(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/probes?fired=true&window=all")
+    results = page.page.locator(f"#results-{state['probe_id']}")
+    assert results.locator(".count").inner_text() == "1 results · 1 fired"
+    results.locator("summary").click()
+    assert results.locator("svg.histogram rect.bin").count() > 0
+    assert "off the chart, left of every score" in results.inner_text()  # the threshold is -1e9
+    page.goto("/ui/probes?fired=false")
+    assert page.page.locator(f"#results-{state['probe_id']} .count").inner_text() == "0 results · 0 fired"
+
