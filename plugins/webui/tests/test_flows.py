@@ -140,3 +140,32 @@ def test_results_filters_and_histogram(server, ui_page, state):
     page.goto("/ui/probes?fired=false")
     assert page.page.locator(f"#results-{state['probe_id']} .count").inner_text() == "0 results · 0 fired"
 
+
+def test_the_session_timeline_and_transcript(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/sessions")
+    row = page.page.locator("#sessions tr[data-session]", has_text=SESSION)
+    assert row.locator("td").nth(1).inner_text() == "1" and row.locator("td").nth(2).inner_text() == "1"
+    assert PROMPT not in page.page.content()  # the list shows no text
+    row.locator("a").click()
+    page.page.wait_for_selector("#timeline")
+    assert page.page.locator("#session-id").inner_text() == SESSION
+    cell = page.page.locator('#timeline tr[data-turn="1"] td[data-verdict]').first
+    assert cell.get_attribute("data-verdict") == "fired" and "verdict-fired" in cell.get_attribute("class")
+    assert page.page.locator("#timeline thead th").nth(1).inner_text() == BEHAVIOUR
+    assert page.page.locator("#transcript pre.user").inner_text() == PROMPT
+    page.shot("timeline")
+
+
+def test_delete_the_session_keeping_its_verdicts(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/sessions")
+    page.page.locator("#sessions a", has_text=SESSION).click()
+    page.page.wait_for_selector("#delete")
+    page.page.locator("#delete button", has_text="keep verdicts").click()
+    page.page.wait_for_url(server.base_url + "/ui/sessions")
+    assert SESSION not in page.page.locator("main").inner_text()
+    with api(server) as http:
+        assert http.get(f"/api/probes/events/{state['result_id']}").status_code == 200  # kept, detached
+        assert http.get("/api/probes/sessions").json()["data"] == []
+    page.shot("deleted")

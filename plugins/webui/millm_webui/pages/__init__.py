@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from ..render import Page
-from . import events, home, models, probes
+from . import events, home, models, probes, sessions
 
 PAGES: list[Page] = [
     home.PAGE,
     models.PAGE,
     probes.PAGE,
     events.PAGE,
+    sessions.LIST,
+    sessions.ONE,
 ]

@@ -70,7 +70,7 @@ async function watchProgress(until) {
 }
 
 // Buttons that call the API: data-post / data-put / data-delete = URL, data-body = JSON,
-// data-reload = reload the page after success, data-progress = show load progress meanwhile.
+// data-reload = reload the page after success, data-then = go to this page after success, data-progress = show load progress meanwhile.
 async function runAction(button) {
   const method = ["post", "put", "delete"].find((m) => button.dataset[m] !== undefined);
   const url = button.dataset[method];
@@ -87,7 +87,8 @@ async function runAction(button) {
       return answer;
     }
     flash(`${button.textContent.trim()}: done`, "ok");
-    if (button.dataset.reload !== undefined) window.location.reload();
+    if (button.dataset.then) window.location.assign(button.dataset.then);
+    else if (button.dataset.reload !== undefined) window.location.reload();
     return answer;
   } finally {
     until.done = true;
