@@ -124,7 +124,10 @@ def test_a_chat_verdict_appears_live(server, ui_page, state):
     page.shot("live-verdict")
     item.locator("a").click()
     page.page.wait_for_selector("#decoded-window")
-    assert PROMPT in page.page.locator("#window-text").inner_text()
+    with api(server) as http:
+        detail = http.get(f"/api/probes/events/{state['result_id']}").json()["detail"]
+    assert page.page.locator("#window-text").inner_text() == detail["context_text"]  # as text, markup and all
+    assert page.page.locator("#top-token").inner_text() == detail["top_token"]
     assert "fired" in page.page.locator("h1").inner_text()
     page.shot("event-detail")
 
@@ -169,3 +172,51 @@ def test_delete_the_session_keeping_its_verdicts(server, ui_page, state):
         assert http.get(f"/api/probes/events/{state['result_id']}").status_code == 200  # kept, detached
         assert http.get("/api/probes/sessions").json()["data"] == []
     page.shot("deleted")
+
+
+RULE_SET = {
+    "format": "mi.ruleset/v1",
+    "ruleset_id": "pii <i>lite</i>",
+    "version": "1",
+    "signals": {
+        "card": {"kind": "pattern", "pattern": r"\b(?:\d[ -]?){13,19}\b"},
+        "card_ok": {"kind": "validator", "validator": "luhn", "span_of": "card"},
+        "email": {"kind": "pattern", "pattern": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"},
+    },
+    "expressions": {"pii": {"any": ["card_ok", "email"]}},
+    "cases": [
+        {"text": "card 4111 1111 1111 1111", "expect": {"pii": True, "card_ok": 1}},
+        {"text": "card 4111 1111 1111 1112", "expect": {"pii": False}},
+    ],
+}
+
+
+def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/rule-sets")
+    page.page.fill("#ruleset-document", json.dumps(RULE_SET))
+    page.page.click("#import-ruleset")
+    card = page.page.locator("section.ruleset")
+    card.wait_for()
+    assert card.locator("h2").inner_text().startswith("pii <i>lite</i> v1")
+    assert card.locator(".status").inner_text() == "published"
+    card.locator("input[name=text]").fill("write to someone@example.com")
+    card.locator("form.try button").click()
+    row = card.locator('table.evaluation tr[data-expression="pii"]')
+    row.wait_for()
+    assert row.locator("td").nth(1).inner_text() == "true"
+
+    card.locator("select.attach-to").select_option(BEHAVIOUR)
+    card.locator("button[data-attach]").click()
+    page.page.wait_for_selector(f'section.ruleset .attached:text-is("{BEHAVIOUR}")')
+    with api(server) as http:
+        model_id = http.get("/api/health").json()["model"]
+    OpenAI(base_url=server.base_url + "/v1", api_key="unused").chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "mail someone@example.com"}], max_tokens=2
+    )
+    page.goto("/ui/rule-sets")
+    recorded = page.page.locator("#rule-results tr[data-result]")
+    assert recorded.count() >= 1
+    assert "pii" in recorded.first.inner_text() and BEHAVIOUR in recorded.first.inner_text()
+    assert "someone@example.com" not in page.page.content()  # results, never the text
+    page.shot("rule-sets")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..render import Page
-from . import events, home, models, probes, sessions
+from . import events, home, models, probes, rulesets, sessions
 
 PAGES: list[Page] = [
     home.PAGE,
@@ -12,4 +12,5 @@ PAGES: list[Page] = [
     events.PAGE,
     sessions.LIST,
     sessions.ONE,
+    rulesets.PAGE,
 ]
