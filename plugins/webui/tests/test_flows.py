@@ -20,11 +20,19 @@ BEHAVIOUR = "stakes<b>"
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, ui_model_dir, ui_env):
+def sae_root(tmp_path_factory, lab):
+    """Where the server may read SAEs: one SAELens directory on layer 1, one on layer 2."""
+    root = tmp_path_factory.mktemp("ui-saes")
+    lab.make_sae(root, "sae-ui", layer=1, d_sae=96)
+    lab.make_sae(root, "sae-ui2", layer=2, d_sae=96, seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, ui_model_dir, ui_env, sae_root):
     """The tiny model, found but not loaded: the first flow loads it from the Models page."""
-    return server_factory(
-        ui_model_dir, env=ui_env(MILLM_LOAD_ON_START="false", PROBE_TRANSCRIPTS="true"), wait_for=None
-    )
+    env = ui_env(MILLM_LOAD_ON_START="false", PROBE_TRANSCRIPTS="true", MILLM_SAE_DIRS=str(sae_root))
+    return server_factory(ui_model_dir, env=env, wait_for=None)
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +228,81 @@ def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
     assert "pii" in recorded.first.inner_text() and BEHAVIOUR in recorded.first.inner_text()
     assert "someone@example.com" not in page.page.content()  # results, never the text
     page.shot("rule-sets")
+
+
+CLUSTER = {
+    "format": "mi.cluster/v1",
+    "cluster_id": "cl_ui",
+    "name": "humor <u>",
+    "sae_id": "sae-ui",
+    "layer": 1,
+    "features": [{"index": 12, "strength": 8.0}, {"index": 40, "strength": 3.0}],
+    "intensity_range": [0.5, 1.5],
+}
+
+
+def test_register_an_sae_and_dial_a_cluster(server, ui_page, sae_root):
+    page = ui_page(server)
+    page.goto("/ui/steering")
+    page.page.fill("#register-sae input[name=path]", str(sae_root / "sae-ui"))
+    page.page.fill("#register-sae input[name=sae_id]", "sae-ui")
+    page.page.click("#register-sae button")
+    row = page.page.locator('#saes tr[data-sae="sae-ui"]')
+    row.wait_for()
+    row.locator("button", has_text="Attach").click()
+    page.page.locator('#saes tr[data-sae="sae-ui"] td', has_text="layer 1").wait_for()
+    page.shot("steering")
+
+    page.goto("/ui/clusters")
+    page.page.fill("#cluster-document", json.dumps(CLUSTER))
+    page.page.click("#import-cluster-button")
+    card = page.page.locator('section.cluster[data-cluster="cl_ui"]')
+    card.wait_for()
+    assert card.locator("h2").inner_text().startswith("humor <u>")
+    card.locator("button", has_text="Activate").click()
+    page.page.locator('section.cluster[data-cluster="cl_ui"] .badge.armed').wait_for()
+    dial = page.page.locator('section.cluster[data-cluster="cl_ui"] input[data-dial]')
+    dial.fill("1.4")  # a range input: fill sets the value and fires input and change
+    page.page.locator('section.cluster[data-cluster="cl_ui"] output[data-stored="1.4"]').wait_for()
+    assert page.page.locator('section.cluster[data-cluster="cl_ui"] output').inner_text() == "1.40"
+    with api(server) as http:
+        assert http.get("/api/clusters/cl_ui").json()["intensity"] == 1.4
+        model_id = http.get("/api/health").json()["model"]
+        chat = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        assert 'intensity="1.4"' in http.post("/v1/chat/completions", json=chat).headers["x-millm-steering"]
+    page.shot("cluster-dialled")
+    page.goto("/ui/clusters")  # the stored dial, after a reload
+    assert page.page.locator('section.cluster[data-cluster="cl_ui"] input[data-dial]').input_value() == "1.4"
+    page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Deactivate").click()
+    page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Activate").wait_for()
+
+
+def test_import_a_circuit_and_read_its_rung(server, ui_page, sae_root):
+    doc = {
+        "format": "mi.circuit/v1",
+        "circuit_id": "crc_ui",
+        "name": "circuit <s>",
+        "rung": 1,
+        "intensity_range": [0.5, 1.5],
+        "members": [
+            {"sae_id": "sae-ui", "layer": 1, "features": [{"index": 3, "strength": 4.0}]},
+            {"sae_id": "sae-ui2", "layer": 2, "features": [{"index": 7, "strength": -2.0}]},
+        ],
+    }
+    with api(server) as http:  # registered, not attached: the circuit steers only its layer-1 member
+        http.post("/api/saes", json={"path": str(sae_root / "sae-ui2"), "sae_id": "sae-ui2"}).raise_for_status()
+    page = ui_page(server)
+    page.goto("/ui/circuits")
+    page.page.fill("#circuit-document", json.dumps(doc))
+    page.page.click("#import-circuit-button")
+    card = page.page.locator('section.circuit[data-circuit="crc_ui"]')
+    card.wait_for()
+    with api(server) as http:
+        language = http.get("/api/circuits/crc_ui").json()["language"]
+    assert card.locator(".rung").inner_text() == f"rung 1: {language}"
+    card.locator("button", has_text="Activate").click()
+    page.page.locator('section.circuit[data-circuit="crc_ui"] .steers').wait_for()
+    steers = page.page.locator('section.circuit[data-circuit="crc_ui"] .steers').inner_text()
+    assert "sae-ui at layer 1 (1 features)" in steers and "layer 2" not in steers
+    assert "X-miLLM-Circuit-Rung: 1" in steers
+    page.shot("circuit")

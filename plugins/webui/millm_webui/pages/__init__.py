@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..render import Page
-from . import events, home, models, probes, rulesets, sessions
+from . import circuits, clusters, events, home, models, probes, rulesets, sessions, steering
 
 PAGES: list[Page] = [
     home.PAGE,
@@ -12,5 +12,8 @@ PAGES: list[Page] = [
     events.PAGE,
     sessions.LIST,
     sessions.ONE,
+    steering.PAGE,
+    clusters.PAGE,
+    circuits.PAGE,
     rulesets.PAGE,
 ]

@@ -49,29 +49,6 @@
     return api("POST", `/api/probes/behaviours/${encodeURIComponent(key)}/arm`, { dry_run: true });
   }
 
-  // --- import --------------------------------------------------------------------------
-  const file = document.getElementById("probe-file");
-  if (file) {
-    file.addEventListener("change", async () => {
-      if (file.files.length) document.getElementById("probe-document").value = await file.files[0].text();
-    });
-  }
-
-  async function importDocument(button) {
-    const source = document.getElementById(button.dataset.source);
-    const text = source.value.trim();
-    if (!text) { flash("choose a file or paste a definition first", "refusal"); return; }
-    button.disabled = true;
-    try {
-      const answer = await api("POST", button.dataset.import, text);
-      if (!answer.ok) { flash(errorMessage(answer), "refusal"); return; }
-      flash(`imported ${answer.data.name || answer.data.id}`, "ok");
-      window.location.reload();
-    } finally {
-      button.disabled = false;
-    }
-  }
-
   // --- the arm dialog --------------------------------------------------------------------
   const dialog = document.getElementById("arm-dialog");
   let arming = null; // {url, needsAck}
@@ -125,9 +102,7 @@
   document.addEventListener("click", async (event) => {
     const button = event.target.closest("button");
     if (!button) return;
-    if (button.dataset.import) {
-      importDocument(button);
-    } else if (button.dataset.arm) {
+    if (button.dataset.arm) {
       const group = button.closest("[data-behaviour]");
       const key = button.dataset.arm;
       const url = `/api/probes/behaviours/${encodeURIComponent(key)}/arm`;

@@ -1,26 +1,13 @@
-// Rule sets: import, attach to a behaviour, try a set on text.
+// Rule sets: attach to a behaviour, try a set on text (import: ui.js).
 "use strict";
 
 (() => {
   const { api, flash, el, errorMessage } = window.millm;
 
-  document.addEventListener("change", async (event) => {
-    const input = event.target;
-    if (input.dataset && input.dataset.fills && input.files.length) {
-      document.getElementById(input.dataset.fills).value = await input.files[0].text();
-    }
-  });
-
   document.addEventListener("click", async (event) => {
     const button = event.target.closest("button");
     if (!button) return;
-    if (button.dataset.import) {
-      const text = document.getElementById(button.dataset.source).value.trim();
-      if (!text) { flash("choose a file or paste a document first", "refusal"); return; }
-      const answer = await api("POST", button.dataset.import, text);
-      if (!answer.ok) { flash(errorMessage(answer), "refusal"); return; }
-      window.location.reload();
-    } else if (button.dataset.attach) {
+    if (button.dataset.attach) {
       const key = button.closest(".ruleset").querySelector(".attach-to").value;
       const answer = await api("PUT", `/api/probes/behaviours/${encodeURIComponent(key)}/rule-signals`,
         { rule_set_id: button.dataset.attach });

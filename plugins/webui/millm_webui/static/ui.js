@@ -96,10 +96,54 @@ async function runAction(button) {
   }
 }
 
+// Import a JSON document (a probe, a rule set, a cluster, a circuit): data-import = URL, data-source = the textarea.
+async function importDocument(button) {
+  const text = document.getElementById(button.dataset.source).value.trim();
+  if (!text) { flash("choose a file or paste a document first", "refusal"); return; }
+  button.disabled = true;
+  try {
+    const answer = await api("POST", button.dataset.import, text);
+    if (!answer.ok) { flash(errorMessage(answer), "refusal"); return; }
+    window.location.reload();
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// A dial (input type=range, data-dial = the intensity URL): the value shows as it moves and is
+// stored when let go; the server's answer (the dial it kept) is what the page shows.
+document.addEventListener("input", (event) => {
+  const dial = event.target.closest("input[data-dial]");
+  if (dial) dial.parentElement.querySelector("output").textContent = Number(dial.value).toFixed(2);
+});
+
+document.addEventListener("change", async (event) => {
+  const input = event.target;
+  if (input.dataset.fills && input.files && input.files.length) {
+    document.getElementById(input.dataset.fills).value = await input.files[0].text();
+    return;
+  }
+  if (input.dataset.dial === undefined) return;
+  const answer = await api("PUT", input.dataset.dial, { intensity: Number(input.value) });
+  const output = input.parentElement.querySelector("output");
+  if (!answer.ok) {
+    flash(errorMessage(answer), "refusal");
+    input.value = input.dataset.stored;
+  } else {
+    input.dataset.stored = answer.data.intensity;
+    input.value = answer.data.intensity;
+    flash(`λ = ${answer.data.intensity}`, "ok");
+  }
+  output.textContent = Number(input.value).toFixed(2);
+  output.dataset.stored = input.dataset.stored;
+});
+
 document.addEventListener("click", (event) => {
   const button = event.target.closest("button");
   if (!button) return;
-  if (button.dataset.ui === "key-form") {
+  if (button.dataset.import) {
+    importDocument(button);
+  } else if (button.dataset.ui === "key-form") {
     document.getElementById("key-dialog").showModal();
   } else if (["post", "put", "delete"].some((m) => button.dataset[m] !== undefined)) {
     event.preventDefault();
