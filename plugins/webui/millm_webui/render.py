@@ -91,4 +91,7 @@ class Root:
 
     @operation("Redirect to the operator's web UI (/ui)", status=302, media_type="text/html")
     async def on_get(self, req, resp) -> None:
-        raise falcon.HTTPFound("/ui")
+        resp.status = falcon.HTTP_302
+        resp.location = "/ui"
+        resp.content_type = "text/html; charset=utf-8"
+        resp.text = '<!doctype html><title>miLLM</title><a href="/ui">miLLM</a>'  # as documented: HTML

@@ -29,7 +29,7 @@ async def load(api, req) -> dict[str, Any]:
     behaviours = await api.data("/api/probes/behaviours", default={"data": [], "rearm": []})
     status = await api.data("/api/probes/status", default={"armed": []})
     filters = filters_of(req)
-    results, charts = {}, {}
+    results, charts, thresholds = {}, {}, {}
     for probe in probes:
         answer = await api.data("/api/probes/events", {"probe_id": probe["id"], "limit": RESULTS_SHOWN, **filters})
         rows = (answer or {}).get("data", [])
@@ -39,7 +39,9 @@ async def load(api, req) -> dict[str, Any]:
             "fired": sum(1 for r in rows if r.get("fires")),
         }
         scores = [r["score"] for r in rows if r.get("score") is not None]
-        charts[probe["id"]] = histogram(scores, probe["decision"].get("threshold"))
+        # A probe may carry no bar (decision null): its scores are drawn with no threshold.
+        thresholds[probe["id"]] = (probe.get("decision") or {}).get("threshold")
+        charts[probe["id"]] = histogram(scores, thresholds[probe["id"]])
     known = {p["id"] for p in probes}
     recent = await api.data("/api/probes/events", {"limit": RESULTS_SHOWN, **filters}, default={"data": []})
     others = [r for r in recent["data"] if r.get("kind") != "probe" or r.get("probe_id") not in known]
@@ -56,6 +58,7 @@ async def load(api, req) -> dict[str, Any]:
         "quiet": quiet,
         "results": results,
         "charts": charts,
+        "thresholds": thresholds,
         "others": others,
         "filters": filters,
         "windows": WINDOWS,
