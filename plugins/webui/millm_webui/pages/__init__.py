@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..render import Page
-from . import circuits, clusters, events, home, models, probes, rulesets, sessions, steering
+from . import circuits, clusters, events, home, models, probes, rulesets, sessions, settings, steering
 
 PAGES: list[Page] = [
     home.PAGE,
@@ -16,4 +16,5 @@ PAGES: list[Page] = [
     clusters.PAGE,
     circuits.PAGE,
     rulesets.PAGE,
+    settings.PAGE,
 ]
