@@ -151,6 +151,21 @@ document.addEventListener("click", (event) => {
   }
 });
 
+// A form whose fields are a JSON body: data-json = URL, data-method (POST), data-number on numeric fields.
+document.addEventListener("submit", async (event) => {
+  const form = event.target.closest("form[data-json]");
+  if (!form) return;
+  event.preventDefault();
+  const body = {};
+  for (const field of form.elements) {
+    if (!field.name || field.value === "") continue;
+    body[field.name] = field.dataset.number !== undefined ? Number(field.value) : field.value;
+  }
+  const answer = await api(form.dataset.method || "POST", form.dataset.json, body);
+  if (!answer.ok) { flash(errorMessage(answer), "refusal"); return; }
+  window.location.reload();
+});
+
 document.addEventListener("DOMContentLoaded", () => {
   const form = document.getElementById("key-form");
   if (form) {
