@@ -65,7 +65,7 @@ class PageResource:
         resp.set_header("Cache-Control", "no-store")
 
 
-STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+STATIC_TYPES = {".js": "text/javascript", ".css": "text/css"}
 #: Every script and style sheet in ``static/`` (a page's own script is ``static/<page>.js``).
 STATIC_FILES = sorted(
     f.name for f in resources.files("millm_webui").joinpath("static").iterdir() if f.name.endswith(tuple(STATIC_TYPES))
@@ -73,17 +73,33 @@ STATIC_FILES = sorted(
 
 
 class Static:
-    """``/ui/static/<name>``: the script layer and the style sheet (no build step)."""
+    """``/ui/static/<name>``: the script layer and the style sheets (no build step)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.body = resources.files("millm_webui").joinpath("static", name).read_bytes()
         self.content_type = STATIC_TYPES[name[name.rindex(".") :]]
 
-    @operation("The web UI's script or style sheet", media_type="text/plain")
     async def on_get(self, req, resp) -> None:
-        resp.content_type = self.content_type
+        resp.content_type = f"{self.content_type}; charset=utf-8"
         resp.data = self.body
+
+
+class Script(Static):
+    @operation("A script of the web UI", media_type="text/javascript")
+    async def on_get(self, req, resp) -> None:
+        await super().on_get(req, resp)
+
+
+class StyleSheet(Static):
+    @operation("A style sheet of the web UI", media_type="text/css")
+    async def on_get(self, req, resp) -> None:
+        await super().on_get(req, resp)
+
+
+def static_resource(name: str) -> Static:
+    """The resource serving ``static/<name>``, described with its own media type."""
+    return Script(name) if name.endswith(".js") else StyleSheet(name)
 
 
 class Root:
