@@ -79,6 +79,13 @@ class Watched:
         self.page.wait_for_load_state("domcontentloaded")
         return response
 
+    def settled(self, locator: Any, **kwargs: Any) -> Any:
+        """Wait for ``locator`` (content of the page an action reloaded), then for that page's deferred
+        scripts: an element can be parsed before ui.js has run, and a click on it would do nothing."""
+        locator.wait_for(**kwargs)
+        self.page.wait_for_load_state("load")
+        return locator
+
     def shot(self, label: str) -> Path:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         self.shots += 1
@@ -106,8 +113,7 @@ def ui_page(browser, request) -> Iterator[Any]:
     yield open_page
     try:
         for watched in opened:
-            if not watched.shots:
-                watched.shot("end")
+            watched.shot("end")  # the last state, a failure's included
             watched.check()
     finally:
         for context in contexts:

@@ -71,8 +71,7 @@ def test_import_a_probe(server, ui_page, state, lab):
     page.goto("/ui/probes")
     page.page.fill("#probe-document", json.dumps(doc))
     page.page.click("#import-probe")
-    group = page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]')
-    group.wait_for()
+    group = page.settled(page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]'))
     assert group.locator("h2").inner_text().startswith(BEHAVIOUR)  # the markup is text
     assert f"mean {HOSTILE}" in group.inner_text()
     assert "rung 1: detects on held-out data" in group.inner_text()
@@ -204,8 +203,7 @@ def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
     page.goto("/ui/rule-sets")
     page.page.fill("#ruleset-document", json.dumps(RULE_SET))
     page.page.click("#import-ruleset")
-    card = page.page.locator("section.ruleset")
-    card.wait_for()
+    card = page.settled(page.page.locator("section.ruleset"))
     assert card.locator("h2").inner_text().startswith("pii <i>lite</i> v1")
     assert card.locator(".status").inner_text() == "published"
     card.locator("input[name=text]").fill("write to someone@example.com")
@@ -216,7 +214,7 @@ def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
 
     card.locator("select.attach-to").select_option(BEHAVIOUR)
     card.locator("button[data-attach]").click()
-    page.page.wait_for_selector(f'section.ruleset .attached:text-is("{BEHAVIOUR}")')
+    page.settled(page.page.locator(f'section.ruleset .attached:text-is("{BEHAVIOUR}")'))
     with api(server) as http:
         model_id = http.get("/api/health").json()["model"]
     OpenAI(base_url=server.base_url + "/v1", api_key="unused").chat.completions.create(
@@ -247,8 +245,7 @@ def test_register_an_sae_and_dial_a_cluster(server, ui_page, sae_root):
     page.page.fill("#register-sae input[name=path]", str(sae_root / "sae-ui"))
     page.page.fill("#register-sae input[name=sae_id]", "sae-ui")
     page.page.click("#register-sae button")
-    row = page.page.locator('#saes tr[data-sae="sae-ui"]')
-    row.wait_for()
+    row = page.settled(page.page.locator('#saes tr[data-sae="sae-ui"]'))
     row.locator("button", has_text="Attach").click()
     page.page.locator('#saes tr[data-sae="sae-ui"] td', has_text="layer 1").wait_for()
     page.shot("steering")
@@ -256,11 +253,10 @@ def test_register_an_sae_and_dial_a_cluster(server, ui_page, sae_root):
     page.goto("/ui/clusters")
     page.page.fill("#cluster-document", json.dumps(CLUSTER))
     page.page.click("#import-cluster-button")
-    card = page.page.locator('section.cluster[data-cluster="cl_ui"]')
-    card.wait_for()
+    card = page.settled(page.page.locator('section.cluster[data-cluster="cl_ui"]'))
     assert card.locator("h2").inner_text().startswith("humor <u>")
     card.locator("button", has_text="Activate").click()
-    page.page.locator('section.cluster[data-cluster="cl_ui"] .badge.armed').wait_for()
+    page.settled(page.page.locator('section.cluster[data-cluster="cl_ui"] .badge.armed'))
     dial = page.page.locator('section.cluster[data-cluster="cl_ui"] input[data-dial]')
     dial.fill("1.4")  # a range input: fill sets the value and fires input and change
     page.page.locator('section.cluster[data-cluster="cl_ui"] output[data-stored="1.4"]').wait_for()
@@ -295,8 +291,7 @@ def test_import_a_circuit_and_read_its_rung(server, ui_page, sae_root):
     page.goto("/ui/circuits")
     page.page.fill("#circuit-document", json.dumps(doc))
     page.page.click("#import-circuit-button")
-    card = page.page.locator('section.circuit[data-circuit="crc_ui"]')
-    card.wait_for()
+    card = page.settled(page.page.locator('section.circuit[data-circuit="crc_ui"]'))
     with api(server) as http:
         language = http.get("/api/circuits/crc_ui").json()["language"]
     assert card.locator(".rung").inner_text() == f"rung 1: {language}"

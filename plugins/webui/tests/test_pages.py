@@ -4,6 +4,7 @@ name from the server is text. The browser flows (``test_flows``) run the same pa
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -44,8 +45,14 @@ class FakeReq:
         return self.params.get(name)
 
 
+def run(coroutine) -> Any:
+    """``asyncio.run`` on a thread of its own: Playwright's sync API may hold this thread's loop."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def show(page, api, **params) -> str:
-    data = asyncio.run(page.load(api, FakeReq(), **params))
+    data = run(page.load(api, FakeReq(), **params))
     return render(page.template, nav=[p for p in PAGES if p.title], page=page, path=page.path, **data)
 
 
@@ -110,6 +117,6 @@ def test_a_timeline_cell_is_coloured_by_its_verdicts(results, colour):
 
 def test_a_refused_key_shows_the_key_form_only():
     with pytest.raises(NeedsKey):
-        asyncio.run(probes.PAGE.load(FakeApi({}, status=401), FakeReq()))
+        run(probes.PAGE.load(FakeApi({}, status=401), FakeReq()))
     html = render("key.html", nav=[], page=probes.PAGE, path="/ui/probes", message="the API key is not valid here")
     assert "needs its admin key" in html and "results" not in html

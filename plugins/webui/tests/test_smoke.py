@@ -35,11 +35,11 @@ def test_measure_approve_and_override_the_probe_capacity(server, ui_page):
     card = page.page.locator("section.model", has_text="probe-llama")
     assert "Fallback budgets (not measured)" in card.inner_text()
     card.locator("button", has_text="Measure").click()
-    card.locator("button", has_text="Approve").wait_for(timeout=120_000)  # a recommendation, once measured
+    page.settled(card.locator("button", has_text="Approve"), timeout=120_000)  # a recommendation, once measured
     card = page.page.locator("section.model", has_text="probe-llama")
     assert "Fallback budgets" not in card.inner_text() and "Recommendation:" in card.inner_text()
     card.locator("button", has_text="Approve").click()
-    page.page.locator("section.model", has_text="probe-llama").locator(".limits", has_text="approved").wait_for()
+    page.settled(page.page.locator("section.model", has_text="probe-llama").locator(".limits", has_text="approved"))
     card = page.page.locator("section.model", has_text="probe-llama")
     card.locator("form.override input[name=pct]").fill("7.5")
     card.locator("form.override button").click()
