@@ -21,7 +21,8 @@ Keys (``Authorization: Bearer <key>``, as OpenAI clients send) are optional:
 - ``MILLM_API_KEYS`` guards ``/v1`` (and ``/tokenize``, ``/detokenize``); admin keys are accepted there too.
 - ``MILLM_ADMIN_API_KEYS`` guards everything else (every ``/api`` route, reads
   included, since they show paths and probe data; ``/metrics`` too) except
-  ``/api/health`` (and its ``/live`` and ``/ready``) and ``/openapi.json``. Without admin keys these routes take the API keys instead,
+  ``/api/health`` (and its ``/live`` and ``/ready``), ``/openapi.json`` and the web UI's pages (``/ui``,
+  whose data come from the API, with the key). Without admin keys these routes take the API keys instead,
   so setting only ``MILLM_API_KEYS`` never leaves management open.
 - A missing or wrong key is ``401 invalid_api_key`` in OpenAI's shape.
 """
@@ -48,6 +49,10 @@ CLIENT_PATHS = frozenset({"/tokenize", "/detokenize"})
 #: Routes whose body is a multipart form (file uploads), not JSON; a browser's cross-site form
 #: still carries ``Origin``, so the origin check covers them.
 MULTIPART_PATHS = frozenset({"/v1/files"})
+#: The web UI's pages (``millm_webui``) and ``/`` (its redirect) hold no data of their own: a page is
+#: rendered from calls on this API that carry the browser's key and are checked here like any other,
+#: so without the key a page shows only the key form.
+PAGE_PREFIX = "/ui"
 
 
 class Unauthorized(MillmError):
@@ -124,7 +129,7 @@ class Access:
 
     def keys_for(self, path: str) -> list[bytes] | None:
         """The keys that open ``path`` (None: open to all)."""
-        if path in PUBLIC_PATHS:
+        if path in PUBLIC_PATHS or path == "/" or path == PAGE_PREFIX or path.startswith(PAGE_PREFIX + "/"):
             return None
         if path == "/v1" or path.startswith("/v1/") or path in CLIENT_PATHS:
             return self.api_keys + self.admin_keys if self.api_keys else None

@@ -17,6 +17,7 @@ from .resources.health import Health
 from .resources.metrics import MetricsResource
 from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels
 from .resources.serving import ServingResource
+from .resources.settings import SettingsResource
 
 if TYPE_CHECKING:
     from .app import Host
@@ -70,6 +71,7 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/api/health/ready", health, suffix="ready")
     add_route("/api/health/inference", health, suffix="inference")
     add_route("/metrics", MetricsResource(host))
+    add_route("/api/settings", SettingsResource(host))
     add_route("/api/models", ManagedModels(host))
     managed = ManagedModel(host)
     add_route("/api/models/{model_id}", managed)

@@ -206,6 +206,10 @@ class Settings(Mapping[str, Any]):
     def declared(self) -> list[Setting]:
         return sorted(self._declared.values(), key=lambda s: s.name)
 
+    def environ_has(self, name: str) -> bool:
+        """Whether the environment set ``name`` (else its default is in force)."""
+        return self._environ.get(name) not in (None, "")
+
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
 

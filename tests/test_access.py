@@ -338,3 +338,25 @@ def test_requests_without_keys_are_unaffected_by_default(tiny_server):
     assert tiny_server.openai().models.list().data
     with httpx.Client(base_url=tiny_server.base_url) as http:
         assert http.get("/api/models").status_code == 200
+
+
+def test_settings_are_listed_with_secrets_and_passwords_hidden(app_factory):
+    """``GET /api/settings`` (Settings → Environment): what is in force, behind the admin key."""
+    env = {
+        "MILLM_API_KEYS": "user-key",
+        "MILLM_ADMIN_API_KEYS": "admin-key",
+        "MILLM_DATABASE_URL": "sqlite:////tmp/x.db",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:s3cret@collector:4318",
+    }
+    app = app_factory(env=env)
+    with app.http() as http:
+        assert http.get("/api/settings", headers={"Authorization": "Bearer user-key"}).status_code == 401
+        body = http.get("/api/settings", headers={"Authorization": "Bearer admin-key"}).json()
+    found = {s["name"]: s for s in body["data"]}
+    assert found["MILLM_ADMIN_API_KEYS"]["value"] is True and found["MILLM_ADMIN_API_KEYS"]["secret"]
+    assert "admin-key" not in str(body) and "user-key" not in str(body) and "s3cret" not in str(body)
+    assert found["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel:***@collector:4318"
+    assert (
+        found["MILLM_QUEUE_MAX"]["set"] is False
+        and found["MILLM_QUEUE_MAX"]["value"] == found["MILLM_QUEUE_MAX"]["default"]
+    )

@@ -1,0 +1,68 @@
+"""``/ui/probes``: Probe Monitors. Import a definition; behaviour groups with Arm (the dialog with the
+gates and, below rung 2, the acknowledgement), Dry run and Disarm; each probe's results (N results ·
+M fired, filters for fired verdicts and one window) with a score histogram against its threshold.
+Nothing here shows prompt or reply text: that is only on the event detail page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..histogram import histogram
+from ..render import Page
+
+WINDOWS = ("all", "prompt", "response", "last_user")
+RESULTS_SHOWN = 200  # results listed per probe (the API pages by cursor; the page reads the newest)
+
+
+def filters_of(req) -> dict[str, str]:
+    """The filters in the page's query (a plain GET form, so they work without JavaScript)."""
+    found = {}
+    if req.get_param("fired") in ("true", "false"):
+        found["fired"] = req.get_param("fired")
+    if req.get_param("window") in WINDOWS:
+        found["window"] = req.get_param("window")
+    return found
+
+
+async def load(api, req) -> dict[str, Any]:
+    probes = (await api.data("/api/probes", default={"data": []}))["data"]
+    behaviours = await api.data("/api/probes/behaviours", default={"data": [], "rearm": []})
+    status = await api.data("/api/probes/status", default={"armed": []})
+    filters = filters_of(req)
+    results, charts, thresholds = {}, {}, {}
+    for probe in probes:
+        answer = await api.data("/api/probes/events", {"probe_id": probe["id"], "limit": RESULTS_SHOWN, **filters})
+        rows = (answer or {}).get("data", [])
+        results[probe["id"]] = {
+            "rows": rows,
+            "more": bool((answer or {}).get("has_more")),
+            "fired": sum(1 for r in rows if r.get("fires")),
+        }
+        scores = [r["score"] for r in rows if r.get("score") is not None]
+        # A probe may carry no bar (decision null): its scores are drawn with no threshold.
+        thresholds[probe["id"]] = (probe.get("decision") or {}).get("threshold")
+        charts[probe["id"]] = histogram(scores, thresholds[probe["id"]])
+    known = {p["id"] for p in probes}
+    recent = await api.data("/api/probes/events", {"limit": RESULTS_SHOWN, **filters}, default={"data": []})
+    others = [r for r in recent["data"] if r.get("kind") != "probe" or r.get("probe_id") not in known]
+    quiet = {a["probe_id"]: a for a in status.get("armed", [])}
+    by_behaviour: dict[str | None, list[dict[str, Any]]] = {}
+    for probe in probes:
+        by_behaviour.setdefault(probe["behaviour"], []).append(probe)
+    return {
+        "probes": probes,
+        "groups": behaviours["data"],
+        "rearm": behaviours.get("rearm", []),
+        "by_behaviour": by_behaviour,
+        "status": status,
+        "quiet": quiet,
+        "results": results,
+        "charts": charts,
+        "thresholds": thresholds,
+        "others": others,
+        "filters": filters,
+        "windows": WINDOWS,
+    }
+
+
+PAGE = Page("/ui/probes", "Probe Monitors", "probes.html", load, "import, arm and read probes")

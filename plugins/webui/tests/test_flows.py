@@ -1,0 +1,303 @@
+"""The operator's flows in a real browser against one real server, in order: load the model, import
+a probe, arm its behaviour through the dialog, see a chat's verdict arrive live, open the event detail,
+read the session timeline and transcript, delete the session.
+
+Names and text the server returns are hostile markup: the page must show them as text (a script that
+ran would open a dialog, which fails the test)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from openai import OpenAI
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+SESSION = f"ui {HOSTILE}"
+PROMPT = f"Tell me about {HOSTILE} please"
+BEHAVIOUR = "stakes<b>"
+
+
+@pytest.fixture(scope="module")
+def sae_root(tmp_path_factory, lab):
+    """Where the server may read SAEs: one SAELens directory on layer 1, one on layer 2."""
+    root = tmp_path_factory.mktemp("ui-saes")
+    lab.make_sae(root, "sae-ui", layer=1, d_sae=96)
+    lab.make_sae(root, "sae-ui2", layer=2, d_sae=96, seed=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, ui_model_dir, ui_env, sae_root):
+    """The tiny model, found but not loaded: the first flow loads it from the Models page."""
+    env = ui_env(MILLM_LOAD_ON_START="false", PROBE_TRANSCRIPTS="true", MILLM_SAE_DIRS=str(sae_root))
+    return server_factory(ui_model_dir, env=env, wait_for=None)
+
+
+@pytest.fixture(scope="module")
+def state() -> dict:
+    return {}
+
+
+def api(server) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, timeout=120)
+
+
+def test_load_the_model_from_the_models_page(server, ui_page, ui_model_dir):
+    """The probes' model (the bundled default runs on llama.cpp, where probes have no hook)."""
+    page = ui_page(server)
+    page.goto("/ui/models")
+    card = page.page.locator("section.model", has_text="probe-llama")
+    assert card.locator(".badge").inner_text() == "READY"
+    page.shot("before-load")
+    card.locator("button.load").click()
+    card.locator(".badge.state-loaded").wait_for(timeout=120_000)
+    assert page.page.locator("#server-status").inner_text() == "ok"
+    capacity = card.locator("details.capacity")
+    assert "Probe capacity" in capacity.inner_text()
+    bars = capacity.locator(".bar[role=meter]")
+    assert bars.count() == 2 and bars.first.get_attribute("aria-valuenow") == "0"  # nothing armed yet
+    assert "Fallback budgets (not measured)" in capacity.inner_text()
+    page.shot("loaded")
+
+
+def test_import_a_probe(server, ui_page, state, lab):
+    with api(server) as http:
+        model_id = http.get("/api/health").json()["model"]
+        identity = http.get(f"/api/models/{model_id}").json()
+    doc = lab.definition(identity, name=f"mean {HOSTILE}", behaviour=BEHAVIOUR, threshold=-1e9, rung=1, seed=11)
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    page.page.fill("#probe-document", json.dumps(doc))
+    page.page.click("#import-probe")
+    group = page.settled(page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]'))
+    assert group.locator("h2").inner_text().startswith(BEHAVIOUR)  # the markup is text
+    assert f"mean {HOSTILE}" in group.inner_text()
+    assert "rung 1: detects on held-out data" in group.inner_text()
+    assert "0 results · 0 fired" in group.inner_text()
+    state["probe_id"] = group.locator("tr[data-probe]").first.get_attribute("data-probe")
+    page.shot("imported")
+
+
+def test_arm_the_behaviour_through_the_dialog(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    group = page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]')
+    group.locator("button[data-dry-run]").click()
+    dry = group.locator(".dry-run-result")
+    dry.locator("li[data-gate=evidence]").wait_for()
+    assert "Dry run: the behaviour would not arm." in dry.inner_text()
+    assert "gate evidence" in dry.inner_text() and "PROBE_ACKNOWLEDGEMENT_REQUIRED" in dry.inner_text()
+    assert "cost per generated token" in dry.inner_text()  # the projected cost against the budget
+
+    group.locator("button[data-arm]").click()
+    dialog = page.page.locator("#arm-dialog")
+    dialog.locator("#arm-gates li[data-gate=evidence]").wait_for()
+    assert dialog.locator("#arm-ack-block").is_visible()  # below rung 2: the acknowledgement
+    page.shot("arm-dialog")
+    dialog.locator("#arm-confirm").click()  # without an acknowledgement: refused here, nothing sent
+    assert "gate evidence" in dialog.locator("#arm-refusal").inner_text()
+    dialog.locator("#arm-ack").fill("watching the UI tests")
+    dialog.locator("#arm-confirm").click()
+    page.page.wait_for_selector(f'section.behaviour[data-behaviour="{BEHAVIOUR}"] .badge.state:text-is("armed")')
+    assert "1 of 1 armed" in page.page.locator(f'section.behaviour[data-behaviour="{BEHAVIOUR}"]').inner_text()
+    with api(server) as http:
+        assert http.get(f"/api/probes/{state['probe_id']}").json()["armed"] is True
+
+
+def test_a_chat_verdict_appears_live(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    page.page.wait_for_selector("#feed-state[data-state=live]")
+    with api(server) as http:
+        model_id = http.get("/api/health").json()["model"]
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=4,
+        extra_headers={"X-miLLM-Session": SESSION},
+    )
+    verdicts = reply.model_extra["millm_probe_verdicts"]
+    item = page.page.locator("#live-verdicts li").first
+    item.wait_for()
+    assert item.get_attribute("data-result") == verdicts[0]["result_id"]
+    assert "fired" in item.locator(".verdict").inner_text()
+    assert f"session {SESSION} turn 1" in item.inner_text()
+    assert PROMPT not in page.page.content()  # no prompt text outside the event detail and transcript
+    assert "1 results · 1 fired" in page.page.locator(f"#results-{state['probe_id']} .count").inner_text()
+    state["result_id"] = verdicts[0]["result_id"]
+    page.shot("live-verdict")
+    item.locator("a").click()
+    page.page.wait_for_selector("#decoded-window")
+    with api(server) as http:
+        detail = http.get(f"/api/probes/events/{state['result_id']}").json()["detail"]
+    assert page.page.locator("#window-text").inner_text() == detail["context_text"]  # as text, markup and all
+    assert page.page.locator("#top-token").inner_text() == detail["top_token"]
+    assert "fired" in page.page.locator("h1").inner_text()
+    page.shot("event-detail")
+
+
+def test_results_filters_and_histogram(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/probes?fired=true&window=all")
+    results = page.page.locator(f"#results-{state['probe_id']}")
+    assert results.locator(".count").inner_text() == "1 results · 1 fired"
+    results.locator("summary").click()
+    assert results.locator("svg.histogram rect.bin").count() > 0
+    assert "off the chart, left of every score" in results.inner_text()  # the threshold is -1e9
+    page.goto("/ui/probes?fired=false")
+    assert page.page.locator(f"#results-{state['probe_id']} .count").inner_text() == "0 results · 0 fired"
+
+
+def test_the_session_timeline_and_transcript(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/sessions")
+    row = page.page.locator("#sessions tr[data-session]", has_text=SESSION)
+    assert row.locator("td").nth(1).inner_text() == "1" and row.locator("td").nth(2).inner_text() == "1"
+    assert PROMPT not in page.page.content()  # the list shows no text
+    row.locator("a").click()
+    page.page.wait_for_selector("#timeline")
+    assert page.page.locator("#session-id").inner_text() == SESSION
+    cell = page.page.locator('#timeline tr[data-turn="1"] td[data-verdict]').first
+    assert cell.get_attribute("data-verdict") == "fired" and "verdict-fired" in cell.get_attribute("class")
+    assert page.page.locator("#timeline thead th").nth(1).inner_text() == BEHAVIOUR
+    assert page.page.locator("#transcript pre.user").inner_text() == PROMPT
+    page.shot("timeline")
+
+
+def test_delete_the_session_keeping_its_verdicts(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/sessions")
+    page.page.locator("#sessions a", has_text=SESSION).click()
+    page.page.wait_for_selector("#delete")
+    page.page.locator("#delete button", has_text="keep verdicts").click()
+    page.page.wait_for_url(server.base_url + "/ui/sessions")
+    assert SESSION not in page.page.locator("main").inner_text()
+    with api(server) as http:
+        assert http.get(f"/api/probes/events/{state['result_id']}").status_code == 200  # kept, detached
+        assert http.get("/api/probes/sessions").json()["data"] == []
+    page.shot("deleted")
+
+
+RULE_SET = {
+    "format": "mi.ruleset/v1",
+    "ruleset_id": "pii <i>lite</i>",
+    "version": "1",
+    "signals": {
+        "card": {"kind": "pattern", "pattern": r"\b(?:\d[ -]?){13,19}\b"},
+        "card_ok": {"kind": "validator", "validator": "luhn", "span_of": "card"},
+        "email": {"kind": "pattern", "pattern": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"},
+    },
+    "expressions": {"pii": {"any": ["card_ok", "email"]}},
+    "cases": [
+        {"text": "card 4111 1111 1111 1111", "expect": {"pii": True, "card_ok": 1}},
+        {"text": "card 4111 1111 1111 1112", "expect": {"pii": False}},
+    ],
+}
+
+
+def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
+    page = ui_page(server)
+    page.goto("/ui/rule-sets")
+    page.page.fill("#ruleset-document", json.dumps(RULE_SET))
+    page.page.click("#import-ruleset")
+    card = page.settled(page.page.locator("section.ruleset"))
+    assert card.locator("h2").inner_text().startswith("pii <i>lite</i> v1")
+    assert card.locator(".status").inner_text() == "published"
+    card.locator("input[name=text]").fill("write to someone@example.com")
+    card.locator("form.try button").click()
+    row = card.locator('table.evaluation tr[data-expression="pii"]')
+    row.wait_for()
+    assert row.locator("td").nth(1).inner_text() == "true"
+
+    card.locator("select.attach-to").select_option(BEHAVIOUR)
+    card.locator("button[data-attach]").click()
+    page.settled(page.page.locator(f'section.ruleset .attached:text-is("{BEHAVIOUR}")'))
+    with api(server) as http:
+        model_id = http.get("/api/health").json()["model"]
+    OpenAI(base_url=server.base_url + "/v1", api_key="unused").chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "mail someone@example.com"}], max_tokens=2
+    )
+    page.goto("/ui/rule-sets")
+    recorded = page.page.locator("#rule-results tr[data-result]")
+    assert recorded.count() >= 1
+    assert "pii" in recorded.first.inner_text() and BEHAVIOUR in recorded.first.inner_text()
+    assert "someone@example.com" not in page.page.content()  # results, never the text
+    page.shot("rule-sets")
+
+
+CLUSTER = {
+    "format": "mi.cluster/v1",
+    "cluster_id": "cl_ui",
+    "name": "humor <u>",
+    "sae_id": "sae-ui",
+    "layer": 1,
+    "features": [{"index": 12, "strength": 8.0}, {"index": 40, "strength": 3.0}],
+    "intensity_range": [0.5, 1.5],
+}
+
+
+def test_register_an_sae_and_dial_a_cluster(server, ui_page, sae_root):
+    page = ui_page(server)
+    page.goto("/ui/steering")
+    page.page.fill("#register-sae input[name=path]", str(sae_root / "sae-ui"))
+    page.page.fill("#register-sae input[name=sae_id]", "sae-ui")
+    page.page.click("#register-sae button")
+    row = page.settled(page.page.locator('#saes tr[data-sae="sae-ui"]'))
+    row.locator("button", has_text="Attach").click()
+    page.page.locator('#saes tr[data-sae="sae-ui"] td', has_text="layer 1").wait_for()
+    page.shot("steering")
+
+    page.goto("/ui/clusters")
+    page.page.fill("#cluster-document", json.dumps(CLUSTER))
+    page.page.click("#import-cluster-button")
+    card = page.settled(page.page.locator('section.cluster[data-cluster="cl_ui"]'))
+    assert card.locator("h2").inner_text().startswith("humor <u>")
+    card.locator("button", has_text="Activate").click()
+    page.settled(page.page.locator('section.cluster[data-cluster="cl_ui"] .badge.armed'))
+    dial = page.page.locator('section.cluster[data-cluster="cl_ui"] input[data-dial]')
+    dial.fill("1.4")  # a range input: fill sets the value and fires input and change
+    page.page.locator('section.cluster[data-cluster="cl_ui"] output[data-stored="1.4"]').wait_for()
+    assert page.page.locator('section.cluster[data-cluster="cl_ui"] output').inner_text() == "1.40"
+    with api(server) as http:
+        assert http.get("/api/clusters/cl_ui").json()["intensity"] == 1.4
+        model_id = http.get("/api/health").json()["model"]
+        chat = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        assert 'intensity="1.4"' in http.post("/v1/chat/completions", json=chat).headers["x-millm-steering"]
+    page.shot("cluster-dialled")
+    page.goto("/ui/clusters")  # the stored dial, after a reload
+    assert page.page.locator('section.cluster[data-cluster="cl_ui"] input[data-dial]').input_value() == "1.4"
+    page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Deactivate").click()
+    page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Activate").wait_for()
+
+
+def test_import_a_circuit_and_read_its_rung(server, ui_page, sae_root):
+    doc = {
+        "format": "mi.circuit/v1",
+        "circuit_id": "crc_ui",
+        "name": "circuit <s>",
+        "rung": 1,
+        "intensity_range": [0.5, 1.5],
+        "members": [
+            {"sae_id": "sae-ui", "layer": 1, "features": [{"index": 3, "strength": 4.0}]},
+            {"sae_id": "sae-ui2", "layer": 2, "features": [{"index": 7, "strength": -2.0}]},
+        ],
+    }
+    with api(server) as http:  # registered, not attached: the circuit steers only its layer-1 member
+        http.post("/api/saes", json={"path": str(sae_root / "sae-ui2"), "sae_id": "sae-ui2"}).raise_for_status()
+    page = ui_page(server)
+    page.goto("/ui/circuits")
+    page.page.fill("#circuit-document", json.dumps(doc))
+    page.page.click("#import-circuit-button")
+    card = page.settled(page.page.locator('section.circuit[data-circuit="crc_ui"]'))
+    with api(server) as http:
+        language = http.get("/api/circuits/crc_ui").json()["language"]
+    assert card.locator(".rung").inner_text() == f"rung 1: {language}"
+    card.locator("button", has_text="Activate").click()
+    page.page.locator('section.circuit[data-circuit="crc_ui"] .steers').wait_for()
+    steers = page.page.locator('section.circuit[data-circuit="crc_ui"] .steers').inner_text()
+    assert "sae-ui at layer 1 (1 features)" in steers and "layer 2" not in steers
+    assert "X-miLLM-Circuit-Rung: 1" in steers
+    page.shot("circuit")

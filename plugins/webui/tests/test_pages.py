@@ -1,0 +1,122 @@
+"""Pages rendered from canned API answers (no server, no browser): what they show, and that every
+name from the server is text. The browser flows (``test_flows``) run the same pages on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from millm_webui.api_client import Answer, NeedsKey
+from millm_webui.pages import PAGES, probes, sessions
+from millm_webui.render import render
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+class FakeApi:
+    """Answers GETs from a dict of path → body (404 for anything else), as the real ``Api`` does."""
+
+    def __init__(self, answers: dict[str, Any], status: int = 200) -> None:
+        self.answers, self.status = answers, status
+        self.asked: list[str] = []
+
+    async def get(self, path: str, params: dict[str, Any] | None = None) -> Answer:
+        self.asked.append(path)
+        if self.status == 401:
+            raise NeedsKey("the API key is not valid here")
+        if path in self.answers:
+            return Answer(200, self.answers[path])
+        return Answer(404, {"error": {"message": f"no {path}"}})
+
+    async def data(self, path: str, params: dict[str, Any] | None = None, default: Any = None) -> Any:
+        answer = await self.get(path, params)
+        return answer.data if answer.ok else default
+
+
+class FakeReq:
+    def __init__(self, **params: str) -> None:
+        self.params = params
+        self.path = "/ui/probes"
+
+    def get_param(self, name: str) -> str | None:
+        return self.params.get(name)
+
+
+def run(coroutine) -> Any:
+    """``asyncio.run`` on a thread of its own: Playwright's sync API may hold this thread's loop."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def show(page, api, **params) -> str:
+    data = run(page.load(api, FakeReq(), **params))
+    return render(page.template, nav=[p for p in PAGES if p.title], page=page, path=page.path, **data)
+
+
+def probe(**changes: Any) -> dict[str, Any]:
+    doc = {
+        "id": "pr_1",
+        "name": HOSTILE,
+        "behaviour": None,
+        "version": "1",
+        "read": {"layer": 1, "hook_point": "resid_post"},
+        "aggregation": {"rule": "mean"},
+        "windows": ["all"],
+        "decision": {"threshold": 0.5},
+        "rung": None,
+        "rung_language": None,
+        "armed": False,
+        "disarmed_reason": None,
+    }
+    return doc | changes
+
+
+def test_a_probe_without_a_bar_is_listed_with_its_scores_and_no_threshold():
+    """A definition may carry ``decision: null``; the page drew its chart from ``decision.threshold`` (a 500)."""
+    events = {
+        "data": [
+            {
+                "result_id": "r1",
+                "probe_id": "pr_1",
+                "kind": "probe",
+                "score": 1.0,
+                "verdict": None,
+                "outcome": "completed",
+                "window": "all",
+                "recorded_at": "2026-12-01T00:00:00Z",
+            }
+        ]
+    }
+    api = FakeApi({"/api/probes": {"data": [probe(decision=None)]}, "/api/probes/events": events})
+    html = show(probes.PAGE, api)
+    assert "no threshold (the probe carries no bar)" in html
+    assert "rung not stated" in html
+
+
+def test_names_are_escaped():
+    api = FakeApi({"/api/probes": {"data": [probe()]}})
+    html = show(probes.PAGE, api)
+    assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+@pytest.mark.parametrize(
+    ("results", "colour"),
+    [
+        ([], "none"),
+        ([{"verdict": True}, {"verdict": False}], "fired"),
+        ([{"verdict": False}], "quiet"),
+        ([{"verdict": None}], "error"),
+    ],
+)
+def test_a_timeline_cell_is_coloured_by_its_verdicts(results, colour):
+    assert sessions.cell_verdict(results) == colour
+
+
+def test_a_refused_key_shows_the_key_form_only():
+    with pytest.raises(NeedsKey):
+        run(probes.PAGE.load(FakeApi({}, status=401), FakeReq()))
+    html = render("key.html", nav=[], page=probes.PAGE, path="/ui/probes", message="the API key is not valid here")
+    assert "needs its admin key" in html and "results" not in html

@@ -1,0 +1,51 @@
+"""The UI is served, escapes what it shows, and stays behind the admin key (a real server, a real browser)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, ui_model_dir, ui_env):
+    return server_factory(ui_model_dir, env=ui_env())
+
+
+def test_the_overview_page_lists_every_page_and_the_root_redirects(server, ui_page):
+    page = ui_page(server)
+    page.goto("/")
+    assert page.page.url == server.base_url + "/ui"
+    assert page.page.locator("h1").inner_text() == "Overview"
+    nav = page.page.locator("header nav a").all_inner_texts()
+    assert nav[:2] == ["Overview", "Models"]
+    assert page.page.locator("#health-status").inner_text() == "ok"
+    page.shot("overview")
+
+
+def test_pages_are_html_and_listed_in_the_api_description(server):
+    response = httpx.get(server.base_url + "/ui/models")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    paths = httpx.get(server.base_url + "/openapi.json").json()["paths"]
+    assert paths["/ui/models"]["get"]["responses"]["200"]["content"] == {"text/html": {"schema": {"type": "string"}}}
+
+
+def test_measure_approve_and_override_the_probe_capacity(server, ui_page):
+    page = ui_page(server)
+    page.goto("/ui/models")
+    card = page.page.locator("section.model", has_text="probe-llama")
+    assert "Fallback budgets (not measured)" in card.inner_text()
+    card.locator("button", has_text="Measure").click()
+    page.settled(card.locator("button", has_text="Approve"), timeout=120_000)  # a recommendation, once measured
+    card = page.page.locator("section.model", has_text="probe-llama")
+    assert "Fallback budgets" not in card.inner_text() and "Recommendation:" in card.inner_text()
+    card.locator("button", has_text="Approve").click()
+    page.settled(page.page.locator("section.model", has_text="probe-llama").locator(".limits", has_text="approved"))
+    card = page.page.locator("section.model", has_text="probe-llama")
+    card.locator("form.override input[name=pct]").fill("7.5")
+    card.locator("form.override button").click()
+    page.page.locator("section.model", has_text="probe-llama").locator(".limits", has_text="override").wait_for()
+    with httpx.Client(base_url=server.base_url) as http:
+        model_id = http.get("/api/health").json()["model"]
+        stored = http.get(f"/api/models/{model_id}/probe-capacity").json()["stored_limits"]
+    assert stored["pct"] == 7.5
+    page.shot("capacity")
