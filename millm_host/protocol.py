@@ -10,6 +10,7 @@ registry can report or refuse them; plugins validate their own fields.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import gc
 import json
@@ -23,6 +24,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .errors import InvalidParameter, MillmError
+from .jsonslices import SLICE, TooDeep, loads_in_slices
 
 MAX_SEED = 2**32 - 1
 
@@ -303,29 +305,24 @@ def _bounded_int(text: str) -> int:
 def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
     """Parse a request body: UTF-8 JSON object, finite numbers, bounded nesting, valid Unicode.
 
-    Linear in the body: the C parser does the work (its recursion is guarded, so
-    nesting past the interpreter's limit is a RecursionError, not a crash), then
-    an iterative walk measures the nesting of what it built. A ``\\uD800``-style
-    escape without its pair decodes to a lone surrogate, which no tokenizer,
-    database or header can take: it is refused here, naming where it is. Call it
-    off the event loop for large bodies (``resources.common.parse_json``).
+    Linear in the body, and in slices (``jsonslices``): no one C call decodes,
+    scans or searches more than a slice, so a worker thread parsing 4 MiB lets
+    the event loop run every few ms. The nesting is bounded while parsing. A
+    ``\\uD800``-style escape without its pair decodes to a lone surrogate, which no
+    tokenizer, database or header can take: it is refused here, naming where it
+    is. Call it off the event loop for large bodies (``resources.common.parse_json``).
     """
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidParameter(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    text = _decoded(raw)
     try:
         with _gc_paused():
-            body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
+            body = loads_in_slices(text, _BODY_DECODER, max_depth)
     except json.JSONDecodeError as exc:
         raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} (character {exc.pos})") from None
-    except RecursionError:
+    except (TooDeep, RecursionError):
         raise InvalidParameter(f"the request body nests deeper than {max_depth} levels") from None
     if not isinstance(body, dict):
         raise InvalidParameter("the request body must be a JSON object")
-    if nesting_exceeds(body, max_depth):
-        raise InvalidParameter(f"the request body nests deeper than {max_depth} levels")
-    if _SURROGATE_ESCAPE.search(raw) is not None:
+    if _has_surrogate_escape(raw):
         where = lone_surrogate_at(body)
         if where is not None:
             raise InvalidParameter(
@@ -336,26 +333,32 @@ def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
     return body
 
 
-def nesting_exceeds(value: Any, max_depth: int) -> bool:
-    """Whether ``value`` nests objects and arrays deeper than ``max_depth`` (the outermost is level 1).
+_BODY_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
+#: Bytes one C call decodes or searches (a slice of ``jsonslices``' size, for 4-byte characters).
+_BYTES_SLICE = 4 * SLICE
 
-    Level by level, allocating nothing per node (a tuple per node would cost
-    garbage-collection passes on a body of millions of small containers).
-    """
-    level = [value] if isinstance(value, (dict, list)) else []
-    depth = 1
-    while level:
-        if depth > max_depth:
-            return True
-        below: list[Any] = []
-        for node in level:
-            below.extend(
-                child
-                for child in (node.values() if isinstance(node, dict) else node)
-                if isinstance(child, (dict, list))
-            )
-        level, depth = below, depth + 1
-    return False
+
+def _decoded(raw: bytes) -> str:
+    """``raw`` as UTF-8, a slice at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    parts = []
+    for start in range(0, len(raw) + 1, _BYTES_SLICE):
+        pending = len(decoder.getstate()[0])  # bytes of a character the last slice cut
+        try:
+            parts.append(decoder.decode(raw[start : start + _BYTES_SLICE], final=start + _BYTES_SLICE > len(raw)))
+        except UnicodeDecodeError as exc:
+            raise InvalidParameter(
+                f"the request body is not valid UTF-8 (byte {start - pending + exc.start})"
+            ) from None
+    return "".join(parts)
+
+
+def _has_surrogate_escape(raw: bytes) -> bool:
+    """Whether ``raw`` holds a \\uD800-\\uDFFF escape, searched a slice at a time (slices overlap by 5 bytes)."""
+    return any(
+        _SURROGATE_ESCAPE.search(raw, start, start + _BYTES_SLICE + 5) is not None
+        for start in range(0, len(raw), _BYTES_SLICE)
+    )
 
 
 #: Every lone surrogate comes from such an escape (raw UTF-8 cannot hold one): bodies without it skip the walk.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import gc
 import logging
 import os
 import time
@@ -349,6 +350,10 @@ class ModelRegistry:
         log.info("model %s loaded in %.1f s", entry.id, seconds)
         self.host.metrics.model_loaded(entry.id, entry.spec.name, seconds)
         hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
+        # What is alive now (torch, transformers, the weights' modules) lives as long as the model: frozen,
+        # the collector's full passes skip it (they held the GIL for tens of ms each, issue 11 §0).
+        gc.collect()
+        gc.freeze()
         self.host.convergence.poke()  # the new model runs the gates of what is armed and steered
         return engine
 
@@ -377,6 +382,7 @@ class ModelRegistry:
             log.warning("unloading %s: %d requests still running after %.0f s", entry.id, self._leases, timeout)
 
         def close() -> None:
+            gc.unfreeze()  # the old model's cycles must be collectable again
             hookcalls.lifecycle(self.host.pm, "model_unloading", host=self.host, engine=engine)
             engine.close()
 

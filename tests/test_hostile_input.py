@@ -168,6 +168,56 @@ def test_nesting_is_bounded_where_the_setting_says(own_server):
             assert response.status_code == status, (depth, response.text[:200])
 
 
+@pytest.mark.parametrize(
+    "kind", ["many-messages", "long-messages", "one-string", "escapes", "token-ids", "nested", "many-keys"]
+)
+def test_no_c_call_parses_more_than_a_slice(monkeypatch, kind):
+    """json's C scanner holds the GIL for a whole call (43 ms for 4 MiB, the event loop frozen meanwhile):
+    parsing a 4 MiB body hands it no more than a slice at a time, and gives what ``json.loads`` gives."""
+    from millm_host import protocol
+    from millm_host.jsonslices import MAX_NUMBER_CHARS, SLICE
+
+    chat = b'{"model":"m","messages":['
+    body = {
+        "many-messages": just_under_the_limit(chat, b'{"role":"user","content":"a,}"},', b'{"role":"user"}]}'),
+        "long-messages": json.dumps({"model": "m", "messages": [{"role": "user", "content": "a " * 450}] * 4096}),
+        "one-string": b'{"a":"' + "é😀 ".encode() * (BODY_LIMIT // 10) + b'"}',
+        "escapes": b'{"a":"' + b'\\"\\ud83d\\ude00' * (BODY_LIMIT // 16) + b'"}',
+        "token-ids": just_under_the_limit(b'{"input":[', b"1, ", b"1]}"),
+        "nested": just_under_the_limit(b'{"x":[', b"[" * 60 + b"1" + b"]" * 60 + b",", b"1]}"),
+        "many-keys": b"{" + b",".join(b'"k%d":[%d]' % (i, i) for i in range(300_000)) + b"}",
+    }[kind]
+    body = body.encode() if isinstance(body, str) else body
+    widest = [0]
+    scan = protocol._BODY_DECODER.scan_once
+
+    def recorded(text, start):
+        widest[0] = max(widest[0], len(text) - start)
+        return scan(text, start)
+
+    monkeypatch.setattr(protocol._BODY_DECODER, "scan_once", recorded)
+    assert protocol.parse_json_body(body, 64) == json.loads(body)
+    assert 0 < widest[0] <= max(SLICE + 2, MAX_NUMBER_CHARS + 1), widest[0]
+
+
+def test_sliced_parsing_bounds_nesting_and_reports_errors():
+    from millm_host.protocol import parse_json_body
+
+    deep = b'{"x":' + b"[" * 63 + b"]" * 63 + b',"pad":"' + b"p" * 100_000 + b'"}'
+    assert parse_json_body(deep, 64)["x"] == json.loads(deep)["x"]  # 64 levels with the body
+    too_deep = b'{"pad":[' + b"1," * 50_000 + b"[" * 64 + b"]" * 64 + b"]}"
+    with pytest.raises(InvalidParameter, match="nests deeper than 64"):
+        parse_json_body(too_deep, 64)
+    for broken, where in ((b'{"a":[' + b"1," * 50_000 + b"x]}", 100_006), (b'{"a":"' + b"b" * 100_000, 5)):
+        with pytest.raises(InvalidParameter, match=f"not valid JSON: .* \\(character {where}\\)"):
+            parse_json_body(broken, 64)
+    with pytest.raises(InvalidParameter, match="not valid UTF-8 \\(byte 200006\\)"):
+        parse_json_body(b'{"a":"' + "é".encode() * 100_000 + b'\xc3"}', 64)
+    pair = b'{"a":"' + b"x" * 200_000 + b'\\ud83d\\ude00", "b":"\\ud800"}'
+    with pytest.raises(InvalidParameter, match="b holds a lone surrogate"):
+        parse_json_body(pair, 64)
+
+
 # --- §3: structured headers carry any string ------------------------------------------
 
 

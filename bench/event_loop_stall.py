@@ -1,0 +1,92 @@
+"""Event-loop stalls while one large, legal body is read, parsed and validated (issue 11 §0).
+
+A real ``millm serve`` on a tiny random model; a thread asks ``/api/health`` again
+and again while one body of about 4 MiB is sent (``tests/test_hostile_input.health_while``).
+The figure is the slowest health answer. The baseline, measured in the same run, is
+the slowest health answer while a small chat is sent the same way: what the machine
+and the HTTP stack cost with no large body. Each shape runs ``--runs`` times; the
+median of the slowest answers is printed, and its ratio to the baseline.
+
+    python bench/event_loop_stall.py [--runs 5] [--shapes many-messages,long-messages,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from millm_host.testing import ServerProcess  # noqa: E402
+from millm_host.testing.tiny_models import tiny_llama  # noqa: E402
+from tests.test_hostile_input import BODY_LIMIT, health_while, just_under_the_limit  # noqa: E402
+
+
+def shapes(model: str) -> dict[str, tuple[str, bytes]]:
+    m = json.dumps(model).encode()
+    chat = b'{"model":' + m + b',"max_tokens":1,"messages":['
+    nested = b"[" * 60 + b"1" + b"]" * 60
+    return {
+        "small": ("/v1/chat/completions", chat + b'{"role":"user","content":"hi"}]}'),
+        "many-messages": (  # 150k tiny messages: past MILLM_MAX_MESSAGES, still parsed
+            "/v1/chat/completions",
+            just_under_the_limit(chat, b'{"role":"user","content":"a"},', b'{"role":"user","content":"a"}]}'),
+        ),
+        "long-messages": (  # 4,096 messages of ~900 bytes: a legal chat
+            "/v1/chat/completions",
+            json.dumps(
+                {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "a " * 450}] * 4096}
+            ).encode(),
+        ),
+        "one-string": (  # one 4 MiB string
+            "/v1/chat/completions",
+            chat + b'{"role":"user","content":"' + b"a " * ((BODY_LIMIT - 200 - len(chat)) // 2) + b'"}]}',
+        ),
+        "token-ids": (  # 2M token ids as embeddings input
+            "/v1/embeddings",
+            just_under_the_limit(b'{"model":' + m + b',"input":[', b"1,", b"1]}"),
+        ),
+        "nested": (  # 60 levels deep, legal, repeated in an ignored field
+            "/v1/chat/completions",
+            just_under_the_limit(chat + b'{"role":"user","content":"hi"}],"x":[', nested + b",", nested + b"]}"),
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--shapes", default="")
+    args = parser.parse_args()
+    server = ServerProcess(Path(tempfile.mkdtemp()), model=str(tiny_llama())).start()
+    try:
+        bodies = shapes(server.model_id)
+        wanted = ["small", *[s for s in (args.shapes.split(",") if args.shapes else bodies) if s != "small"]]
+        slowest: dict[str, list[float]] = {name: [] for name in wanted}
+        codes: dict[str, str] = {}
+        for _ in range(args.runs):
+            for name in wanted:  # interleaved, so background load hits every shape alike
+                path, body = bodies[name]
+                response, worst = health_while(server, "POST", path, body)
+                slowest[name].append(worst)
+                codes[name] = f"{response.status_code} " + (
+                    response.json().get("error", {}).get("code", "") if response.status_code >= 400 else ""
+                )
+        base = statistics.median(slowest["small"])
+        print(f"{'shape':15} {'body':>9} {'answer':28} {'slowest /api/health (median, min-max)':>40} {'ratio':>7}")
+        for name in wanted:
+            times = slowest[name]
+            med = statistics.median(times)
+            size = f"{len(bodies[name][1]) / 2**20:.2f} MiB"
+            span = f"{med * 1000:.1f} ms ({min(times) * 1000:.1f}-{max(times) * 1000:.1f})"
+            print(f"{name:15} {size:>9} {codes[name]:28} {span:>40} {med / base:7.2f}")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

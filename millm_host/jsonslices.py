@@ -1,0 +1,244 @@
+"""Parse a large JSON text in bounded slices, so no one C call holds the GIL for long (issue 11 §0).
+
+``json``'s C scanner holds the GIL for a whole call: a 4 MiB body took 43 ms, and a
+worker thread parsing it froze the event loop for all of that. Here the C scanner
+only ever sees a slice of about ``SLICE`` characters:
+
+- a value that fits in a slice is scanned whole;
+- a longer array or object is walked member by member, and runs of its members are
+  scanned together: the text up to the last comma in the next slice, wrapped in
+  brackets, is tried as one array (or object). Started at a member's first character,
+  that parses, to its end, only when the comma is one between members (a comma inside
+  a string leaves the string open; one inside a nested value leaves it unclosed);
+- a longer string is decoded in slices cut between escapes.
+
+Between C calls the interpreter hands the GIL to other threads as usual. The result
+is the value ``json.loads`` would give, with the same hooks; nesting past
+``max_depth`` (the outermost container is level 1) raises ``TooDeep``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from json import JSONDecodeError
+from typing import Any
+
+#: Characters one C call may scan (about 1 ms of GIL here).
+SLICE = 32 * 1024
+#: A number longer than this is refused (no field takes one; it would be a long C call).
+MAX_NUMBER_CHARS = 400
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+#: Whole tokens of a string's inside: plain characters and complete escapes.
+_STRING_BODY = re.compile(r'(?:[^"\\\x00-\x1f]+|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+#: A string slice must not end between a surrogate pair's halves.
+_HIGH_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
+_SCAN_FAILED = (JSONDecodeError, StopIteration, RecursionError)
+
+
+class TooDeep(ValueError):
+    """The text nests containers deeper than allowed."""
+
+
+def nesting_exceeds(value: Any, max_depth: int) -> bool:
+    """Whether ``value`` nests objects and arrays deeper than ``max_depth`` (the outermost is level 1).
+
+    Level by level, allocating nothing per node (a tuple per node would cost
+    garbage-collection passes on a body of millions of small containers).
+    """
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 1
+    while level:
+        if depth > max_depth:
+            return True
+        below: list[Any] = []
+        for node in level:
+            below.extend(
+                child
+                for child in (node.values() if isinstance(node, dict) else node)
+                if isinstance(child, (dict, list))
+            )
+        level, depth = below, depth + 1
+    return False
+
+
+def _run_end(pattern: re.Pattern[str], text: str, start: int, limit: int) -> int:
+    """Where ``pattern`` (which matches the empty string too) stops matching from ``start``, before ``limit``."""
+    found = pattern.match(text, start, limit)
+    assert found is not None
+    return found.end()
+
+
+def loads_in_slices(text: str, decoder: json.JSONDecoder, max_depth: int) -> Any:
+    """``decoder.decode(text)``, never scanning more than ``SLICE`` characters in one C call."""
+    return _Parser(text, decoder, max_depth).parse()
+
+
+class _Parser:
+    def __init__(self, text: str, decoder: json.JSONDecoder, max_depth: int) -> None:
+        self.text, self.n, self.max_depth = text, len(text), max_depth
+        self.scan = decoder.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__
+        self.window_at, self.window = 0, ""  # a slice shared by the small values that follow each other
+
+    def parse(self) -> Any:
+        value, pos = self.value(self.skip(0), 1)
+        pos = self.skip(pos)
+        if pos != self.n:
+            raise JSONDecodeError("Extra data", self.text, pos)
+        return value
+
+    def at(self, pos: int) -> str:
+        return self.text[pos] if pos < self.n else ""
+
+    def skip(self, pos: int) -> int:
+        while True:
+            limit = min(pos + SLICE, self.n)
+            end = _run_end(_WHITESPACE, self.text, pos, limit)
+            if end < limit or limit == self.n:
+                return end
+            pos = end
+
+    def value(self, pos: int, level: int) -> tuple[Any, int]:
+        """The value at ``pos``, a container there being at nesting ``level``; (value, end)."""
+        first = self.at(pos)
+        if first == '"':
+            return self.string(pos)
+        if first not in ("[", "{"):
+            return self.scalar(pos)
+        whole = self.small(pos, level)
+        if whole is not None:
+            return whole
+        if level > self.max_depth:
+            raise TooDeep
+        return self.array(pos, level) if first == "[" else self.object(pos, level)
+
+    def small(self, pos: int, level: int) -> tuple[Any, int] | None:
+        """The value at ``pos`` scanned in one slice, or None when it does not fit (or is invalid there)."""
+        if not 0 <= pos - self.window_at <= SLICE // 2:
+            self.slide(pos)
+        found = self.scan_window(pos, level)
+        if found is None and self.window_at != pos:
+            self.slide(pos)
+            found = self.scan_window(pos, level)
+        return found
+
+    def slide(self, pos: int) -> None:
+        self.window_at, self.window = pos, self.text[pos : pos + SLICE]
+
+    def scan_window(self, pos: int, level: int) -> tuple[Any, int] | None:
+        start = pos - self.window_at
+        try:
+            value, end = self.scan(self.window, start)
+        except _SCAN_FAILED:
+            return None
+        if end == len(self.window) and self.window_at + end < self.n:
+            return None  # cut by the slice's end: an array or object would not have parsed, a number might
+        self.check_depth(value, level, self.window, start, end)
+        return value, self.window_at + end
+
+    def check_depth(self, value: Any, level: int, source: str, start: int, end: int) -> None:
+        """Refuse ``value`` (its text ``source[start:end]``), a container at ``level``, if it nests too deep."""
+        room = self.max_depth - level + 1
+        if source.count("[", start, end) + source.count("{", start, end) > room and nesting_exceeds(value, room):
+            raise TooDeep
+
+    def batch(self, pos: int, level: int, opening: str, closing: str) -> tuple[Any, int] | None:
+        """Members from ``pos`` (a member's start) to the last comma between members in the next slice."""
+        cut = self.text.rfind(",", pos, min(pos + SLICE, self.n))
+        if cut <= pos:
+            return None
+        chunk = opening + self.text[pos:cut] + closing
+        try:
+            members, end = self.scan(chunk, 0)
+        except _SCAN_FAILED:
+            return None
+        if end != len(chunk):
+            return None
+        self.check_depth(members, level, chunk, 0, end)
+        return members, cut
+
+    def array(self, pos: int, level: int) -> tuple[list[Any], int]:
+        out: list[Any] = []
+        pos = self.skip(pos + 1)
+        if self.at(pos) == "]":
+            return out, pos + 1
+        batch_from = pos
+        while True:
+            got = self.batch(pos, level, "[", "]") if pos >= batch_from else None
+            if got is not None:
+                items, pos = got
+                out.extend(items)
+            else:
+                if pos >= batch_from:  # no batch here: one slice of members, one by one, before the next try
+                    batch_from = pos + SLICE
+                item, pos = self.value(pos, level + 1)
+                out.append(item)
+                pos = self.skip(pos)
+                if self.at(pos) == "]":
+                    return out, pos + 1
+                if self.at(pos) != ",":
+                    raise JSONDecodeError("Expecting ',' delimiter", self.text, pos)
+            pos = self.skip(pos + 1)
+
+    def object(self, pos: int, level: int) -> tuple[dict[str, Any], int]:
+        out: dict[str, Any] = {}
+        pos = self.skip(pos + 1)
+        if self.at(pos) == "}":
+            return out, pos + 1
+        batch_from = pos
+        while True:
+            got = self.batch(pos, level, "{", "}") if pos >= batch_from else None
+            if got is not None:
+                members, pos = got
+                out.update(members)  # a repeated key keeps its first place and its last value, as json's
+            else:
+                if pos >= batch_from:
+                    batch_from = pos + SLICE
+                if self.at(pos) != '"':
+                    raise JSONDecodeError("Expecting property name enclosed in double quotes", self.text, pos)
+                key, pos = self.string(pos)
+                pos = self.skip(pos)
+                if self.at(pos) != ":":
+                    raise JSONDecodeError("Expecting ':' delimiter", self.text, pos)
+                out[key], pos = self.value(self.skip(pos + 1), level + 1)
+                pos = self.skip(pos)
+                if self.at(pos) == "}":
+                    return out, pos + 1
+                if self.at(pos) != ",":
+                    raise JSONDecodeError("Expecting ',' delimiter", self.text, pos)
+            pos = self.skip(pos + 1)
+
+    def string(self, pos: int) -> tuple[str, int]:
+        """The string whose opening quote is at ``pos``; a long one in slices cut between whole escapes."""
+        whole = self.small(pos, 1)
+        if whole is not None:
+            return whole
+        text, parts, start = self.text, [], pos + 1
+        while True:
+            limit = min(start + SLICE, self.n)
+            end = _run_end(_STRING_BODY, text, start, limit)
+            closed = end < self.n and text[end] == '"'
+            if not closed:
+                if end >= self.n:
+                    raise JSONDecodeError("Unterminated string starting at", text, pos)
+                if end < limit - 6 or limit == self.n:  # stopped short of the slice's end by a bad character
+                    message = "Invalid \\escape" if text[end] == "\\" else "Invalid control character at"
+                    raise JSONDecodeError(message, text, end)
+                if _HIGH_SURROGATE_ESCAPE.fullmatch(text, end - 6, end):  # keep a pair's halves together
+                    end = _run_end(_STRING_BODY, text, start, end - 1)
+            parts.append(self.scan('"' + text[start:end] + '"', 0)[0])
+            if closed:
+                return "".join(parts), end + 1
+            start = end
+
+    def scalar(self, pos: int) -> tuple[Any, int]:
+        """A number, true, false or null (at most ``MAX_NUMBER_CHARS`` characters)."""
+        piece = self.text[pos : pos + MAX_NUMBER_CHARS + 1]
+        try:
+            value, end = self.scan(piece, 0)
+        except StopIteration:
+            raise JSONDecodeError("Expecting value", self.text, pos) from None
+        if end > MAX_NUMBER_CHARS:
+            raise JSONDecodeError(f"Number longer than {MAX_NUMBER_CHARS} characters", self.text, pos)
+        return value, pos + end

@@ -1,0 +1,54 @@
+"""``loads_in_slices`` is ``json.loads``: the same value for valid text, an error for invalid text.
+
+Run with a tiny slice so that every code path (whole values, runs of members,
+member by member, strings cut between escapes) is taken on small documents.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from millm_host import jsonslices
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@pytest.fixture(autouse=True)
+def tiny_slices(monkeypatch):
+    monkeypatch.setattr(jsonslices, "SLICE", 16)
+
+
+def parse(text: str):
+    return jsonslices.loads_in_slices(text, json.JSONDecoder(), max_depth=1000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON, ascii_only=st.booleans(), indent=st.sampled_from([None, 0, 1]))
+def test_valid_text_gives_what_json_loads_gives(value, ascii_only, indent):
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
+    assert parse(text) == json.loads(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON, cut=st.integers(min_value=0), junk=st.sampled_from(["", ",", "]", "}", '"', "\\", "x", " 1"]))
+def test_broken_text_is_refused_as_json_loads_refuses_it(value, cut, junk):
+    text = json.dumps(value)
+    broken = text[: cut % (len(text) + 1)] + junk
+    try:
+        expected = json.loads(broken)
+    except json.JSONDecodeError:
+        with pytest.raises((json.JSONDecodeError, jsonslices.TooDeep)):
+            parse(broken)
+    else:
+        assert parse(broken) == expected
