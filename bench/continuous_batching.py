@@ -10,16 +10,25 @@ same checkpoint in this process (left-padded, the same prompts, at the same
 sizes). Time to first token (p50, p95) is measured at the largest size. Sizes are
 run in turn on both servers, ``--runs`` times; each figure is the median.
 
-    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8]
+With ``--mixed``, the continuous server (``PROBE_FORCE_SERIAL=false``) also runs,
+right after each plain batch, the same batch with half the clients steered (each
+its own 10 features of an SAE at layer 15, in the request) and two probes armed
+(dense, at layers 10 and 20, reading every request): the column ``mixed`` and its
+ratio to the plain batch (target ≥ 0.95). Odd runs measure the plain batch again
+after the mixed one and take the mean, so the order favours neither.
+
+    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -31,6 +40,9 @@ from millm_host.testing import ServerProcess, shared_cache_dir
 TOPICS = ["a dragon who learns to cook", "the sea at night", "a robot gardener", "two rival bakers",
           "a lost key", "the first snow", "a lighthouse keeper", "a city under glass"]  # fmt: skip
 MODEL = "SmolLM2-135M-Instruct"
+STEER_SAE = "bench-steer-15"
+#: (steered or plain client, millm's non-empty fields on its finish chunk) -> count: proof that steering and probes ran.
+MIXED_FIELDS: collections.Counter[tuple[str, tuple[str, ...]]] = collections.Counter()
 
 
 def messages(index: int) -> list[dict[str, str]]:
@@ -49,7 +61,35 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def served(server: ServerProcess, clients: int, max_tokens: int) -> tuple[float, list[float]]:
+def steering(index: int) -> dict:
+    """Half the clients (the odd ones) steer, each with features of its own; the others send nothing."""
+    if index % 2 == 0:
+        return {}
+    features = [{"index": 97 * i + 3 + index, "strength": 2.0 if i % 2 else -1.5} for i in range(10)]
+    return {"steering": {"sae_id": STEER_SAE, "features": features}}
+
+
+def prepare_mixed(server: ServerProcess, sae_dir: Path) -> Callable[[bool], None]:
+    """Register and attach the steering SAE, import the two probes; a function that arms or disarms them."""
+    from probe_overhead import PROBES, import_probe
+
+    with server.http(timeout=600) as http:
+        http.post("/api/saes", json={"path": str(sae_dir), "sae_id": STEER_SAE}).raise_for_status()
+        http.post(f"/api/saes/{STEER_SAE}/attach", json={}).raise_for_status()
+        model_id = http.get("/api/health").json()["model"]
+        identity = http.get(f"/api/models/{model_id}").json()
+        vector = [1, *range(100, 147)]
+        probes = [import_probe(http, identity, name, layer, rule, seed, vector) for name, layer, rule, seed in PROBES]
+
+    def arm(on: bool) -> None:
+        with server.http(timeout=600) as http:
+            for probe_id in probes:
+                http.post(f"/api/probes/{probe_id}/{'arm' if on else 'disarm'}", json={}).raise_for_status()
+
+    return arm
+
+
+def served(server: ServerProcess, clients: int, max_tokens: int, mixed: bool = False) -> tuple[float, list[float]]:
     """(aggregate tokens/s, each client's time to first token) of ``clients`` concurrent streams."""
     tokens = [0] * clients
     ttft = [0.0] * clients
@@ -66,11 +106,17 @@ def served(server: ServerProcess, clients: int, max_tokens: int) -> tuple[float,
             max_tokens=max_tokens,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body=steering(index) if mixed else None,
         ):
             if not ttft[index] and chunk.choices and chunk.choices[0].delta.content:
                 ttft[index] = time.perf_counter() - start
             if chunk.usage:
                 tokens[index] = chunk.usage.completion_tokens
+            if mixed and chunk.choices and chunk.choices[0].finish_reason:  # millm's fields ride on this chunk
+                extras = {**(chunk.model_extra or {}), **(chunk.choices[0].model_extra or {})}
+                MIXED_FIELDS[
+                    ("steered" if index % 2 else "plain", tuple(sorted(k for k, v in extras.items() if v)))
+                ] += 1
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
@@ -87,15 +133,27 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,4,8")
+    parser.add_argument("--mixed", action="store_true", help="also half the clients steered, two probes armed")
     args = parser.parse_args()
     sizes = [int(s) for s in args.clients.split(",")]
 
+    sae_root = Path(tempfile.mkdtemp(prefix="millm-bench-sae-"))
+    extra = {"MILLM_SAE_DIRS": str(sae_root), "PROBE_FORCE_SERIAL": "false"} if args.mixed else {}
     servers = {
-        mode: ServerProcess(Path(tempfile.mkdtemp(prefix=f"millm-bench-{mode}-")), env={"MILLM_BATCHING": mode})
+        mode: ServerProcess(
+            Path(tempfile.mkdtemp(prefix=f"millm-bench-{mode}-")),
+            env={"MILLM_BATCHING": mode, **(extra if mode == "continuous" else {})},
+        )
         for mode in ("serial", "continuous")
     }
     for server in servers.values():
         server.start()
+    arm: Callable[[bool], None] | None = None
+    if args.mixed:
+        from millm_saelens.testing import write_sae
+
+        sae_dir = write_sae(sae_root / STEER_SAE, d_in=576, d_sae=4096, layer=15)
+        arm = prepare_mixed(servers["continuous"], sae_dir)
     folder = converted_checkpoint()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, padding_side="left")
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -120,7 +178,7 @@ def main() -> None:
     results: dict[tuple[str, int], list[float]] = {}
     ttfts: dict[str, list[float]] = {"serial": [], "continuous": []}
     try:
-        for _ in range(args.runs):
+        for run in range(args.runs):
             for size in sizes:
                 for mode, server in servers.items():
                     rate, ttft = served(server, size, args.max_tokens)
@@ -128,8 +186,19 @@ def main() -> None:
                     if size == max(sizes):
                         ttfts[mode].extend(ttft)
                     print(f"  {mode} x{size}: {rate:.1f} tok/s", flush=True)  # progress, on a slow machine
+                    if mode == "continuous" and arm is not None:  # the same batch, steered and probed
+                        arm(True)
+                        rate, _ = served(server, size, args.max_tokens, mixed=True)
+                        arm(False)
+                        results.setdefault(("mixed", size), []).append(rate)
+                        print(f"  mixed x{size}: {rate:.1f} tok/s", flush=True)
+                        if run % 2:  # odd runs bracket the mixed batch with plain ones (their mean): less order bias
+                            rate, _ = served(server, size, args.max_tokens)
+                            results[("continuous", size)][-1] = (results[("continuous", size)][-1] + rate) / 2
                 results.setdefault(("generate", size), []).append(generate(size))
                 print(f"  generate x{size}: {results[('generate', size)][-1]:.1f} tok/s", flush=True)
+        with servers["continuous"].http() as http:  # every request batched: serial_reasons stays empty
+            print("continuous /api/health/inference:", http.get("/api/health/inference").json(), flush=True)
     finally:
         for server in servers.values():
             server.stop()
@@ -144,6 +213,14 @@ def main() -> None:
     for size in sizes:
         s, c, g = median("serial", size), median("continuous", size), median("generate", size)
         print(f"{size:>7} {s:>8.1f} {c:>10.1f} {g:>9.1f} {c / s:>11.2f} {c / g:>13.2f} {c / one:>13.2f}")
+    if arm is not None:
+        print(
+            f"{'clients':>7} {'continuous':>10} {'mixed':>8} {'mixed/continuous':>16}  (half steered, 2 probes armed)"
+        )
+        for size in sizes:
+            c, m = median("continuous", size), median("mixed", size)
+            print(f"{size:>7} {c:>10.1f} {m:>8.1f} {m / c:>16.2f}")
+        print("finish-chunk fields in the mixed runs:", dict(MIXED_FIELDS))
     for mode, values in ttfts.items():
         print(
             f"TTFT at {max(sizes)} clients, {mode}: p50 {percentile(values, 0.5) * 1000:.0f} ms,"

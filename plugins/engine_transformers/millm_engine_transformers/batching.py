@@ -2,9 +2,11 @@
 
 One scheduler thread owns the running batch. Between two steps it drops the rows
 whose consumer left (closed its generator: a disconnect, a stop string, EOS), runs
-one chunk of a waiting request's prefill (on that request's own cache, batch of
-one, so a long prompt never stalls the running decodes for more than one chunk),
-and merges a finished prefill into the batch. Each step then runs one forward over
+one chunk of prefill for the requests that were waiting (together, left-padded to
+the longest, on a cache of their own; at most ``MILLM_PREFILL_CHUNK`` columns times
+rows per chunk, so a long prompt never stalls the running decodes for more than one
+chunk, and requests that arrive together get their first tokens together), and
+merges a finished prefill into the batch. Each step then runs one forward over
 every decoding row and samples each row on its own terms: temperature, top_p,
 penalties, logit bias, logits processors (``response_format``, tools) and logprobs,
 with a ``torch.Generator`` per row, so a seeded row draws the same whatever shares
@@ -78,6 +80,33 @@ class TurnLock:
 
 
 @dataclass(eq=False)
+class Prefill:
+    """Waiting rows prefilling together: their prompts left-padded to the longest, their own cache."""
+
+    rows: list[Row]
+    ids: torch.Tensor  # [rows, L], 0 where padding
+    mask: torch.Tensor  # [rows, L], 1 = a real token
+    positions: torch.Tensor  # [rows, L], each row's own (0 on its padding)
+    cache: Any
+    done: int = 0  # columns prefilled
+
+    @classmethod
+    def of(cls, rows: list[Row], device: torch.device) -> Prefill:
+        length = max(len(row.prompt) for row in rows)
+        ids = torch.zeros(len(rows), length, dtype=torch.long, device=device)
+        mask = torch.zeros(len(rows), length, dtype=torch.long, device=device)
+        for index, row in enumerate(rows):
+            if row.prompt:
+                ids[index, length - len(row.prompt) :] = torch.tensor(row.prompt, device=device)
+                mask[index, length - len(row.prompt) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        return cls(rows, ids, mask, positions, transformers.DynamicCache())
+
+    def padding(self, index: int) -> int:
+        return self.ids.shape[1] - len(self.rows[index].prompt)
+
+
+@dataclass(eq=False)
 class Row:
     """One generation in (or waiting for) the batch."""
 
@@ -93,8 +122,6 @@ class Row:
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: list[int] = field(default_factory=list)
     gone: bool = False  # its consumer closed the stream: drop it at the next step
-    prefilled: int = 0
-    cache: Any = None  # its own cache while it prefills
     logits: torch.Tensor | None = None  # the logits it samples next from
     position: int = 0  # the position of its next input token
 
@@ -130,11 +157,12 @@ class BatchScheduler:
         self._closed = False
         # The batch (scheduler thread only).
         self.rows: list[Row] = []
-        self._prefilling: Row | None = None
+        self._prefilling: Prefill | None = None
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [rows, L] 1 = a real token, 0 = left padding
         self._padded = False  # some row has left padding
         self.steps = 0
+        self.prefills = 0  # prefills started (each for every request then waiting)
         self._thread = threading.Thread(target=self._loop, name="millm-batch", daemon=True)
         self._thread.start()
 
@@ -180,8 +208,9 @@ class BatchScheduler:
 
     @property
     def running(self) -> int:
-        """Rows decoding in the batch, and the one prefilling."""
-        return len(self.rows) + (self._prefilling is not None)
+        """Rows decoding in the batch, and those prefilling."""
+        prefilling = self._prefilling
+        return len(self.rows) + (len(prefilling.rows) if prefilling is not None else 0)
 
     @property
     def waiting(self) -> int:
@@ -202,8 +231,6 @@ class BatchScheduler:
                 if self._closed:
                     self._fail_all(RuntimeError("the model was unloaded"))
                     return
-                if self._prefilling is None and self._waiting and len(self.rows) < self.max_rows:
-                    self._prefilling = self._waiting.popleft()
             try:
                 with self.turn, torch.inference_mode():
                     self._step()
@@ -217,36 +244,63 @@ class BatchScheduler:
     def _step(self) -> None:
         """Drop the rows that left, one chunk of prefill, then one decode step of the batch."""
         self._drop([row for row in self.rows if row.gone])
-        row = self._prefilling
-        if row is not None and row.gone:
-            self._prefilling = row = None
-        if row is not None:
-            self._prefill_chunk(row)
+        self._admit()
+        group = self._prefilling
+        if group is not None and all(row.gone for row in group.rows):
+            self._prefilling = group = None
+        if group is not None:
+            self._prefill_chunk(group)
         if self.rows:
             self._decode()
 
-    def _prefill_chunk(self, row: Row) -> None:
-        if row.cache is None:
-            row.cache = transformers.DynamicCache()
-        start = row.prefilled
-        chunk = row.prompt[start : start + self.prefill_chunk]
-        try:  # what fails here (a hook, memory for a long prompt) fails this row alone
+    def _admit(self) -> None:
+        """Everyone waiting (as far as there is room) starts prefilling, together, when no prefill runs.
+
+        Taken under the turn: requests that arrive while the scheduler waits for it join one prefill.
+        """
+        room = self.max_rows - len(self.rows)
+        if self._prefilling is not None or room <= 0:
+            return
+        with self._cond:
+            joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        if joining:
+            self._prefilling = Prefill.of(joining, self.device)
+            self.prefills += 1
+
+    def _prefill_chunk(self, group: Prefill) -> None:
+        rows, length = group.rows, group.ids.shape[1]
+        start = group.done
+        end = min(length, start + max(1, self.prefill_chunk // len(rows)))
+        # Each row's hooks see its own real tokens of this chunk, from their own position.
+        starts = [max(0, start - group.padding(i)) for i in range(len(rows))]
+        skips = [max(0, group.padding(i) - start) for i in range(len(rows))]
+        padded = bool((group.mask[:, :end] == 0).any())
+        padding = (
+            {"attention_mask": group.mask[:, :end], "position_ids": group.positions[:, start:end]} if padded else {}
+        )
+        try:  # what fails here (memory for long prompts) fails these rows alone
             output = self._hooked_forward(
-                [row], [start], torch.tensor([chunk], device=self.device), row.cache, keep_last=True
+                rows, starts, group.ids[:, start:end], group.cache, keep_last=True, skips=skips, **padding
             )
-            if row.error is not None:
-                raise row.error
         except Exception as exc:
             self._prefilling = None
-            row.out.put(exc)
+            for row in rows:
+                row.out.put(exc)
             return
-        row.prefilled += len(chunk)
-        if row.prefilled < len(row.prompt):
+        group.done = end
+        if end < length:
             return
         self._prefilling = None
-        row.logits = output.logits[0, -1].float()
-        if self._sample(row):
-            self._join(row)
+        logits = output.logits[:, -1].float()
+        joining = []
+        for index, row in enumerate(rows):
+            row.logits = logits[index]
+            if row.error is not None:  # one of its hooks raised: this row alone fails
+                row.out.put(row.error)
+            elif self._sample(row):
+                joining.append(index)
+        if joining:
+            self._join([rows[i] for i in joining], group.cache, group.mask, joining)
 
     def _decode(self) -> None:
         rows = self.rows
@@ -271,9 +325,15 @@ class BatchScheduler:
                 leaving.append(row)
         self._drop(leaving)
 
-    def _hooked_forward(self, rows: Sequence[Row], starts: Sequence[int], *args: Any, **kwargs: Any) -> Any:
+    def _hooked_forward(
+        self, rows: Sequence[Row], starts: Sequence[int], *args: Any, skips: Sequence[int] | None = None, **kwargs: Any
+    ) -> Any:
         """One pass with each row's hooks on its own row (none installed when no row has any)."""
-        hooked = [(row.hooks, start) if row.hooks else None for row, start in zip(rows, starts, strict=True)]
+        skips = skips or [0] * len(rows)
+        hooked = [
+            (row.hooks, start, skip) if row.hooks else None
+            for row, start, skip in zip(rows, starts, skips, strict=True)
+        ]
         if not any(hooked):
             return self._forward(*args, **kwargs)
 
@@ -320,22 +380,29 @@ class BatchScheduler:
         return not done
 
     # --- the batch's cache ---------------------------------------------------------------
-    def _join(self, row: Row) -> None:
-        """Merge ``row``'s prefilled cache into the batch, left-padding the shorter side."""
-        layers = row.cache.layers
-        length = layers[0].keys.shape[-2]
-        row_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
+    def _join(self, rows: list[Row], cache: Any, mask: torch.Tensor, keep: list[int]) -> None:
+        """Merge ``rows`` (rows ``keep`` of a prefilled ``cache``) into the batch, left-padding the shorter side."""
+        layers = cache.layers
+        if len(keep) < mask.shape[0]:
+            index = torch.tensor(keep, device=self.device)
+            mask = mask.index_select(0, index)
+            for layer in layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        first = int(mask.any(dim=0).long().argmax())  # padding no joining row needs (its longest left)
+        if first:
+            mask = mask[:, first:]
+            for layer in layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
         if self._cache is None:
-            self._cache, self._mask = row.cache, row_mask
+            self._cache, self._mask = cache, mask
         else:
             assert self._mask is not None
-            total = max(length, self._mask.shape[1])
+            total = max(mask.shape[1], self._mask.shape[1])
             for mine, theirs in zip(self._cache.layers, layers, strict=True):
                 mine.keys = torch.cat([_left_pad(mine.keys, total), _left_pad(theirs.keys, total)], dim=0)
                 mine.values = torch.cat([_left_pad(mine.values, total), _left_pad(theirs.values, total)], dim=0)
-            self._mask = torch.cat([_left_pad(self._mask, total), _left_pad(row_mask, total)], dim=0)
-        row.cache = None
-        self.rows.append(row)
+            self._mask = torch.cat([_left_pad(self._mask, total), _left_pad(mask, total)], dim=0)
+        self.rows.extend(rows)
         self._padded = bool((self._mask == 0).any())
 
     def _drop(self, leaving: list[Row]) -> None:
@@ -361,7 +428,7 @@ class BatchScheduler:
     def _fail_all(self, exc: BaseException) -> None:
         rows = list(self.rows)
         if self._prefilling is not None:
-            rows.append(self._prefilling)
+            rows.extend(self._prefilling.rows)
         if self._closed:
             with self._cond:
                 rows.extend(self._waiting)

@@ -64,8 +64,9 @@ def install(layers: torch.nn.ModuleList, hooks: Sequence[LayerHook], position: P
     ]
 
 
-#: One row's hooks at each point, and the position of its first token in this pass.
-RowHooks = tuple[Mapping[Point, Sequence[LayerHook]], int]
+#: One row's hooks at each point, the position of its first real token in this pass, and how
+#: many columns of left padding come before that token in this pass (hidden from its callbacks).
+RowHooks = tuple[Mapping[Point, Sequence[LayerHook]], int, int]
 
 
 def install_rows(
@@ -73,33 +74,36 @@ def install_rows(
 ) -> list[Any]:
     """Hooks for a batched pass: each row's callbacks see only its own row, ``[1, seq, d]``, as alone.
 
+    Its left padding is cut off (a row all padding in this pass is not called).
     Rows without hooks at a point cost nothing there; a point no row hooks gets no
     torch hook at all. A callback that raises fails its row only (``failed(row, exc)``).
     """
-    at: dict[Point, list[tuple[int, Sequence[LayerHook], int]]] = defaultdict(list)
+    at: dict[Point, list[tuple[int, Sequence[LayerHook], int, int]]] = defaultdict(list)
     for index, row in enumerate(rows):
         if row is not None:
-            groups, start = row
+            groups, start, skip = row
             for point, group in groups.items():
-                at[point].append((index, group, start))
+                at[point].append((index, group, start, skip))
     return [_register(layers, point, _per_row(entries, failed)) for point, entries in at.items()]
 
 
 def _per_row(
-    entries: Sequence[tuple[int, Sequence[LayerHook], int]], failed: Callable[[int, Exception], None]
+    entries: Sequence[tuple[int, Sequence[LayerHook], int, int]], failed: Callable[[int, Exception], None]
 ) -> Callable[[torch.Tensor], torch.Tensor | None]:
     def run(hidden: torch.Tensor) -> torch.Tensor | None:
         out = None
-        for index, group, start in entries:
+        for index, group, start, skip in entries:
+            if skip >= hidden.shape[1]:
+                continue
             try:
-                replaced = _run(group, hidden[index : index + 1], start)
+                replaced = _run(group, hidden[index : index + 1, skip:], start)
             except Exception as exc:
                 failed(index, exc)
                 continue
             if replaced is not None:
                 if out is None:
                     out = hidden.clone()
-                out[index : index + 1] = replaced
+                out[index : index + 1, skip:] = replaced
         return out
 
     return run

@@ -101,6 +101,66 @@ def test_greedy_rows_equal_their_serial_outputs_token_for_token(serial, batched)
     assert steps_before < sum(len(g) for g in got)
 
 
+def test_requests_that_arrive_together_prefill_together_and_equal_their_serial_outputs(serial, batched):
+    import time
+
+    ids = prompts(serial)[:6]  # 1 to 60 words: much padding, and a prefill over many chunks
+    params = SamplingParams(max_tokens=6, temperature=0, logprobs=2)
+    want = [run(serial, p, params) for p in ids]
+    # Hold the model: the six queue up while the scheduler waits for its turn, then start as one prefill.
+    before = batched.batch.prefills
+    results: list = [None] * len(ids)
+
+    def work(index):
+        results[index] = run(batched, ids[index], params)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(ids))]
+    with batched._turn:
+        for thread in threads:
+            thread.start()
+        while batched.batch.waiting < len(ids):
+            time.sleep(0.01)
+    for thread in threads:
+        thread.join()
+    assert batched.batch.prefills == before + 1
+    for alone, together in zip(want, results, strict=True):
+        assert [int(t) for t in together] == [int(t) for t in alone]
+        for a, b in zip(alone, together, strict=True):
+            assert abs(a.logprob - b.logprob) <= 1e-4
+
+
+def test_a_read_hook_sees_only_its_real_tokens_in_a_padded_prefill(serial, batched):
+    import time
+
+    import torch
+
+    ids = prompts(serial)
+    params = SamplingParams(max_tokens=3, temperature=0)
+    short, long = ids[0], ids[8]  # the short one is all padding in the first chunks
+    alone = Steer(5)
+    run_hooked(serial, short, params, alone.hooks())
+    steer = Steer(5)
+    outputs: list = [None, None]
+
+    def work(index, prompt, hooks):
+        outputs[index] = run_hooked(batched, prompt, params, hooks)
+
+    threads = [
+        threading.Thread(target=work, args=(0, short, steer.hooks())),
+        threading.Thread(target=work, args=(1, long, [])),
+    ]
+    with batched._turn:
+        for thread in threads:
+            thread.start()
+        while batched.batch.waiting < 2:
+            time.sleep(0.01)
+    for thread in threads:
+        thread.join()
+    assert sorted(steer.rows) == sorted(alone.rows)  # its own positions, none of the padding
+    assert torch.allclose(steer.residual(), alone.residual(), atol=1e-5, rtol=0)
+    assert outputs[1] == run_hooked(serial, long, params, [])
+
+
 def test_a_seeded_row_draws_the_same_whatever_shares_its_batch(serial, batched):
     ids = prompts(serial)
     seeded = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=1234, frequency_penalty=0.3)
