@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
 from ..engine import LayerHook, LogitsProcessorFactory
-from ..errors import InternalError, MillmError, RequestCancelled
+from ..errors import InternalError, MillmError, RequestCancelled, ShuttingDown
 from ..output import OutputFilter, OutputFilterFactory
 from .logprobs import SequenceLogprobs, prompt_chars
 from .text import TextAssembler
@@ -75,6 +75,9 @@ class GenerationJob:
         try:
             if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
                 raise RequestCancelled()
+            if scheduler.expired():  # the shutdown grace ended while it waited: it must not start now
+                ctx.interrupted = "cancelled"
+                raise ShuttingDown("the server is shutting down; this request did not finish within the grace period")
             contributions = flatten(hookcalls.request(self.host.pm, "before_forward", ctx=ctx))
             hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
@@ -89,7 +92,7 @@ class GenerationJob:
         except RequestCancelled:
             ctx.interrupted = ctx.interrupted or "client_disconnected"
         except MillmError as exc:
-            ctx.error, ctx.interrupted = exc, "generation_error"
+            ctx.error, ctx.interrupted = exc, ctx.interrupted or "generation_error"
         except Exception as exc:
             log.exception("generation failed")
             ctx.error, ctx.interrupted = (

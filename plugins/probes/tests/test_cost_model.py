@@ -8,12 +8,10 @@ server's database, so the counts are exact on any machine.
 
 from __future__ import annotations
 
-import json
-import sqlite3
-
 import pytest
+import sqlalchemy as sa
 
-from millm_host.testing import assert_error
+from millm_host.testing import assert_error, databases
 
 #: Unit costs (ms) whose recommendation is three dense probes on one layer, bound by the prompt half
 #: (the per-request and per-result parts): 0.5 + 1.0 + n * (0.5 + 0.5) <= 0.9 * 5 % of 100 ms.
@@ -70,10 +68,15 @@ def http(server, model_id):
 
 
 def seed(server, model_id: str, **columns) -> None:
-    """Write the model's ``probe_capacity`` columns straight into the server's database."""
-    with sqlite3.connect(server.data_dir / "millm.sqlite3", timeout=30) as db:
-        for column, value in columns.items():
-            db.execute(f"UPDATE probe_capacity SET {column} = ? WHERE model_id = ?", (json.dumps(value), model_id))
+    """Write the model's ``probe_capacity`` columns straight into the server's database (SQLite or PostgreSQL)."""
+    engine = sa.create_engine(databases.database_url(server.data_dir))
+    try:
+        with engine.begin() as db:
+            for column, value in columns.items():
+                table = sa.table("probe_capacity", sa.column("model_id"), sa.column(column, sa.JSON))
+                db.execute(sa.update(table).where(table.c.model_id == model_id).values({column: value}))
+    finally:
+        engine.dispose()
 
 
 def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
