@@ -188,7 +188,7 @@ class Scheduler:
 
     def _changed(self) -> None:
         if self.watch is not None:
-            self.watch(self._admitted, int(self._beat is not None))
+            self.watch(self._admitted, self._generations)
 
     # --- progress ---------------------------------------------------------------------
     def begin(self) -> None:
@@ -196,6 +196,7 @@ class Scheduler:
         with self._lock:
             self._generations += 1
         self.beat()
+        self._changed()  # the running batch grew (beat reports only the first generation's start)
 
     def beat(self) -> None:
         """A generation made progress (its thread: at its start and at every token)."""

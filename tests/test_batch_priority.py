@@ -106,3 +106,20 @@ def test_drain_and_stop_wait_for_queued_batch_calls():
     gate.set()
     assert drained.result(60) is True and batch.result(60) is None and order == ["batch"]
     assert scheduler._engine.join(60)
+
+
+def test_the_running_batch_size_counts_every_generation_of_a_batching_engine():
+    """``millm_running_batch_size`` follows the generations running at once, not only whether one runs."""
+    scheduler = Scheduler(queue_max=4)
+    seen: list[int] = []
+    scheduler.watch = lambda admitted, running: seen.append(running)
+    try:
+        scheduler.begin()
+        scheduler.begin()
+        assert seen[-1] == 2
+        scheduler.rest()
+        assert seen[-1] == 1
+        scheduler.rest()
+        assert seen[-1] == 0
+    finally:
+        scheduler.shutdown()

@@ -90,7 +90,7 @@ class Metrics:
         )
         self.running = Gauge(
             "millm_running_batch_size",
-            "Requests generating on the engine now (one engine thread: 0 or 1 per process)",
+            "Requests generating on the engine now (more than one when the engine batches)",
             registry=r,
             multiprocess_mode="livesum",
         )
