@@ -23,7 +23,7 @@ from millm_host.api import LayerHook, SamplingParams
 from . import wire
 from .batch import serial_reason
 from .control import LayerVectors
-from .process import Child, ProcessEngine, _ChildGone
+from .process import Child, FrameStream, ProcessEngine, _ChildGone
 
 #: What a queue gets when its child died.
 _GONE = b""
@@ -138,8 +138,10 @@ class ParallelEngine(ProcessEngine):
             self._embedding.put(_GONE)
 
 
-class RowStream:
+class RowStream(FrameStream):
     """Tokens of one generation in parallel mode, as the reader thread hands them over."""
+
+    TOKEN, PAUSED, END, ERROR = wire.ROW_TOKEN, wire.ROW_PAUSED, wire.ROW_END, wire.ROW_ERROR
 
     def __init__(self, engine: ParallelEngine, prompt: list[int], params: SamplingParams, vectors: LayerVectors):
         self._engine = engine
@@ -150,12 +152,7 @@ class RowStream:
         self._done = False
         self._paused = False
 
-    def __iter__(self) -> RowStream:
-        return self
-
-    def __next__(self) -> int:
-        if self._done:
-            raise StopIteration
+    def _next_frame(self) -> bytes:
         engine = self._engine
         try:
             if self._child is None:
@@ -168,21 +165,10 @@ class RowStream:
             self._end()
             raise
         frame = self._frames.get()
-        tag = frame[:1]
-        if tag == wire.ROW_TOKEN:
-            return wire.frame_token(frame)
-        if tag == wire.ROW_PAUSED:
-            self._paused = True
-            return wire.frame_token(frame)
-        self._end()
         if frame == _GONE:
+            self._end()
             raise engine._crashed(self._child, "generating") from None
-        if tag == wire.ROW_ERROR:
-            raise wire.frame_error(frame)
-        if tag != wire.ROW_END:
-            self._child.proc.kill()  # out of step with us: a new child is the only safe state
-            raise RuntimeError(f"the gguf engine process sent {tag!r} while generating")
-        raise StopIteration
+        return frame
 
     def close(self) -> None:
         """Stop the generation in the child at its next step; its last frames are dropped by the reader."""

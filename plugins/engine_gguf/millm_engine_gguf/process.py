@@ -399,7 +399,50 @@ class ProcessEngine(GGUFTextEngine):
             self._cond.notify_all()
 
 
-class TokenStream:
+class FrameStream:
+    """Tokens of one generation read from the child's frames: what serial and parallel mode share.
+
+    A subclass names its frame tags and supplies ``_next_frame`` (send what the
+    flow needs, then read this generation's next frame; raise ``engine_crashed``
+    when the child is gone) and ``_end``.
+    """
+
+    TOKEN, PAUSED, END, ERROR = wire.TOKEN, wire.PAUSED, wire.END, wire.ERROR
+
+    _child: Child | None
+    _done: bool
+    _paused: bool
+
+    def __iter__(self) -> FrameStream:
+        return self
+
+    def __next__(self) -> int:
+        if self._done:
+            raise StopIteration
+        frame = self._next_frame()
+        tag = frame[:1]
+        if tag == self.TOKEN:
+            return wire.frame_token(frame)
+        if tag == self.PAUSED:  # the child waits for CONTINUE before computing on
+            self._paused = True
+            return wire.frame_token(frame)
+        self._end()
+        if tag == self.ERROR:
+            raise wire.frame_error(frame)
+        if tag != self.END:
+            assert self._child is not None
+            self._child.proc.kill()  # out of step with us: a new child is the only safe state
+            raise RuntimeError(f"the gguf engine process sent {tag!r} while generating")
+        raise StopIteration
+
+    def _next_frame(self) -> bytes:
+        raise NotImplementedError
+
+    def _end(self) -> None:
+        raise NotImplementedError
+
+
+class TokenStream(FrameStream):
     """Tokens of one generation as they come from the child (see ``wire``'s flow)."""
 
     def __init__(self, engine: ProcessEngine, prompt: list[int], params: SamplingParams, vectors: LayerVectors) -> None:
@@ -410,12 +453,7 @@ class TokenStream:
         self._done = False
         self._paused = False
 
-    def __iter__(self) -> TokenStream:
-        return self
-
-    def __next__(self) -> int:
-        if self._done:
-            raise StopIteration
+    def _next_frame(self) -> bytes:
         engine = self._engine
         if self._child is None:
             try:
@@ -429,23 +467,10 @@ class TokenStream:
             if self._paused:
                 self._paused = False
                 child.send(wire.CONTINUE)
-            frame = child.receive()
+            return child.receive()
         except _ChildGone:
             self._end()
             raise engine._crashed(child, "generating") from None
-        tag = frame[:1]
-        if tag == wire.TOKEN:
-            return wire.frame_token(frame)
-        if tag == wire.PAUSED:
-            self._paused = True
-            return wire.frame_token(frame)
-        self._end()
-        if tag == wire.ERROR:
-            raise wire.frame_error(frame)
-        if tag != wire.END:
-            child.proc.kill()  # out of step with us: a new child is the only safe state
-            raise RuntimeError(f"the gguf engine process sent {tag!r} while generating")
-        raise StopIteration
 
     def close(self) -> None:
         """Stop the generation in the child, at its next token.
