@@ -127,7 +127,8 @@ class HubClient:
             if not _valid_repo_id(info.id):
                 unlisted += 1  # an id this server would refuse to open is not offered
                 continue
-            tags = [t for t in (info.tags or []) if isinstance(t, str) and len(t) <= 100][:TAGS_SHOWN]
+            listed = info.tags if isinstance(info.tags, list) else []
+            tags = [t for t in listed if isinstance(t, str) and len(t) <= 100][:TAGS_SHOWN]
             repos.append(
                 {
                     "repo_id": info.id,
