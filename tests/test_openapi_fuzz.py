@@ -3,7 +3,8 @@
 The document lists every route of the host and of each installed plugin
 (``tests/test_openapi_document.py`` holds it to the app's router), so every route
 is fuzzed: the OpenAI endpoints and the management ones (models, steering,
-profiles, SAEs, probes). Each route documents only the statuses it can return,
+profiles, SAEs, probes); Browse Hub's, which depend on the Hub answering, in
+``plugins/probes/tests/test_hub.py`` against a local one. Each route documents only the statuses it can return,
 so ``status_code_conformance`` catches a refusal the document does not list.
 
 Every built-in check runs but ``positive_data_acceptance``: the document cannot
@@ -32,7 +33,9 @@ def openapi(tiny_server):
     return schemathesis.openapi.from_url(f"{tiny_server.base_url}/openapi.json")
 
 
-schema = schemathesis.pytest.from_fixture("openapi")
+# Browse Hub's routes answer 502/504 when the Hub is down, and huggingface.co is out of reach here:
+# plugins/probes/tests/test_hub.py fuzzes them the same way against a working local Hub.
+schema = schemathesis.pytest.from_fixture("openapi").exclude(path_regex="^/api/probes/hub/")
 
 
 @schema.parametrize()

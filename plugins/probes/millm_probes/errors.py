@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from millm_host.api import MillmError
+from millm_host.api import SERVER_ERROR, MillmError
 
 
 class InvalidDefinition(MillmError):
@@ -58,3 +58,30 @@ class GateRefused(MillmError):
 def mismatch_message(mismatches: list[dict[str, Any]]) -> str:
     """``field (probe X, model Y); ...`` for every mismatched identity field."""
     return "; ".join(f"{m['field']} (probe {m['probe']!r}, model {m['model']!r})" for m in mismatches)
+
+
+# --- Browse Hub (hub.py): the Hub is an upstream, so its failures are gateway errors ---------
+class HubNotFound(MillmError):
+    status, code, type = 404, "hub_not_found", "not_found_error"
+
+
+class HubUnavailable(MillmError):
+    """The Hub could not be reached, failed, or answered something not shaped like the Hub API."""
+
+    status, code, type = 502, "hub_unavailable", SERVER_ERROR
+
+
+class HubResponseTooLarge(MillmError):
+    status, code, type = 502, "hub_response_too_large", SERVER_ERROR
+
+
+class HubTimeout(MillmError):
+    status, code, type = 504, "hub_timeout", SERVER_ERROR
+
+
+class HubNotConfigured(MillmError):
+    status, code, type = 503, "hub_not_configured", SERVER_ERROR
+
+
+class HubBusy(MillmError):
+    status, code, type = 503, "hub_busy", SERVER_ERROR

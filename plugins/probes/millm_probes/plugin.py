@@ -13,7 +13,7 @@ from typing import Any
 
 from millm_host.api import hookimpl
 
-from . import capacity_store, live, routes, sessions, set_routes, store
+from . import capacity_store, hub_routes, live, routes, sessions, set_routes, store
 from .converge import Converger
 from .retention import Retention
 from .runtime import Runtime
@@ -38,7 +38,7 @@ def _start(host: Any) -> Runtime:
 
 @hookimpl
 def register_settings(register) -> None:
-    """PROBE_MAX_ARMED, PROBE_VERDICT_HEADER_MAX_BYTES, PROBE_SCORE_MAX_INPUTS, PROBE_SAE_DIR, PROBE_OVERHEAD_WARN_MS."""
+    """PROBE_MAX_ARMED, PROBE_VERDICT_HEADER_MAX_BYTES, PROBE_SCORE_MAX_INPUTS, PROBE_SAE_DIR, the budget, the Hub."""
     for setting in SETTINGS:
         register(setting)
     for setting in SESSION_SETTINGS:  # PROBE_SESSION_IDLE_MINUTES, PROBE_TRANSCRIPTS, retention, the feed
@@ -58,6 +58,7 @@ def register_routes(host, add_route) -> None:
     runtime = _start(host)
     routes.install(runtime, add_route)
     set_routes.install(runtime, add_route)  # behaviour sets and each model's Probe capacity
+    hub_routes.install(runtime, add_route)  # Browse Hub
 
 
 @hookimpl

@@ -33,4 +33,12 @@ SETTINGS = (
         True,
         "While a probe is armed, serve requests serially (takes effect with continuous batching)",
     ),
+    # Browse Hub (hub.py): anonymous, read-only
+    Setting(
+        "PROBE_HUB_ENDPOINT",
+        str,
+        "https://huggingface.co",
+        "The Hugging Face Hub that Browse Hub searches and imports from (read anonymously)",
+    ),
+    Setting("PROBE_HUB_TIMEOUT_S", float, 10.0, "Longest one Browse Hub read of the Hub may take, in seconds"),
 )

@@ -13,6 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from millm_host.api import operation
 
+from . import verdicts
 from .api_client import Api, NeedsKey
 
 Loader = Callable[..., Awaitable[dict[str, Any]]]
@@ -36,6 +37,9 @@ ENV = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+
+
+ENV.globals.update(decided=verdicts.decided, verdict_word=verdicts.verdict_word)
 
 
 def render(template: str, **context: Any) -> str:

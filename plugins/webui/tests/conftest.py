@@ -138,10 +138,9 @@ def ui_env():
     return env
 
 
-@pytest.fixture(scope="session")
-def lab(ui_model_dir) -> Any:
-    """The probes plugin's own test reference (``Lab`` in its tests' conftest): probe documents whose test
-    vectors come from transformers and the FORMATS.md math, never from the plugin's code."""
+def probe_lab(model_dir: Path) -> Any:
+    """The probes plugin's own test reference (``Lab`` in its tests' conftest) on ``model_dir``: probe
+    documents whose test vectors come from transformers and the FORMATS.md math, never from the plugin."""
     import importlib.util
 
     path = REPO / "plugins" / "probes" / "tests" / "conftest.py"
@@ -149,4 +148,4 @@ def lab(ui_model_dir) -> Any:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.Lab(ui_model_dir)
+    return module.Lab(model_dir)

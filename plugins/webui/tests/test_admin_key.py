@@ -26,14 +26,15 @@ def test_pages_need_the_admin_key(server, ui_page):
 
     page.page.click("#needs-key button")
     page.page.fill("#key-form input[name=key]", "user-key")  # a /v1 key opens no page
-    page.page.click("#key-form button[value=save]")
-    page.page.wait_for_load_state("load")
+    with page.page.expect_navigation():  # the form reloads the page; wait for that one, not the last
+        page.page.click("#key-form button[value=save]")
     assert page.page.locator("#needs-key").is_visible()
 
     page.page.click("#key-button")
     page.page.fill("#key-form input[name=key]", ADMIN)
     page.page.click("#key-form button[value=save]")
-    page.page.locator("section.model", has_text="probe-llama").wait_for()
+    # the page's data, then its scripts: ui.js marks the key button once the document is parsed
+    page.settled(page.page.locator("section.model", has_text="probe-llama"))
     assert page.page.locator("#key-button").inner_text() == "Admin key ✓"
     page.shot("with-key")
 

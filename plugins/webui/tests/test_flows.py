@@ -1,6 +1,9 @@
-"""The operator's flows in a real browser against one real server, in order: load the model, import
-a probe, arm its behaviour through the dialog, see a chat's verdict arrive live, open the event detail,
-read the session timeline and transcript, delete the session.
+"""The operator's flows in a real browser against one real server on the default model
+(SmolLM2-135M-Instruct, the transformers engine), in order: load the model from the Models page,
+import a probe made for it, arm its behaviour through the dialog, see a chat's verdict arrive live,
+open the event detail, read the session timeline and transcript, delete the session; rule sets,
+steering, clusters and circuits; Browse Hub (a local Hub, ``LocalHub``); a partial set; a restart and
+the one-click re-arm.
 
 Names and text the server returns are hostile markup: the page must show them as text (a script that
 ran would open a dialog, which fails the test)."""
@@ -13,26 +16,92 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from millm_host.default_model import default_model_path
+from millm_host.testing import shared_cache_dir
+from millm_host.testing.hub import LocalHub
+
+from .conftest import probe_lab
+
 HOSTILE = '<img src=x onerror="alert(1)">'
 SESSION = f"ui {HOSTILE}"
 PROMPT = f"Tell me about {HOSTILE} please"
 BEHAVIOUR = "stakes<b>"
+HUB_REPO = "mistudio/high-stakes-probes"
+HUB_BEHAVIOUR = "high-stakes"
+HUB_TAG = "mistudio-probe-definition"
 
 
 @pytest.fixture(scope="module")
-def sae_root(tmp_path_factory, lab):
-    """Where the server may read SAEs: one SAELens directory on layer 1, one on layer 2."""
-    root = tmp_path_factory.mktemp("ui-saes")
-    lab.make_sae(root, "sae-ui", layer=1, d_sae=96)
-    lab.make_sae(root, "sae-ui2", layer=2, d_sae=96, seed=1)
-    return root
+def hub(tmp_path_factory):
+    """A local Hugging Face Hub (its repos are written once the model is loaded: they are made for it)."""
+    local = LocalHub(tmp_path_factory.mktemp("ui-hub")).start()
+    yield local
+    local.stop()
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, ui_model_dir, ui_env, sae_root):
-    """The tiny model, found but not loaded: the first flow loads it from the Models page."""
-    env = ui_env(MILLM_LOAD_ON_START="false", PROBE_TRANSCRIPTS="true", MILLM_SAE_DIRS=str(sae_root))
-    return server_factory(ui_model_dir, env=env, wait_for=None)
+def sae_root(tmp_path_factory):
+    """Where the server may read SAEs (written for the model once it is loaded)."""
+    return tmp_path_factory.mktemp("ui-saes")
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, ui_env, sae_root, hub):
+    """The default model, found but not loaded: the first flow loads it from the Models page."""
+    env = ui_env(
+        MILLM_LOAD_ON_START="false",
+        PROBE_TRANSCRIPTS="true",
+        MILLM_SAE_DIRS=str(sae_root),
+        PROBE_HUB_ENDPOINT=hub.url,
+    )
+    return server_factory(env=env, wait_for=None)
+
+
+def api(server) -> httpx.Client:
+    return httpx.Client(base_url=server.base_url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def identity(server) -> dict:
+    """The resident model's identity (loaded here when a test runs without the first flow)."""
+    with api(server) as http:
+        model_id = http.get("/api/models").json()["data"][0]["id"]
+        if http.get("/api/health").json()["status"] != "ok":
+            http.post(f"/api/models/{model_id}/load").raise_for_status()
+        return http.get(f"/api/models/{model_id}").json()
+
+
+@pytest.fixture(scope="module")
+def lab(identity):
+    """The reference on the float32 checkpoint the server converted the bundled GGUF into."""
+    from millm_engine_transformers.loader import gguf_cache_dir
+
+    return probe_lab(gguf_cache_dir(shared_cache_dir() / "model-cache", default_model_path()))
+
+
+@pytest.fixture(scope="module")
+def saes(lab, sae_root):
+    """One SAELens directory on layer 1, one on layer 2, for the model's width."""
+    lab.make_sae(sae_root, "sae-ui", layer=1, d_sae=96)
+    lab.make_sae(sae_root, "sae-ui2", layer=2, d_sae=96, seed=1)
+    return sae_root
+
+
+@pytest.fixture(scope="module")
+def hub_repos(hub, lab, identity) -> dict:
+    """A tagged repo of four probes of one behaviour; its manifest states the rung of three of them."""
+    docs = {
+        f"hs-{i}": lab.definition(
+            identity, name=f"hs-{i}", behaviour=HUB_BEHAVIOUR, layer=3, rung=2, seed=20 + i, rule=rule
+        )
+        for i, rule in ((1, "mean"), (2, "max"), (3, "last"), (4, "mean"))
+    }
+    manifest = {"definitions": [{"filename": f"hs-{i}.probe.json", "rung": 2} for i in (1, 2, 3)]}
+    files = {f"{name}.probe.json": json.dumps(doc) for name, doc in docs.items()}
+    hub.add_repo(HUB_REPO, {**files, "manifest.json": json.dumps(manifest)}, tags=[HUB_TAG])
+    hub.add_repo("acme/other-probes", {"other.probe.json": json.dumps(docs["hs-4"])}, tags=[HUB_TAG])
+    hub.add_repo("acme/not-probes", {"weights.bin": b"\0"}, tags=["text-generation"])
+    return docs
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +109,27 @@ def state() -> dict:
     return {}
 
 
-def api(server) -> httpx.Client:
-    return httpx.Client(base_url=server.base_url, timeout=120)
-
-
-def test_load_the_model_from_the_models_page(server, ui_page, ui_model_dir):
-    """The probes' model (the bundled default runs on llama.cpp, where probes have no hook)."""
+def test_load_the_default_model_from_the_models_page(server, ui_page):
+    """The bundled default, on the transformers engine (its cached float32 checkpoint), with its progress."""
     page = ui_page(server)
     page.goto("/ui/models")
-    card = page.page.locator("section.model", has_text="probe-llama")
+    card = page.page.locator("section.model", has_text="SmolLM2-135M-Instruct")
     assert card.locator(".badge").inner_text() == "READY"
+    assert "transformers" in card.inner_text()
     page.shot("before-load")
     card.locator("button.load").click()
-    card.locator(".badge.state-loaded").wait_for(timeout=120_000)
+    # the load progress, read from /api/health while the load runs
+    page.page.wait_for_function(
+        "document.getElementById('server-status').textContent === 'loading'"
+        " && document.getElementById('load-progress').textContent !== ''",
+        timeout=60_000,
+    )
+    page.shot("loading")
+    card.locator(".badge.state-loaded").wait_for(timeout=300_000)
+    page.page.wait_for_load_state("load")
     assert page.page.locator("#server-status").inner_text() == "ok"
+    card = page.page.locator("section.model", has_text="SmolLM2-135M-Instruct")
+    assert "30 layers × 576" in card.inner_text() and "float32" in card.inner_text()
     capacity = card.locator("details.capacity")
     assert "Probe capacity" in capacity.inner_text()
     bars = capacity.locator(".bar[role=meter]")
@@ -62,10 +138,7 @@ def test_load_the_model_from_the_models_page(server, ui_page, ui_model_dir):
     page.shot("loaded")
 
 
-def test_import_a_probe(server, ui_page, state, lab):
-    with api(server) as http:
-        model_id = http.get("/api/health").json()["model"]
-        identity = http.get(f"/api/models/{model_id}").json()
+def test_import_a_probe(server, ui_page, state, lab, identity):
     doc = lab.definition(identity, name=f"mean {HOSTILE}", behaviour=BEHAVIOUR, threshold=-1e9, rung=1, seed=11)
     page = ui_page(server)
     page.goto("/ui/probes")
@@ -224,6 +297,7 @@ def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
     recorded = page.page.locator("#rule-results tr[data-result]")
     assert recorded.count() >= 1
     assert "pii" in recorded.first.inner_text() and BEHAVIOUR in recorded.first.inner_text()
+    assert "fired · count 1" in recorded.first.inner_text()  # a rule's fires and count (it has no verdict)
     assert "someone@example.com" not in page.page.content()  # results, never the text
     page.shot("rule-sets")
 
@@ -239,10 +313,10 @@ CLUSTER = {
 }
 
 
-def test_register_an_sae_and_dial_a_cluster(server, ui_page, sae_root):
+def test_register_an_sae_and_dial_a_cluster(server, ui_page, saes):
     page = ui_page(server)
     page.goto("/ui/steering")
-    page.page.fill("#register-sae input[name=path]", str(sae_root / "sae-ui"))
+    page.page.fill("#register-sae input[name=path]", str(saes / "sae-ui"))
     page.page.fill("#register-sae input[name=sae_id]", "sae-ui")
     page.page.click("#register-sae button")
     row = page.settled(page.page.locator('#saes tr[data-sae="sae-ui"]'))
@@ -273,7 +347,7 @@ def test_register_an_sae_and_dial_a_cluster(server, ui_page, sae_root):
     page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Activate").wait_for()
 
 
-def test_import_a_circuit_and_read_its_rung(server, ui_page, sae_root):
+def test_import_a_circuit_and_read_its_rung(server, ui_page, saes):
     doc = {
         "format": "mi.circuit/v1",
         "circuit_id": "crc_ui",
@@ -286,7 +360,7 @@ def test_import_a_circuit_and_read_its_rung(server, ui_page, sae_root):
         ],
     }
     with api(server) as http:  # registered, not attached: the circuit steers only its layer-1 member
-        http.post("/api/saes", json={"path": str(sae_root / "sae-ui2"), "sae_id": "sae-ui2"}).raise_for_status()
+        http.post("/api/saes", json={"path": str(saes / "sae-ui2"), "sae_id": "sae-ui2"}).raise_for_status()
     page = ui_page(server)
     page.goto("/ui/circuits")
     page.page.fill("#circuit-document", json.dumps(doc))
@@ -301,3 +375,142 @@ def test_import_a_circuit_and_read_its_rung(server, ui_page, sae_root):
     assert "sae-ui at layer 1 (1 features)" in steers and "layer 2" not in steers
     assert "X-miLLM-Circuit-Rung: 1" in steers
     page.shot("circuit")
+
+
+def search_the_hub(page, words: str = "") -> None:
+    page.page.fill("#hub-search input[name=q]", words)
+    page.page.click("#hub-search button")
+
+
+def open_hub_repo(page, repo_id: str):
+    search_the_hub(page, "stakes")
+    repo = page.page.locator(f'#hub-repos li[data-repo="{repo_id}"]')
+    repo.locator("button.hub-open").click()
+    repo.locator("table.hub-files").wait_for()
+    return repo
+
+
+def test_browse_the_hub_and_import_one_definition(server, ui_page, hub, hub_repos):
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    assert "Anonymous and read-only" in page.page.locator("#browse-hub").inner_text()
+
+    hub.fault = "error"  # a Hub that is down: the page says so in the API's words, and the server serves on
+    page.expected_statuses.add(502)
+    try:
+        search_the_hub(page)
+        page.page.locator("#hub-error", has_text="hub_unavailable").wait_for()
+        assert "answered HTTP 503" in page.page.locator("#hub-error").inner_text()
+        page.shot("hub-down")
+    finally:
+        hub.fault = None
+    page.expected_statuses.discard(502)
+
+    search_the_hub(page)
+    page.page.locator("#hub-repos li[data-repo]").first.wait_for()
+    listed = page.page.locator("#hub-repos li[data-repo]").evaluate_all("items => items.map(i => i.dataset.repo)")
+    assert listed == ["acme/other-probes", HUB_REPO]  # tagged repos only
+    search_the_hub(page, "nothing-like-this")
+    page.page.locator("#hub-repos li", has_text=f"No repos tagged {HUB_TAG} matched.").wait_for()
+
+    repo = open_hub_repo(page, HUB_REPO)
+    assert "Rungs as the repo's manifest states them." in repo.inner_text()
+    rungs = {
+        row.get_attribute("data-filename"): row.locator("td.rung").inner_text()
+        for row in repo.locator("tr[data-filename]").all()
+    }
+    assert rungs == {
+        "hs-1.probe.json": "rung 2: detects on unseen tasks",
+        "hs-2.probe.json": "rung 2: detects on unseen tasks",
+        "hs-3.probe.json": "rung 2: detects on unseen tasks",
+        "hs-4.probe.json": "rung not stated",  # not in the manifest: never shown as 0
+    }
+    page.shot("hub-repo")
+    repo.locator('tr[data-filename="hs-1.probe.json"] button[data-hub-import]').click()
+    group = page.settled(page.page.locator(f'section.behaviour[data-behaviour="{HUB_BEHAVIOUR}"]'))
+    assert "hs-1" in group.inner_text() and "rung 2: detects on unseen tasks" in group.inner_text()
+    with api(server) as http:
+        (probe,) = [p for p in http.get("/api/probes").json()["data"] if p["name"] == "hs-1"]
+        stored = http.get(f"/api/probes/{probe['id']}/definition").content
+    assert stored == (hub.root / HUB_REPO / "hs-1.probe.json").read_bytes()  # verbatim, from the listed commit
+    assert any(f"/resolve/{hub.commit(HUB_REPO)}/hs-1.probe.json" in r["path"] for r in hub.requests)
+    assert not any("authorization" in {k.lower() for k in r["headers"]} for r in hub.requests)  # anonymous
+    page.shot("hub-imported")
+
+
+def test_a_partial_set_names_the_missing_probe(server, ui_page, hub, hub_repos, state):
+    """Three of the behaviour's probes armed, a fourth imported later: "partial: 3 of 4 armed", naming it."""
+    with api(server) as http:
+        for name in ("hs-2", "hs-3"):
+            body = {"repo_id": HUB_REPO, "filename": f"{name}.probe.json"}
+            assert http.post("/api/probes/hub/import", json=body).status_code == 201
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    group = page.page.locator(f'section.behaviour[data-behaviour="{HUB_BEHAVIOUR}"]')
+    group.locator("button[data-arm]").click()
+    dialog = page.page.locator("#arm-dialog")
+    dialog.locator("#arm-gates li").first.wait_for()
+    assert not dialog.locator("#arm-ack-block").is_visible()  # rung 2: no acknowledgement asked
+    assert dialog.locator("#arm-gates li.ok").count() == 3
+    dialog.locator("#arm-confirm").click()
+    badge = f'section.behaviour[data-behaviour="{HUB_BEHAVIOUR}"] .badge.state'
+    page.page.wait_for_selector(f'{badge}:text-is("armed")')
+
+    repo = open_hub_repo(page, HUB_REPO)
+    repo.locator('tr[data-filename="hs-4.probe.json"] button[data-hub-import]').click()
+    page.settled(page.page.locator(f'{badge}:has-text("partial")'))
+    with api(server) as http:
+        probes = {p["name"]: p for p in http.get("/api/probes").json()["data"]}
+        armed_at = {n: http.get(f"/api/probes/{probes[n]['id']}").json().get("armed_at") for n in ("hs-1", "hs-2")}
+    missing = probes["hs-4"]["id"]
+    group = page.page.locator(f'section.behaviour[data-behaviour="{HUB_BEHAVIOUR}"]')
+    assert group.locator(".badge.state").inner_text() == f"partial: 3 of 4 armed, missing hs-4 ({missing})"
+    assert f"missing {missing}" in group.inner_text()
+    assert "disarmed" in group.locator(f'tr[data-probe="{missing}"]').inner_text()
+    page.shot("partial")
+
+    group.locator("button[data-arm]").click()  # arming again arms only the missing one
+    dialog.locator("#arm-gates li").first.wait_for()
+    assert "already armed" in dialog.locator("#arm-gates").inner_text()
+    dialog.locator("#arm-confirm").click()
+    page.page.wait_for_selector(f'{badge}:text-is("armed")')
+    assert "4 of 4 armed" in page.page.locator(f'section.behaviour[data-behaviour="{HUB_BEHAVIOUR}"]').inner_text()
+    with api(server) as http:
+        assert all(http.get(f"/api/probes/{p['id']}").json()["armed"] for n, p in probes.items() if n.startswith("hs-"))
+        for name, when in armed_at.items():  # the three already armed were left as they were
+            assert http.get(f"/api/probes/{probes[name]['id']}").json().get("armed_at") == when
+    state["hub_probes"] = [p["id"] for n, p in probes.items() if n.startswith("hs-")]
+
+
+def test_after_a_restart_the_armed_behaviours_come_back_with_one_click(server, ui_page, state):
+    """The same data directory, the model loaded at start: every probe is disarmed, and the page names
+    the behaviours that were armed. At rung 2 one click arms it; below, the click opens the dialog."""
+    server.env["MILLM_LOAD_ON_START"] = "true"
+    server.wait_for = "ok"
+    server.restart()
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    rearm = page.page.locator("#rearm")
+    assert "Armed before the model was unloaded or the server restarted" in rearm.inner_text()
+    buttons = rearm.locator("button.rearm").all_inner_texts()
+    assert sorted(buttons) == sorted([f"Arm {HUB_BEHAVIOUR} again", f"Arm {BEHAVIOUR} again"])
+    badge = f'section.behaviour[data-behaviour="{HUB_BEHAVIOUR}"] .badge.state'
+    assert page.page.locator(badge).inner_text() == "disarmed"
+    page.shot("rearm-offered")
+
+    rearm.locator("button", has_text=f"Arm {HUB_BEHAVIOUR} again").click()  # one click
+    page.settled(page.page.locator(f'{badge}:text-is("armed")'))
+    with api(server) as http:
+        assert all(http.get(f"/api/probes/{pid}").json()["armed"] for pid in state["hub_probes"])
+
+    page.page.locator("#rearm button", has_text=f"Arm {BEHAVIOUR} again").click()  # rung 1: the dialog
+    dialog = page.page.locator("#arm-dialog")
+    dialog.locator("#arm-gates li").first.wait_for()
+    assert dialog.locator("#arm-ack-block").is_visible()
+    dialog.locator("#arm-ack").fill("still watching the UI tests")
+    dialog.locator("#arm-confirm").click()
+    page.page.wait_for_selector(f'section.behaviour[data-behaviour="{BEHAVIOUR}"] .badge.state:text-is("armed")')
+    assert page.page.locator("#rearm").count() == 0  # nothing is left to bring back
+    with api(server) as http:
+        assert http.get(f"/api/probes/{state['probe_id']}").json()["armed"] is True
+    page.shot("rearmed")

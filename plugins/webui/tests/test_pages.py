@@ -109,6 +109,10 @@ def test_names_are_escaped():
         ([{"verdict": True}, {"verdict": False}], "fired"),
         ([{"verdict": False}], "quiet"),
         ([{"verdict": None}], "error"),
+        # a rule result carries fires and a count, never a verdict; pending (fires null) is not judged
+        ([{"verdict": False}, {"kind": "rule", "fires": False, "count": 0}], "quiet"),
+        ([{"verdict": False}, {"kind": "rule", "fires": True, "count": 2}], "fired"),
+        ([{"verdict": False}, {"kind": "rule", "fires": None, "count": 0, "outcome": "skipped"}], "error"),
     ],
 )
 def test_a_timeline_cell_is_coloured_by_its_verdicts(results, colour):

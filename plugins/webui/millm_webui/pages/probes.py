@@ -1,4 +1,4 @@
-"""``/ui/probes``: Probe Monitors. Import a definition; behaviour groups with Arm (the dialog with the
+"""``/ui/probes``: Probe Monitors. Import a definition or Browse Hub (``static/hub.js``); behaviour groups with Arm (the dialog with the
 gates and, below rung 2, the acknowledgement), Dry run and Disarm; each probe's results (N results ·
 M fired, filters for fired verdicts and one window) with a score histogram against its threshold.
 Nothing here shows prompt or reply text: that is only on the event detail page."""
@@ -49,11 +49,18 @@ async def load(api, req) -> dict[str, Any]:
     by_behaviour: dict[str | None, list[dict[str, Any]]] = {}
     for probe in probes:
         by_behaviour.setdefault(probe["behaviour"], []).append(probe)
+    # The lowest rung of each behaviour's members: below 2, arming asks for the acknowledgement.
+    min_rungs = {
+        key: min((p["rung"] for p in members if isinstance(p.get("rung"), int)), default=0)
+        for key, members in by_behaviour.items()
+        if key is not None
+    }
     return {
         "probes": probes,
         "groups": behaviours["data"],
         "rearm": behaviours.get("rearm", []),
         "by_behaviour": by_behaviour,
+        "min_rungs": min_rungs,
         "status": status,
         "quiet": quiet,
         "results": results,

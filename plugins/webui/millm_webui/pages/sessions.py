@@ -8,15 +8,18 @@ from typing import Any
 from urllib.parse import quote
 
 from ..render import Page
+from ..verdicts import decided
 
 
 def cell_verdict(results: list[dict[str, Any]]) -> str:
-    """One cell's colour: fired if any result fired, quiet if every one was judged and none fired."""
+    """One cell's colour: fired if any result (a probe's or a rule's) fired, quiet if every one was
+    judged and none fired, error when some result was not judged."""
     if not results:
         return "none"
-    if any(r.get("verdict") is True for r in results):
+    decisions = [decided(r) for r in results]
+    if any(d is True for d in decisions):
         return "fired"
-    if all(r.get("verdict") is False for r in results):
+    if all(d is False for d in decisions):
         return "quiet"
     return "error"
 

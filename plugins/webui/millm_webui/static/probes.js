@@ -103,10 +103,11 @@
     const button = event.target.closest("button");
     if (!button) return;
     if (button.dataset.arm) {
-      const group = button.closest("[data-behaviour]");
+      // a group's Arm, or "Arm … again" after a restart: the lowest rung is on the button or its group
+      const holder = button.dataset.minRung !== undefined ? button : button.closest("[data-behaviour]");
       const key = button.dataset.arm;
       const url = `/api/probes/behaviours/${encodeURIComponent(key)}/arm`;
-      openArm(key, url, Number(group.dataset.minRung) < 2, url);
+      openArm(key, url, Number(holder.dataset.minRung) < 2, url);
     } else if (button.dataset.armProbe) {
       const id = button.dataset.armProbe;
       openArm(id, `/api/probes/${encodeURIComponent(id)}/arm`, Number(button.dataset.rung) < 2, null);
@@ -128,9 +129,11 @@
   const state = document.getElementById("feed-state");
   const live = document.getElementById("live-verdicts");
 
+  // As verdicts.py says it: a probe's verdict, or a rule's fires and count (a rule carries no verdict).
   function verdictWord(r) {
-    if (r.verdict === true) return "fired";
-    if (r.verdict === false) return "quiet";
+    if (r.kind === "rule" && typeof r.fires === "boolean") return r.fires ? `fired · count ${r.count}` : "not fired";
+    if (r.kind !== "rule" && r.verdict === true) return "fired";
+    if (r.kind !== "rule" && r.verdict === false) return "quiet";
     return `${r.outcome}${r.reason ? ": " + r.reason : ""}`;
   }
 

@@ -62,8 +62,13 @@ async function watchProgress(until) {
   while (!until.done) {
     const answer = await api("GET", "/api/health");
     if (answer.ok && answer.data) {
-      if (status) { status.textContent = answer.data.status; status.dataset.status = answer.data.status; }
-      if (progress) progress.textContent = answer.data.progress || "";
+      const health = answer.data;
+      if (status) { status.textContent = health.status; status.dataset.status = health.status; }
+      if (progress) progress.textContent = health.progress ? `· ${health.progress}` : "";
+      // the card of the model being loaded says so until the page reloads with its new state
+      const badge = health.status === "loading" && health.model &&
+        document.querySelector(`section.model[data-model="${CSS.escape(health.model)}"] h2 .badge`);
+      if (badge) { badge.textContent = "LOADING"; badge.className = "badge state-loading"; }
     }
     await new Promise((resolve) => setTimeout(resolve, 500));
   }
