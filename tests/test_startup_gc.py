@@ -27,6 +27,7 @@ def held() -> Iterator[None]:
     finally:
         gcpause.end_startup()
         gc.enable()
+        gc.unfreeze()  # the start-up froze this test process's objects too
 
 
 def test_the_collector_is_back_on_once_the_start_model_is_loaded(held, tmp_path):
@@ -34,6 +35,41 @@ def test_the_collector_is_back_on_once_the_start_model_is_loaded(held, tmp_path)
     with AppServer(tmp_path) as app:
         assert app.health()["status"] == "ok"
         assert gc.isenabled()
+
+
+def test_the_start_up_load_freezes_without_a_full_collection(held, tmp_path):
+    """A full pass over everything the start-up imported is what the hold saves; the load only freezes."""
+    full: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    gc.callbacks.append(count)
+    try:
+        with AppServer(tmp_path) as app:
+            assert app.health()["status"] == "ok"
+            assert gc.get_freeze_count() > 0
+    finally:
+        gc.callbacks.remove(count)
+    assert full == []
+
+
+def test_a_later_load_collects_before_it_freezes(tmp_path):
+    with AppServer(tmp_path, models={"echo": {}, "echo-2": {}}) as app:
+        full: list[int] = []
+
+        def count(phase: str, info: dict) -> None:
+            if phase == "start" and info["generation"] == 2:
+                full.append(1)
+
+        gc.callbacks.append(count)
+        try:
+            app.http().post("/api/models/echo-2/load").raise_for_status()
+        finally:
+            gc.callbacks.remove(count)
+        assert full
+    gc.unfreeze()
 
 
 def test_the_collector_is_back_on_when_no_model_loads_on_start(held, tmp_path):
