@@ -128,9 +128,12 @@ engine = entry.spec.load(entry.descriptor, settings, lambda message: mark(f"load
 mark("load: weights, then the engine (its tokenizer copy, layers)")
 hookcalls.lifecycle(pm, "model_loaded", host=host, engine=engine)
 mark("model_loaded hooks")
-gc.collect()
-gc.freeze()
-mark("gc.collect + gc.freeze (the registry's, after every load)")
+if hold:
+    gcpause.freeze_survivors()  # the registry's, after the start-up's load: a freeze
+else:
+    gc.collect()  # as it was before the hold: collect, then freeze
+    gc.freeze()
+mark("after the load: the registry's freeze (collector on: collect first)")
 print("PHASES " + json.dumps(marks))
 """
 
@@ -188,7 +191,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def served(env: dict[str, str], log: Path) -> dict[str, float]:
+def served(root: Path, env: dict[str, str], log: Path) -> dict[str, float]:
     """A new ``millm serve``: seconds to its first answer, to ``/api/health/ready`` 200, CPU to then, and
     the seconds of the first and second one-token completions after ready."""
     port = free_port()
@@ -196,7 +199,8 @@ def served(env: dict[str, str], log: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "millm_host.cli", "serve", "--port", str(port)]
     with open(log, "wb") as out:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # cwd: ``python -m`` puts the working directory first on sys.path, before PYTHONPATH
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     figures: dict[str, float] = {}
     try:
         with httpx.Client(timeout=60) as http:
@@ -236,7 +240,7 @@ def phases(env: dict[str, str], data_dir: Path, hold: str, importtime: bool = Fa
     flags = ["-X", "importtime"] if importtime else []
     args = [str(time.time()), str(CACHE), str(data_dir), hold]
     return subprocess.run(
-        [sys.executable, *flags, "-c", PHASES, *args], check=True, capture_output=True, text=True, env=env
+        [sys.executable, *flags, "-c", PHASES, *args], cwd=REPO, check=True, capture_output=True, text=True, env=env
     )
 
 
@@ -282,15 +286,15 @@ def main() -> None:
     envs = {name: environ(root, work / slug(name), args.as_is) for name, root in trees.items()}
     loads = [load_average()]
 
-    for env in envs.values():  # not timed: converts the model if needed, creates the database, writes bytecode
-        served(env, work / "untimed.log")
+    for name, env in envs.items():  # not timed: converts the model if needed, creates the database, writes bytecode
+        served(trees[name], env, work / "untimed.log")
     baseline(folder, envs["this tree"])
     bare: list[tuple[float, float]] = []
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in envs}
     for _ in range(args.runs):
         bare.append(baseline(folder, envs["this tree"]))
         for name, env in envs.items():
-            runs[name].append(served(env, work / f"{slug(name)}.log"))
+            runs[name].append(served(trees[name], env, work / f"{slug(name)}.log"))
     loads.append(load_average())
     median = statistics.median
 
