@@ -15,7 +15,7 @@ import falcon.asgi
 import pluggy
 from pydantic import BaseModel
 
-from . import hookcalls
+from . import gcpause, hookcalls
 from .access import Access
 from .admission import Admission, engine_slot
 from .batch.runner import BatchRunner
@@ -174,6 +174,13 @@ class Host:
         hookcalls.startup(self.pm, "startup", host=self)
 
     async def load_start_model(self) -> None:
+        """Load the start model; then the start-up is over and the garbage collector runs again."""
+        try:
+            await self._load_start_model()
+        finally:
+            gcpause.end_startup()
+
+    async def _load_start_model(self) -> None:
         entry = self.registry.start_model
         if entry is None or not self.settings["MILLM_LOAD_ON_START"]:
             return

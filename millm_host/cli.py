@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 
+from . import gcpause
 from .plugins import build_plugin_manager
 from .settings import Settings
 
@@ -48,6 +49,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    gcpause.hold_startup()  # until the start model is loaded (Host.load_start_model): see gcpause
     # The port first: a second server on a busy port fails at once, before loading anything.
     try:
         sock = _bind(args.host, args.port)

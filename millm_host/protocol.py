@@ -11,18 +11,15 @@ registry can report or refuse them; plugins validate their own fields.
 from __future__ import annotations
 
 import codecs
-import contextlib
-import gc
 import json
 import math
 import re
-import threading
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from . import gcpause
 from .errors import InvalidParameter, MillmError
 from .jsonslices import SLICE, TooDeep, loads_in_slices
 
@@ -314,7 +311,7 @@ def parse_json_body(raw: bytes, max_depth: int) -> dict[str, Any]:
     """
     text = _decoded(raw)
     try:
-        with _gc_paused():
+        with gcpause.paused():
             body = loads_in_slices(text, _BODY_DECODER, max_depth)
     except json.JSONDecodeError as exc:
         raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} (character {exc.pos})") from None
@@ -391,35 +388,6 @@ def _encodable(text: str) -> bool:
     return True
 
 
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold off the cyclic garbage collector while the C parser builds a body.
-
-    A 4 MiB body of small arrays is over a million new containers; left on, the
-    collector runs repeated full passes over the whole heap meanwhile (seconds
-    here, with the GIL held, so the event loop stalls too). Counted, so parses
-    on several threads at once restore the collector only when the last ends.
-    """
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
-
-
 def refuse_long_chat(body: dict[str, Any], limit: int) -> None:
     """A 400 for more than ``limit`` messages, or content parts in one message, before any is built."""
     messages = body.get("messages")
@@ -436,7 +404,7 @@ def refuse_long_chat(body: dict[str, Any], limit: int) -> None:
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:
     """Validate ``body`` against ``model``; the first error names its parameter."""
     try:
-        with _gc_paused():  # a long chat builds a model a message: collector passes would hold the GIL
+        with gcpause.paused():  # a long chat builds a model a message: collector passes would hold the GIL
             return model.model_validate(_messages_validated_in_slices(model, body))
     except ValidationError as exc:
         raise _invalid(exc) from None

@@ -1,5 +1,8 @@
 """Loading checkpoints: HF directories directly, .gguf files through a cached conversion.
 
+A plain safetensors checkpoint is assigned straight to its model (``direct_load``);
+anything else goes through ``from_pretrained``.
+
 transformers dequantizes a .gguf file on every load (tens of seconds on a CPU).
 The first load saves the result as a safetensors checkpoint in the cache
 directory, keyed by the file's path, size and mtime; later loads read that.
@@ -17,6 +20,8 @@ import torch
 import transformers
 
 from millm_host.api import ModelDescriptor, save_atomically
+
+from . import direct_load
 
 log = logging.getLogger("millm.engine.transformers")
 
@@ -93,9 +98,12 @@ def load_model(
     device = choose_device(settings["MILLM_DEVICE"])
     config = transformers.AutoConfig.from_pretrained(folder)
     dtype = choose_dtype(settings["MILLM_DTYPE"], device, config)
-    progress(f"loading tokenizer and weights ({dtype}, {device})")
+    progress(f"reading the tokenizer ({dtype}, {device})")
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    progress("reading the weights")
+    model = direct_load.load(folder, config, dtype)
+    if model is None:
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.to(device)
     model.eval()
     return model, tokenizer, device, dtype
