@@ -38,6 +38,7 @@ class Capture:
         self._slots = {point: _Point() for point in self.points}
         self.passes = 0
         self.seconds = 0.0  # time spent inside the callbacks
+        self.prompt_seconds = 0.0  # of which in the first pass (the prompt's)
 
     def hooks(self) -> list[LayerHook]:
         return [
@@ -64,7 +65,10 @@ class Capture:
                 slot.filled = end
             if first:
                 self.passes += 1
-            self.seconds += clock() - began
+            took = clock() - began
+            self.seconds += took
+            if self.passes == 1:
+                self.prompt_seconds += took
             return None
 
         return read

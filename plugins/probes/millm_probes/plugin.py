@@ -107,10 +107,7 @@ def validate_request(ctx) -> None:
     runtime = _runtime(ctx.host)
     if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in sessions.MONITORED:
         return
-    if not runtime.settings["PROBE_SESSIONS"]:  # monitored, in no session: nothing looked up or recorded
-        ctx.state[sessions.UNGROUPED] = True
-        return
-    ctx.state[sessions.STATE] = sessions.settle(runtime.host.db, runtime.settings, ctx)
+    live.settle(runtime, ctx)
 
 
 @hookimpl

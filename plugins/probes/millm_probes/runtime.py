@@ -166,6 +166,11 @@ class Runtime:
         return self._prefix[load_id]
 
     # --- what the status route reports ------------------------------------------------
+    def observe(self, ctx: Any, results: list[dict[str, Any]], overhead_s: float) -> None:
+        """Verdict counts, the overhead, and the results as events of the request's span (/metrics)."""
+        if ctx.host is not None:
+            ctx.host.metrics.probe_results(ctx, results, overhead_s)
+
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
         """Keep each probe's latest results, one entry per request over all its windows."""
         by_probe: dict[str, list[dict[str, Any]]] = {}
