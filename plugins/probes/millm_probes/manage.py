@@ -136,7 +136,7 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
 
 async def refresh_members(runtime: Runtime) -> None:
     """Re-read the behaviour sets (hold ``runtime.lock``: it republishes the armed set)."""
-    rows = await asyncio.to_thread(store.list_probes, runtime.host.db)
+    rows = await asyncio.to_thread(store.probe_states, runtime.host.db)
     runtime.set_members(members_of(rows))
 
 

@@ -176,6 +176,7 @@ def _score_vectors(
             "difference": None,
             "passed": False,
             "reason": None,
+            "forward_shared_by": len(usable),  # probes scored on this vector's one forward pass
         }
         rows.append(row)
         head = heads[i]

@@ -68,7 +68,7 @@ def startup(host) -> None:
     if host.convergence.alone():
         store.set_disarmed(host.db, "restart")
     host.convergence.add("probes", Converger(runtime))
-    runtime.set_members(members_of(store.list_probes(host.db)))
+    runtime.set_members(members_of(store.probe_states(host.db)))
     runtime.retention = Retention(host.db, host.settings)
     runtime.retention.start()
 

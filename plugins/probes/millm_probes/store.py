@@ -90,6 +90,16 @@ def list_probes(db: Any) -> list[Probe]:
         return list(session.scalars(query.order_by(Probe.created_at, Probe.id)))
 
 
+def probe_states(db: Any) -> list[Any]:
+    """Every probe's set membership and desired state, as plain rows (id, name, behaviour, version,
+    detector_digest, armed, decision_revision): what each import and every convergence pass reads, a
+    few bytes a probe."""
+    columns = (Probe.id, Probe.name, Probe.behaviour, Probe.version, Probe.detector_digest)
+    query = sa.select(*columns, Probe.armed, Probe.decision_revision).order_by(Probe.created_at, Probe.id)
+    with db.engine.connect() as connection:
+        return list(connection.execute(query))
+
+
 def has_definition(row: Probe) -> bool:
     """Whether ``row`` was read with its definition (``list_probes`` leaves it out)."""
     return "definition" not in sa.inspect(row).unloaded
@@ -105,14 +115,15 @@ def definitions(db: Any, probe_ids: Sequence[str]) -> dict[str, str]:
     return found
 
 
-def find_probes(db: Any, ids: Sequence[str]) -> list[Probe]:
-    """The probes ``ids`` names, in that order; 404 naming the first unknown one."""
+def find_probes(db: Any, ids: Sequence[str], *, strict: bool = True) -> list[Probe]:
+    """The probes ``ids`` names, in that order; 404 naming the first unknown one (``strict``), else the
+    unknown ones left out (deleted meanwhile)."""
     with db.session() as session:
         rows = {r.id: r for r in session.scalars(sa.select(Probe).where(Probe.id.in_(list(ids))))}
     for i, probe_id in enumerate(ids):
-        if probe_id not in rows:
+        if probe_id not in rows and strict:
             raise ProbeNotFound(f"no probe {probe_id!r}", param=f"probe_ids[{i}]")
-    return [rows[i] for i in ids]
+    return [rows[i] for i in ids if i in rows]
 
 
 def delete_probe(db: Any, probe_id: str) -> None:

@@ -84,7 +84,8 @@ def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
     assert step["hooked_points"] >= 1 and step["hooked_ms_per_token"] > 0
     parts = measured["measurement"]["parts"]  # what the units were made of, timed on the live path
     assert parts["hook_callback_ms_per_pass"] > 0 and parts["hook_callback_ms_per_1k_prompt"] > 0
-    assert parts["request_results"] == 1 and parts["request_ms_with_32"] > 0 and parts["request_positions"] > 0
+    assert parts["request_results"] == 1 and parts["request_many_results"] == 256
+    assert parts["request_ms_many"] > 0 and parts["request_positions"] > 0
     assert units["per_token"]["layer"] > 0 and units["per_1k_prompt"]["layer"] > 0
     assert units["per_1k_prompt"]["request"] > 0 and units["per_1k_prompt"]["result"] > 0
     assert units["per_token"]["request"] == 0 and units["per_token"]["result"] == 0  # charged to the prompt half
