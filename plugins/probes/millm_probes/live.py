@@ -176,6 +176,8 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     settled, settled_cpu = ctx.state.get(SETTLED, (0.0, 0.0))
     hooks_s = capture.seconds if capture else 0.0
     prompt_hooks_s = capture.prompt_seconds if capture else 0.0
+    hooks_cpu_s = capture.cpu_seconds if capture else 0.0
+    prompt_hooks_cpu_s = capture.prompt_cpu_seconds if capture else 0.0
     request_s = settled + request.setup_seconds + (done - started)
     request_cpu_s = settled_cpu + request.setup_cpu_seconds + (done_cpu - started_cpu)
     overhead_s = request_s + hooks_s
@@ -193,6 +195,8 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             "setup_ms": round(request.setup_seconds * ms, 3),
             "hooks_ms": round(hooks_s * ms, 3),  # inside the read callbacks, every pass
             "hooks_prompt_ms": round(prompt_hooks_s * ms, 3),  # of which the prompt's pass
+            "hooks_cpu_ms": round(hooks_cpu_s * ms, 3),
+            "hooks_prompt_cpu_ms": round(prompt_hooks_cpu_s * ms, 3),
             "scoring_ms": round((scored_at - started) * ms, 3),
             "scoring_cpu_ms": round((scored_cpu - started_cpu) * ms, 3),
             "recording_ms": round((done - scored_at) * ms, 3),

@@ -238,7 +238,8 @@ def quiet(recent: list[list[dict[str, Any]]]) -> tuple[str | None, dict[str, int
     """(why a probe is quiet, its reasons counted), over all windows of its recent requests.
 
     A probe is quiet when no window of its latest request completed; the reason is the most
-    frequent one over every window of the recent requests, so one odd window does not hide the pattern.
+    frequent one over every window of the recent requests, so one odd window or request does not hide
+    the pattern (``quiet_reasons`` counts them all).
     """
     if not recent:
         return "no_requests_since_armed", {}
@@ -246,5 +247,7 @@ def quiet(recent: list[list[dict[str, Any]]]) -> tuple[str | None, dict[str, int
     if any(r["outcome"] == "completed" for r in recent[-1]):
         return None, dict(reasons)
     latest = Counter(r["reason"] for r in recent[-1])
-    top = max(latest, key=lambda reason: (reasons[reason], latest[reason]))
+    # the pattern over every window of the recent requests (one odd request does not hide it); a tie goes
+    # to what the latest request says
+    top = max(reasons, key=lambda reason: (reasons[reason], latest[reason]))
     return top, dict(reasons)
