@@ -19,7 +19,7 @@ from millm_host.api import InvalidParameter, MillmError, ModelBusy, validate
 from . import capacity, gates, store
 from .errors import GateRefused
 from .limits import budget_now, cost_refusal
-from .parity import parity_summary, run_parity
+from .parity import parity_summary, run_parity_many
 from .results import ProbeView, now_iso
 from .runtime import Armed, Runtime
 from .sets import members_of, same_version, set_block, state_label
@@ -113,6 +113,8 @@ def _member_json(runtime: Runtime, row: Probe) -> dict[str, Any]:
 
 
 def _group(runtime: Runtime, key: str, rows: list[Probe]) -> dict[str, Any]:
+    """A behaviour's group as listed (blocking: reads the definitions not parsed yet)."""
+    runtime.views(rows)
     armed_ids = set(runtime.snapshot.ids())
     versions = _versions(rows)
     armed_versions = [v for v in versions if any(r.id in armed_ids for r in rows if r.version == v)]
@@ -142,53 +144,67 @@ def _group(runtime: Runtime, key: str, rows: list[Probe]) -> dict[str, Any]:
 def behaviour_list(runtime: Runtime) -> dict[str, Any]:
     """Every behaviour with its members and their state (blocking: reads the database)."""
     groups: dict[str, list[Probe]] = {}
-    for row in store.list_probes(runtime.host.db):
-        if row.behaviour is not None:
-            groups.setdefault(row.behaviour, []).append(row)
+    rows = [row for row in store.list_probes(runtime.host.db) if row.behaviour is not None]
+    runtime.views(rows)  # the definitions not parsed yet, read in one query
+    for row in rows:
+        groups.setdefault(row.behaviour, []).append(row)
     data = [_group(runtime, key, rows) for key, rows in sorted(groups.items())]
     return {"object": "list", "data": data, "rearm": [g["key"] for g in data if g["was_armed"]]}
 
 
-async def _gate_probe(
+async def _gate_probes(
     runtime: Runtime,
-    view: ProbeView,
+    views: list[ProbeView],
     engine: Any,
     model_id: str,
     identity: dict[str, Any],
     acknowledgement: str | None,
     budget: dict[str, Any],
-    armed_views: list[ProbeView],
-    compiled: dict[str, Any],
-) -> dict[str, Any]:
-    """One probe through its own gates, in order; the first refusal is its gate."""
-    d = view.definition
-    outcome: dict[str, Any] = {
-        "probe_id": view.probe_id,
-        "name": view.name,
-        "version": view.version,
-        "gate": None,
-        "code": None,
-        "message": None,
-        "warnings": [],
-        "parity": None,
-        "cost": None,
-    }
-    try:
-        outcome["warnings"] = gates.gate_identity(d, identity)
-        gates.gate_evidence(d, acknowledgement)
-        report, probe_head = await run_parity(runtime, view, engine, model_id)
-        await asyncio.to_thread(store.add_parity_report, runtime.host.db, report)
+    armed: capacity.Shape,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every probe through its own gates, in order (the first refusal is its gate): each probe's outcome,
+    and the heads parity compiled for those that passed.
+
+    Parity runs for the whole set at once (``run_parity_many``: probes sharing a test vector share its
+    forward pass) and its reports are stored in one transaction; each probe's cost is its own beside the
+    armed set (``armed``), costed as measure costs it."""
+    outcomes: dict[str, dict[str, Any]] = {}
+    checking = []
+    for view in views:
+        outcome = outcomes[view.probe_id] = {
+            "probe_id": view.probe_id,
+            "name": view.name,
+            "version": view.version,
+            "gate": None,
+            "code": None,
+            "message": None,
+            "warnings": [],
+            "parity": None,
+            "cost": None,
+        }
+        try:
+            outcome["warnings"] = gates.gate_identity(view.definition, identity)
+            gates.gate_evidence(view.definition, acknowledgement)
+            checking.append(view)
+        except GateRefused as exc:
+            outcome.update(gate=exc.gate, code=exc.code, message=exc.message)
+    checked = await run_parity_many(runtime, checking, engine, model_id) if checking else []
+    await asyncio.to_thread(store.add_parity_report, runtime.host.db, [report for report, _ in checked])
+    compiled: dict[str, Any] = {}
+    for view, (report, head) in zip(checking, checked, strict=True):
+        outcome = outcomes[view.probe_id]
         outcome["parity"] = parity_summary(report)
-        gates.gate_parity(report)
-        gates.gate_scope(d)
-        projection = capacity.project(budget, [*armed_views, view])
-        outcome["cost"] = projection
-        if not projection["fits"]:
-            raise cost_refusal(projection)
-        compiled[view.probe_id] = probe_head
-    except GateRefused as exc:
-        outcome.update(gate=exc.gate, code=exc.code, message=exc.message)
-    return outcome
+        try:
+            gates.gate_parity(report)
+            gates.gate_scope(view.definition)
+            projection = capacity.project(budget, armed.plus([view]))
+            outcome["cost"] = projection
+            if not projection["fits"]:
+                raise cost_refusal(projection)
+            compiled[view.probe_id] = head
+        except GateRefused as exc:
+            outcome.update(gate=exc.gate, code=exc.code, message=exc.message)
+    return [outcomes[v.probe_id] for v in views], compiled
 
 
 def _refusal_message(key: str, outcomes: list[dict[str, Any]], set_gates: list[dict[str, Any]]) -> str:
@@ -204,19 +220,16 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
     async with runtime.lock:
         rows = await asyncio.to_thread(store.list_probes, db)
         chosen = select(rows, key, request.version, request.probe_ids)
-        views = [runtime.view(r) for r in chosen]
+        views = await asyncio.to_thread(runtime.views, chosen)  # parsing thousands of definitions: off the loop
         engine, entry = host.registry.current()
         identity = gates.model_identity(host, entry.id)
         armed_views = [a.view for a in runtime.snapshot.armed]
         todo = [v for v in views if runtime.armed_entry(v.probe_id) is None]
         budget = await asyncio.to_thread(budget_now, runtime, entry.id, engine.info)
-        compiled: dict[str, Any] = {}
-        outcomes = [
-            await _gate_probe(
-                runtime, v, engine, entry.id, identity, request.acknowledgement, budget, armed_views, compiled
-            )
-            for v in todo
-        ]
+        armed_shape = capacity.Shape.of(armed_views)
+        outcomes, compiled = await _gate_probes(
+            runtime, todo, engine, entry.id, identity, request.acknowledgement, budget, armed_shape
+        )
         set_gates = []
         maximum = runtime.settings["PROBE_MAX_ARMED"]
         if len(armed_views) + len(todo) > maximum:
@@ -227,7 +240,7 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
                     "message": f"{len(armed_views)} armed and {len(todo)} more would pass PROBE_MAX_ARMED ({maximum})",
                 }
             )
-        projection = capacity.project(budget, [*armed_views, *todo])
+        projection = capacity.project(budget, armed_shape.plus(todo))
         if not projection["fits"]:
             set_gates.append(
                 {"gate": "cost", "code": "PROBE_COST_BUDGET_EXCEEDED", "message": capacity.over_message(projection)}
@@ -237,7 +250,7 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
             "behaviour": key,
             "version": views[0].version,
             "dry_run": request.dry_run,
-            "already_armed": [v.probe_id for v in views if v not in todo],
+            "already_armed": [v.probe_id for v in views if runtime.armed_entry(v.probe_id) is not None],
             "probes": outcomes,
             "set_gates": set_gates,
             "projected_cost": projection,
@@ -246,28 +259,28 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
             return {"object": "probe.behaviour_dry_run", "would_arm": not refused, **report}
         if refused:
             raise BehaviourRefused(_refusal_message(key, outcomes, set_gates), param="key", extra=report)
-        for view in todo:
-            if view.definition.evidence.rung < 2 and (request.acknowledgement or "").strip():
-                await asyncio.to_thread(
-                    store.add_acknowledgement,
-                    db,
-                    view.probe_id,
-                    request.acknowledgement,
-                    view.definition.evidence.rung,
-                    engine.info.load_id,
-                )
+        weak = [v for v in todo if v.definition.evidence.rung < 2]
+        if weak and (request.acknowledgement or "").strip():
+            await asyncio.to_thread(
+                store.add_acknowledgements,
+                db,
+                [(v.probe_id, v.definition.evidence.rung) for v in weak],
+                request.acknowledgement,
+                engine.info.load_id,
+            )
         entries = [Armed(v, compiled[v.probe_id], engine.info.load_id, now_iso()) for v in todo]
         if entries:
             await host.run_on_engine_thread(_commit_many, runtime, entries, engine)
         try:
-            for view in todo:
-                await asyncio.to_thread(store.set_armed, db, view.probe_id, engine.info.load_id)
+            if todo:  # the desired state, in one transaction: the other replicas arm it through their gates
+                await asyncio.to_thread(store.set_armed, db, [v.probe_id for v in todo], engine.info.load_id)
         except BaseException:
             runtime.disarm_many({v.probe_id for v in todo})
             raise
         rows = await asyncio.to_thread(store.list_probes, db)
-        group = _group(runtime, key, [r for r in rows if r.behaviour == key])
-        return {**group, "armed_now": [v.probe_id for v in todo], **report}
+        group = await asyncio.to_thread(_group, runtime, key, [r for r in rows if r.behaviour == key])
+    host.convergence.poke()
+    return {**group, "armed_now": [v.probe_id for v in todo], **report}
 
 
 def _commit_many(runtime: Runtime, entries: list[Armed], engine: Any) -> None:
@@ -285,26 +298,29 @@ async def disarm_behaviour(runtime: Runtime, key: str) -> dict[str, Any]:
         if not rows:
             raise BehaviourNotFound(f"no imported probe names the behaviour {key!r}", param="key")
         ids = {r.id for r in rows}
+        await asyncio.to_thread(runtime.views, rows)  # parsed once, in bulk, off the loop
         mine = {
             (a.view.definition.read.layer, a.view.definition.read.hook_point)
             for a in runtime.snapshot.armed
             if a.view.probe_id in ids
         }
         gone = runtime.disarm_many(ids)
-        for probe_id in gone:
-            await asyncio.to_thread(store.set_disarmed, db, "disarmed", probe_id)
+        were = set(gone)
+        desired = [r.id for r in rows if r.armed or r.id in were]  # on every replica (desired state)
+        if desired:
+            await asyncio.to_thread(store.set_disarmed, db, "disarmed", desired)
         users: dict[tuple[int, str], list[str]] = {}
         for a in runtime.snapshot.armed:
             point = (a.view.definition.read.layer, a.view.definition.read.hook_point)
             users.setdefault(point, []).append(a.view.behaviour or a.view.name)
         rows = [r for r in await asyncio.to_thread(store.list_probes, db) if r.behaviour == key]
-        return {
-            **_group(runtime, key, rows),
-            "disarmed_now": gone,
-            "hooks_removed": [{"layer": p[0], "hook_point": p[1]} for p in sorted(mine) if p not in users],
-            "hooks_kept": [
-                {"layer": p[0], "hook_point": p[1], "used_by": sorted(set(users[p]))}
-                for p in sorted(mine)
-                if p in users
-            ],
-        }
+        group = await asyncio.to_thread(_group, runtime, key, rows)
+    runtime.host.convergence.poke()
+    return {
+        **group,
+        "disarmed_now": gone,
+        "hooks_removed": [{"layer": p[0], "hook_point": p[1]} for p in sorted(mine) if p not in users],
+        "hooks_kept": [
+            {"layer": p[0], "hook_point": p[1], "used_by": sorted(set(users[p]))} for p in sorted(mine) if p in users
+        ],
+    }

@@ -52,30 +52,50 @@ def kind_of(view: Any) -> str:
 
 @dataclass(frozen=True)
 class Shape:
-    """What an armed set costs by: hooked points, each probe's kind, and results per request."""
+    """What an armed set costs by: its hooked points, how many probes of each kind, and results per request.
 
-    points: int
-    kinds: tuple[str, ...]
+    Counts, not lists: a set of thousands is costed in constant time, so the gate can cost each probe of a
+    large behaviour beside the armed set (``plus``) without going quadratic."""
+
+    points: int  # hooked residual points
+    kinds: tuple[tuple[str, int], ...]  # (kind, how many), in KINDS order, kinds with none left out
     results: int
+    hooked: frozenset[tuple[int, str]] = frozenset()  # which points (a set's; the synthetic shapes name none)
 
     @classmethod
     def of(cls, views: Iterable[Any]) -> Shape:
-        points, kinds, results = set(), [], 0
+        return cls(0, (), 0).plus(views)
+
+    def plus(self, views: Iterable[Any]) -> Shape:
+        """This set's shape with ``views`` armed beside it."""
+        hooked, counts, results = set(self.hooked), dict(self.kinds), self.results
         for view in views:
-            points.add((view.definition.read.layer, view.definition.read.hook_point))
-            kinds.append(kind_of(view))
+            hooked.add((view.definition.read.layer, view.definition.read.hook_point))
+            kind = kind_of(view)
+            counts[kind] = counts.get(kind, 0) + 1
             results += len(view.windows)
-        return cls(len(points), tuple(kinds), results)
+        return Shape(len(hooked), _counted(counts), results, frozenset(hooked))
+
+    @property
+    def probes(self) -> int:
+        return sum(count for _, count in self.kinds)
 
     @classmethod
     def dense(cls, count: int) -> Shape:
         """``count`` dense (mean) probes on one layer, one window each."""
-        return cls(1 if count else 0, ("mean",) * count, count)
+        return cls(1 if count else 0, _counted({"mean": count}), count)
 
     @classmethod
     def reference_sets(cls, count: int) -> Shape:
         """``count`` reference sets, each on three layers of its own."""
-        return cls(3 * count, tuple(rule for _, rule in REFERENCE_SET) * count, len(REFERENCE_SET) * count)
+        per_set: dict[str, int] = {}
+        for _, rule in REFERENCE_SET:
+            per_set[rule] = per_set.get(rule, 0) + count
+        return cls(3 * count, _counted(per_set), len(REFERENCE_SET) * count)
+
+
+def _counted(counts: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple((kind, counts[kind]) for kind in KINDS if counts.get(kind))
 
 
 def cost(units: dict[str, dict[str, float]], shape: Shape) -> dict[str, float]:
@@ -83,10 +103,11 @@ def cost(units: dict[str, dict[str, float]], shape: Shape) -> dict[str, float]:
     recommendation alike.
 
     Per hooked point, the read hook as a forward pass really pays it (torch's hook dispatch, the callback,
-    the copy); per probe, its arithmetic by kind; and, once armed at all, the per-request work (setting up
-    the capture, building and storing the results: ``request`` plus ``result`` per result). A request has
-    one prompt and the prompt half is the budget of a 1,000-token prompt, so per-request work is charged
-    there; the generated-token half carries what every pass pays.
+    the copy); per probe, its arithmetic by kind; and, once armed at all, the per-request work (what a
+    monitored request does once: its session, capture, scoring set-up, results' transaction and header:
+    ``request``; and per result: read, built, stored and rendered: ``result``). A request has one prompt and
+    the prompt half is the budget of a 1,000-token prompt, so per-request work is charged there; the
+    generated-token half carries what every pass pays.
     """
     if not shape.kinds:
         return {half: 0.0 for half in HALVES}
@@ -95,7 +116,7 @@ def cost(units: dict[str, dict[str, float]], shape: Shape) -> dict[str, float]:
         u = units[half]
         out[half] = (
             shape.points * u["layer"]
-            + sum(u[k] for k in shape.kinds)
+            + sum(u[kind] * count for kind, count in shape.kinds)
             + u.get("request", 0.0)
             + shape.results * u.get("result", 0.0)
         )
@@ -219,9 +240,9 @@ def budget(
     }
 
 
-def project(budget_now: dict[str, Any], views: Iterable[Any]) -> dict[str, Any]:
-    """A set's projected cost against both halves of ``budget_now``."""
-    spent = set_cost(budget_now["units"], views)
+def project(budget_now: dict[str, Any], views: Iterable[Any] | Shape) -> dict[str, Any]:
+    """A set's projected cost (its views, or their ``Shape``) against both halves of ``budget_now``."""
+    spent = cost(budget_now["units"], views if isinstance(views, Shape) else Shape.of(views))
     halves = {
         half: {
             "cost_ms": round(spent[half], 6),

@@ -38,6 +38,9 @@ class Capture:
         self._slots = {point: _Point() for point in self.points}
         self.passes = 0
         self.seconds = 0.0  # time spent inside the callbacks
+        self.prompt_seconds = 0.0  # of which in the first pass (the prompt's)
+        self.cpu_seconds = 0.0  # the same on the CPU: what another process's load does not inflate
+        self.prompt_cpu_seconds = 0.0
 
     def hooks(self) -> list[LayerHook]:
         return [
@@ -50,10 +53,10 @@ class Capture:
     def _callback(self, slot: _Point, first: bool):
         # Every forward pass runs this once per hooked point: it holds its state in the closure and does
         # no dictionary work, so what a pass pays per point is the copy and little else.
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
 
         def read(hidden: Any, start: int) -> None:
-            began = clock()
+            began, began_cpu = clock(), cpu()
             rows = hidden[0]
             end = start + rows.shape[0]
             buffer = slot.buffer
@@ -64,7 +67,12 @@ class Capture:
                 slot.filled = end
             if first:
                 self.passes += 1
-            self.seconds += clock() - began
+            took, took_cpu = clock() - began, cpu() - began_cpu
+            self.seconds += took
+            self.cpu_seconds += took_cpu
+            if self.passes == 1:
+                self.prompt_seconds += took
+                self.prompt_cpu_seconds += took_cpu
             return None
 
         return read

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from millm_host.api import MillmError
 
 from . import store
-from .manage import arm_here, refresh_members
+from .manage import arm_here
 from .sets import members_of
 
 if TYPE_CHECKING:
@@ -35,20 +35,26 @@ class Converger:
     async def __call__(self) -> list[str]:
         runtime = self.runtime
         async with runtime.lock:  # read under the lock: an arm in progress here commits its row first
-            rows = await asyncio.to_thread(store.list_probes, runtime.host.db)
-            desired = {row.id: row for row in rows if row.armed}
-            if members_of(rows) != runtime.members:  # imported or deleted on another replica
-                await refresh_members(runtime)
+            states = await asyncio.to_thread(store.probe_states, runtime.host.db)  # a few bytes a probe
+            desired = {row.id: row for row in states if row.armed}
+            if members_of(states) != runtime.members:  # imported or deleted on another replica
+                runtime.set_members(members_of(states))
             gone = set(runtime.snapshot.ids()) - desired.keys()
             if gone:
                 runtime.disarm_many(gone)
-            for probe_id, row in desired.items():
-                entry = runtime.armed_entry(probe_id)
-                if entry is not None and entry.view.decision_revision != row.decision_revision:
-                    runtime.update_view(runtime.view(row))  # recalibrated on another replica
-        todo = [row for probe_id, row in desired.items() if runtime.armed_entry(probe_id) is None]
-        if not todo:
+            moved = [
+                probe_id
+                for probe_id, row in desired.items()
+                if (entry := runtime.armed_entry(probe_id)) is not None
+                and entry.view.decision_revision != row.decision_revision
+            ]
+            if moved:  # recalibrated on another replica
+                for row in await asyncio.to_thread(store.find_probes, runtime.host.db, moved, strict=False):
+                    runtime.update_view(await asyncio.to_thread(runtime.view, row))
+        missing = [probe_id for probe_id in desired if runtime.armed_entry(probe_id) is None]
+        if not missing:
             return []
+        todo = await asyncio.to_thread(store.find_probes, runtime.host.db, missing, strict=False)
         engine = runtime.host.registry.engine
         if engine is None:
             return [f"probe {row.id} ({row.name}): armed elsewhere; no model is loaded here" for row in todo]

@@ -72,19 +72,25 @@ def _group(result: dict[str, Any]) -> Any:
 
 
 def render(results: Sequence[dict[str, Any]], max_bytes: int) -> str:
-    """The header value for ``results`` (already in listing order), within ``max_bytes``."""
-    members = [member(r) for r in results]
-    full = serialize_list(members)
+    """The header value for ``results`` (already in listing order), within ``max_bytes``.
+
+    Each member is serialised once (an RFC 8941 list is its members joined by ``", "``), so a set of
+    thousands costs its members' serialisation and no more, with or without truncation."""
+    members = [serialize_list([member(r)]) for r in results]
+    full = ", ".join(members)
     if len(full) <= max_bytes:
         return full
-    marker = item("...", {"truncated": True, "total": len(results)})
-    kept: list[http_sfv.Item] = []
+    marker = serialize_list([item("...", {"truncated": True, "total": len(results)})])
+    kept: list[str] = []
+    size = len(marker)
     position = 0
     for _, group in groupby(results, key=_group):
-        size = len(list(group))
-        candidate = kept + members[position : position + size]
-        if len(serialize_list([*candidate, marker])) > max_bytes:
+        count = len(list(group))
+        adding = members[position : position + count]
+        grown = size + sum(len(m) + 2 for m in adding)  # each member and its ", "
+        if grown > max_bytes:
             break
-        kept = candidate
-        position += size
-    return serialize_list([*kept, marker])
+        kept += adding
+        size = grown
+        position += count
+    return ", ".join([*kept, marker])

@@ -171,7 +171,7 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
         async with host.engine_slot(model_id) as slot:
             if slot.engine is not engine:
                 raise ModelBusy("the model changed while measuring started; retry", param="model_id")
-            measurement = await slot.run(measure, engine, model_id, host.db)
+            measurement = await slot.run(measure, engine, model_id, host)
         await asyncio.to_thread(capacity_store.write, host.db, model_id, measurement=measurement)
     return await get_capacity(runtime, model_id)
 

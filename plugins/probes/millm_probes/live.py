@@ -1,10 +1,17 @@
 """Live monitoring: the request-path half of the plugin.
 
-``before_forward`` snapshots what is armed and returns one read hook per residual
-point (none at all when nothing is armed, or when the request cannot be
-scored); the hooks gather rows on the device; ``after_generate`` scores every
-probe and window once, stores the results and keeps them for the header, the
-body field and the stream chunk.
+``validate_request`` settles the request's session (``settle``); ``before_forward``
+snapshots what is armed and returns one read hook per residual point (none at all
+when nothing is armed, or when the request cannot be scored); the hooks gather
+rows on the device; ``after_generate`` scores every probe and window once, stores
+the results and renders them for the header, the body field and the stream chunk.
+
+Each step's time is kept in the request's ``last_request`` report (GET
+/api/probes/status): the session, the capture's set-up, the read hooks (the
+prompt's pass apart from the generated tokens' passes), the scoring and the
+recording, each in wall time and the part of it the working thread spent on the
+CPU. ``measure`` times a private set through these same functions, so the cost
+model prices what this reports.
 """
 
 from __future__ import annotations
@@ -49,8 +56,25 @@ class LiveRequest:
     skip: str | None = None  # why the whole request is not scored
     capture: Capture | None = None
     began: float = field(default_factory=time.perf_counter)
+    began_cpu: float = field(default_factory=time.thread_time)
     setup_seconds: float = 0.0
+    setup_cpu_seconds: float = 0.0
     results: list[dict[str, Any]] | None = None
+    header: str | None = None  # X-miLLM-Probe-Verdicts, rendered with the results
+
+
+SETTLED = "probes_settled"  # ctx.state: (wall, CPU) seconds the session took to settle (validate_request)
+
+
+def settle(runtime: Runtime, ctx: RequestContext) -> None:
+    """While a probe is armed, the session a monitored request joins (``validate_request``, a worker thread:
+    it may read the database), timed as part of the request's probe work."""
+    began, cpu = time.perf_counter(), time.thread_time()
+    if not runtime.settings["PROBE_SESSIONS"]:  # monitored, in no session: nothing looked up or recorded
+        ctx.state[sessions.UNGROUPED] = True
+    else:
+        ctx.state[sessions.STATE] = sessions.settle(runtime.host.db, runtime.settings, ctx)
+    ctx.state[SETTLED] = (time.perf_counter() - began, time.thread_time() - cpu)
 
 
 def _skip_reason(ctx: RequestContext, batched: bool) -> str | None:
@@ -79,6 +103,7 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     request.capture = Capture(snapshot.bank.points, capacity)
     hooks = request.capture.hooks()
     request.setup_seconds = time.perf_counter() - request.began
+    request.setup_cpu_seconds = time.thread_time() - request.began_cpu
     return hooks
 
 
@@ -91,7 +116,7 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         if not ctx.interrupted or not runtime.snapshot.armed:
             return
         request = ctx.state[STATE] = LiveRequest(runtime.snapshot, new_trace(ctx.headers), "serial")
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     snapshot, capture = request.snapshot, request.capture
     plan = snapshot.plan
     pairs = plan.pairs
@@ -123,7 +148,7 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             columns = snapshot.bank.columns(capture.rows())
             copies = 1
         readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
-    scored_at = time.perf_counter()
+    scored_at, scored_cpu = time.perf_counter(), time.thread_time()
     served = Served.of(ctx.engine, request.execution_mode)
     results = [
         result_object(
@@ -144,23 +169,42 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         for result in results:
             result["persistence"] = "not_persisted"
     request.results = results
+    if not ctx.streaming:  # a stream's headers went out before generation: it carries the results in its chunk
+        request.header = header.render(results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"])
     runtime.feed.publish(results, request_id=ctx.request_id, endpoint=ctx.endpoint, session=session_id, turn=turn)
-    done = time.perf_counter()
-    hooks_ms = (capture.seconds if capture else 0.0) * 1000
-    overhead_s = request.setup_seconds + hooks_ms / 1000 + (done - started)
-    if ctx.host is not None:  # verdict counts, overhead, and the results as events of the request's span
-        ctx.host.metrics.probe_results(ctx, results, overhead_s)
+    done, done_cpu = time.perf_counter(), time.thread_time()
+    settled, settled_cpu = ctx.state.get(SETTLED, (0.0, 0.0))
+    hooks_s = capture.seconds if capture else 0.0
+    prompt_hooks_s = capture.prompt_seconds if capture else 0.0
+    hooks_cpu_s = capture.cpu_seconds if capture else 0.0
+    prompt_hooks_cpu_s = capture.prompt_cpu_seconds if capture else 0.0
+    request_s = settled + request.setup_seconds + (done - started)
+    request_cpu_s = settled_cpu + request.setup_cpu_seconds + (done_cpu - started_cpu)
+    overhead_s = request_s + hooks_s
+    runtime.observe(ctx, results, overhead_s)
+    ms = 1000.0
     runtime.record(
         results,
         {
             "request_id": ctx.request_id,
-            "overhead_ms": round(overhead_s * 1000, 3),
-            "setup_ms": round(request.setup_seconds * 1000, 3),
-            "hooks_ms": round(hooks_ms, 3),
-            "scoring_ms": round((scored_at - started) * 1000, 3),
-            "recording_ms": round((done - scored_at) * 1000, 3),
+            "overhead_ms": round(overhead_s * ms, 3),
+            # what the request paid once (session, set-up, scoring, recording), apart from the hooks' passes
+            "request_ms": round(request_s * ms, 3),
+            "request_cpu_ms": round(request_cpu_s * ms, 3),
+            "session_ms": round(settled * ms, 3),
+            "setup_ms": round(request.setup_seconds * ms, 3),
+            "hooks_ms": round(hooks_s * ms, 3),  # inside the read callbacks, every pass
+            "hooks_prompt_ms": round(prompt_hooks_s * ms, 3),  # of which the prompt's pass
+            "hooks_cpu_ms": round(hooks_cpu_s * ms, 3),
+            "hooks_prompt_cpu_ms": round(prompt_hooks_cpu_s * ms, 3),
+            "scoring_ms": round((scored_at - started) * ms, 3),
+            "scoring_cpu_ms": round((scored_cpu - started_cpu) * ms, 3),
+            "recording_ms": round((done - scored_at) * ms, 3),
+            "recording_cpu_ms": round((done_cpu - scored_cpu) * ms, 3),
             "forward_passes": capture.passes if capture else 0,
+            "hooked_points": len(capture.points) if capture else 0,  # one read hook per point, for every probe
             "positions": capture.positions if capture else 0,
+            "prompt_tokens": len(ctx.prompts[0]) if ctx.prompts else 0,
             "device_to_host_copies": copies,
             "results": len(results),
         },
@@ -214,7 +258,9 @@ def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:
     request = ctx.state.get(STATE)
     if request is None or request.results is None:  # a stream's headers go out before anything ran
         return None
-    return {header.HEADER: header.render(request.results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"])}
+    if request.header is None:  # rendered in finish, within the request's measured probe work
+        request.header = header.render(request.results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"])
+    return {header.HEADER: request.header}
 
 
 def extras(ctx: RequestContext) -> list[ResponseExtra] | None:

@@ -92,7 +92,8 @@ def probe_json(runtime: Runtime, row: Probe, view: ProbeView) -> dict[str, Any]:
 def probe_list(runtime: Runtime) -> dict[str, Any]:
     """Every imported probe (blocking: reads the database and parses definitions)."""
     rows = store.list_probes(runtime.host.db)
-    return {"object": "list", "data": [probe_json(runtime, row, runtime.view(row)) for row in rows]}
+    views = runtime.views(rows)
+    return {"object": "list", "data": [probe_json(runtime, row, view) for row, view in zip(rows, views, strict=True)]}
 
 
 def _detail(runtime: Runtime, probe_id: str) -> dict[str, Any]:
@@ -135,7 +136,7 @@ async def import_probe(runtime: Runtime, raw: bytes, document: Any, on_conflict:
 
 async def refresh_members(runtime: Runtime) -> None:
     """Re-read the behaviour sets (hold ``runtime.lock``: it republishes the armed set)."""
-    rows = await asyncio.to_thread(store.list_probes, runtime.host.db)
+    rows = await asyncio.to_thread(store.probe_states, runtime.host.db)
     runtime.set_members(members_of(rows))
 
 

@@ -2,7 +2,8 @@
 
 Each test vector's ``token_ids`` (never a re-render of its ``messages``) are
 scored on the resident model, one vector per place in the queue, through the
-same code live serving uses. The gate is the score, within the spec's 1e-3 or
+same code live serving uses (probes checked together whose vectors carry the
+same ids share that vector's forward pass, as armed probes share a request's). The gate is the score, within the spec's 1e-3 or
 the definition's tolerance where that is tighter (the document parity checks
 cannot loosen its own check); per-token divergence and whether ``messages``
 re-render to the same ids are reported beside it and never decide.
@@ -10,7 +11,9 @@ re-render to the same ids are reported beside it and never decide.
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,11 +21,11 @@ import numpy as np
 from millm_host.api import NoChatTemplate
 
 from .definition import TestVector
-from .evaluate import compile_bank, forward_columns, read_pairs
+from .evaluate import forward_columns, read_pairs
 from .gates import model_identity
 from .results import ProbeView, now_iso
 from .runtime import Runtime
-from .scoring import CompiledProbe
+from .scoring import Bank, CompiledProbe, ProbeUnusable, compile_probe
 from .windows import common_prefix, measure
 
 #: The spec's bar (probe-monitors.txt, "within 1e-3"): a definition may tighten it, never loosen it.
@@ -39,9 +42,60 @@ async def run_parity(
 ) -> tuple[dict[str, Any], CompiledProbe | None]:
     """Score every test vector on ``engine`` (model ``model_id``): the report (the caller stores it), and
     the head as compiled for ``engine`` for arming to reuse (None when it was not compiled)."""
+    [checked] = await run_parity_many(runtime, [view], engine, model_id)
+    return checked
+
+
+async def run_parity_many(
+    runtime: Runtime, views: Sequence[ProbeView], engine: Any, model_id: str
+) -> list[tuple[dict[str, Any], CompiledProbe | None]]:
+    """``run_parity`` for several probes at once (a behaviour's set): each probe's report is what checking
+    it alone reports, but the probes whose vectors carry the same ``token_ids`` share one forward pass,
+    each of their heads a column of one bank, as live serving reads them. Each distinct vector takes its
+    own place in the queue, so a chat waits at most one forward pass behind a set being checked."""
     host = runtime.host
+    identity = model_identity(host, model_id)
+    reports = [_new_report(view, identity) for view in views]
+    if not engine.hook_points:
+        for report in reports:
+            report.update(status="cannot_run", reason="engine_unsupported")
+        return [(report, None) for report in reports]
+    by_ids: dict[tuple[int, ...], list[tuple[int, int, TestVector]]] = {}
+    for i, view in enumerate(views):
+        if not view.definition.test_vectors:
+            reports[i].update(status="no_test_vectors", reason="the definition carries no test vectors")
+        for index, vector in enumerate(view.definition.test_vectors):
+            by_ids.setdefault(tuple(vector.token_ids), []).append((i, index, vector))
+    heads: dict[int, CompiledProbe | ProbeUnusable] = {}  # view index -> its head, compiled once
+    rows: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(views))}
+    for ids, items in by_ids.items():
+        changed = host.registry.engine is not engine
+        if not changed:
+            async with host.engine_slot(model_id) as slot:
+                changed = slot.engine is not engine
+                if not changed:
+                    scored = await slot.run(_score_vectors, runtime, views, engine, list(ids), items, heads)
+        if changed:
+            for i in {i for i, _, _ in items}:
+                reports[i].update(status="model_changed", reason="the model changed while parity ran")
+            continue
+        for (i, _, _), row in zip(items, scored, strict=True):
+            rows[i].append(row)
+    out = []
+    for i, (view, report) in enumerate(zip(views, reports, strict=True)):
+        if report["status"] in ("model_changed", "no_test_vectors"):
+            out.append((report, None))
+            continue
+        report["vectors"] = sorted(rows[i], key=lambda row: row["index"])
+        _decide(view.definition, report)
+        head = heads.get(i)
+        out.append((report, head if isinstance(head, CompiledProbe) else None))
+    return out
+
+
+def _new_report(view: ProbeView, identity: dict[str, Any]) -> dict[str, Any]:
     d = view.definition
-    report: dict[str, Any] = {
+    return {
         "object": "probe.parity_report",
         "report_id": "pa_" + secrets.token_hex(8),
         "probe_id": view.probe_id,
@@ -51,26 +105,13 @@ async def run_parity(
         "definition_tolerance": d.parity.tolerance,
         "window": d.scope,
         "vectors": [],
-        "model": model_identity(host, model_id),
+        "model": dict(identity),
         "created_at": now_iso(),
     }
-    if not engine.hook_points:
-        report.update(status="cannot_run", reason="engine_unsupported")
-        return report, None
-    if not d.test_vectors:
-        report.update(status="no_test_vectors", reason="the definition carries no test vectors")
-        return report, None
-    prepared: dict[str, Any] = {}
-    for index, vector in enumerate(d.test_vectors):
-        if host.registry.engine is not engine:
-            report.update(status="model_changed", reason="the model changed while parity ran")
-            return report, None
-        async with host.engine_slot(model_id) as slot:
-            if slot.engine is not engine:
-                report.update(status="model_changed", reason="the model changed while parity ran")
-                return report, None
-            row = await slot.run(_score_vector, runtime, view, engine, index, vector, prepared)
-        report["vectors"].append(row)
+
+
+def _decide(d: Any, report: dict[str, Any]) -> None:
+    """The report's status from its vectors' rows."""
     failed = [row for row in report["vectors"] if not row["passed"]]
     if d.scope != "all":
         report.update(
@@ -83,8 +124,6 @@ async def run_parity(
             status="failed",
             reason=f"{len(failed)} of {len(d.test_vectors)} vectors differ (vector {first['index']}: {why})",
         )
-    bank = prepared["bank"]
-    return report, (bank.probes[0] if bank is not None else None)
 
 
 def parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
@@ -100,58 +139,79 @@ def parity_summary(report: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def _score_vector(
-    runtime: Runtime, view: ProbeView, engine: Any, index: int, vector: TestVector, prepared: dict[str, Any]
-) -> dict[str, Any]:
-    """One vector on the engine thread."""
-    d = view.definition
-    row: dict[str, Any] = {
-        "index": index,
-        "n_tokens": len(vector.token_ids),
-        "score": None,
-        "recorded": vector.score,
-        "difference": None,
-        "passed": False,
-        "reason": None,
-    }
-    if "bank" not in prepared:  # compiled once, on the first vector's turn on the engine thread
-        prepared["bank"], prepared["unusable"] = compile_bank(
-            [view], engine, runtime.settings["PROBE_SAE_DIR"], runtime.encoders
-        )
-    bank = prepared["bank"]
-    if bank is None:
-        problem = prepared["unusable"][view.probe_id]
-        row["reason"] = f"{problem.reason}: {problem}"
-        return row
-    ids = vector.token_ids
+def _score_vectors(
+    runtime: Runtime,
+    views: Sequence[ProbeView],
+    engine: Any,
+    ids: list[int],
+    items: list[tuple[int, int, TestVector]],
+    heads: dict[int, CompiledProbe | ProbeUnusable],
+) -> list[dict[str, Any]]:
+    """One vector's ``token_ids`` for every (probe, vector) in ``items``, in one forward pass (engine
+    thread); a row per item, as ``items`` lists them."""
+    for i in {i for i, _, _ in items}:  # each head compiled once, on its first vector's turn
+        if i not in heads:
+            view = views[i]
+            try:
+                heads[i] = compile_probe(
+                    view.probe_id, view.definition, engine, runtime.settings["PROBE_SAE_DIR"], runtime.encoders
+                )
+            except ProbeUnusable as exc:
+                heads[i] = exc
     info = engine.info
-    if max(ids) >= info.vocab_size or (info.context_window is not None and len(ids) > info.context_window):
-        row["reason"] = "token_ids_invalid: outside the vocabulary or longer than the context window"
-        return row
-    columns = forward_columns(engine, bank, ids)
-    prompt_len, failure = vector.prompt_tokens, None
-    if prompt_len is not None and not 0 <= prompt_len <= len(ids):
-        prompt_len, failure = None, "prompt_boundary_invalid"
-    layout = measure(
-        engine,
-        ids,
-        len(ids),
-        prompt_len=prompt_len,
-        boundary_failure=failure,
-        prefix_ids=runtime.prefix_ids(engine) if d.aggregation.skip_template_prefix else None,
-        no_turns="token_ids_have_no_turns",
-    )
-    reading = read_pairs([(view, d.scope)], bank, columns, layout)[0]
-    row["outcome"] = reading.outcome
-    if reading.score is None:
-        row["reason"] = reading.reason
-    else:
-        row["score"] = reading.score
-        row["difference"] = abs(reading.score - vector.score)
-        row["passed"] = row["difference"] <= tolerance(d)
-    row["per_token"] = _per_token_divergence(bank.per_token(columns, view.probe_id), vector.per_token)
-    row["tokenization_drift"] = _drift(engine, vector)
-    return row
+    invalid = max(ids) >= info.vocab_size or (info.context_window is not None and len(ids) > info.context_window)
+    usable = {} if invalid else {i: h for i, h in ((i, heads[i]) for i, _, _ in items) if isinstance(h, CompiledProbe)}
+    bank = Bank(list(usable.values())) if usable else None
+    columns = forward_columns(engine, bank, ids) if bank is not None else None
+    drifts: dict[str, Any] = {}
+    rows = []
+    for i, index, vector in items:
+        view = views[i]
+        d = view.definition
+        row: dict[str, Any] = {
+            "index": index,
+            "n_tokens": len(vector.token_ids),
+            "score": None,
+            "recorded": vector.score,
+            "difference": None,
+            "passed": False,
+            "reason": None,
+            "forward_shared_by": len(usable),  # probes scored on this vector's one forward pass
+        }
+        rows.append(row)
+        head = heads[i]
+        if isinstance(head, ProbeUnusable):
+            row["reason"] = f"{head.reason}: {head}"
+            continue
+        if invalid or bank is None or columns is None:
+            row["reason"] = "token_ids_invalid: outside the vocabulary or longer than the context window"
+            continue
+        prompt_len, failure = vector.prompt_tokens, None
+        if prompt_len is not None and not 0 <= prompt_len <= len(ids):
+            prompt_len, failure = None, "prompt_boundary_invalid"
+        layout = measure(
+            engine,
+            ids,
+            len(ids),
+            prompt_len=prompt_len,
+            boundary_failure=failure,
+            prefix_ids=runtime.prefix_ids(engine) if d.aggregation.skip_template_prefix else None,
+            no_turns="token_ids_have_no_turns",
+        )
+        reading = read_pairs([(view, d.scope)], bank, columns, layout)[0]
+        row["outcome"] = reading.outcome
+        if reading.score is None:
+            row["reason"] = reading.reason
+        else:
+            row["score"] = reading.score
+            row["difference"] = abs(reading.score - vector.score)
+            row["passed"] = row["difference"] <= tolerance(d)
+        row["per_token"] = _per_token_divergence(bank.per_token(columns, view.probe_id), vector.per_token)
+        key = json.dumps(vector.messages, sort_keys=True) if vector.messages else ""
+        if key not in drifts:  # the same messages render the same ids: once per forward pass
+            drifts[key] = _drift(engine, vector)
+        row["tokenization_drift"] = drifts[key]
+    return rows
 
 
 def _per_token_divergence(computed: np.ndarray, recorded: list[float] | None) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def startup(host) -> None:
     if host.convergence.alone():
         store.set_disarmed(host.db, "restart")
     host.convergence.add("probes", Converger(runtime))
-    runtime.set_members(members_of(store.list_probes(host.db)))
+    runtime.set_members(members_of(store.probe_states(host.db)))
     runtime.retention = Retention(host.db, host.settings)
     runtime.retention.start()
 
@@ -108,10 +108,7 @@ def validate_request(ctx) -> None:
     runtime = _runtime(ctx.host)
     if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in sessions.MONITORED:
         return
-    if not runtime.settings["PROBE_SESSIONS"]:  # monitored, in no session: nothing looked up or recorded
-        ctx.state[sessions.UNGROUPED] = True
-        return
-    ctx.state[sessions.STATE] = sessions.settle(runtime.host.db, runtime.settings, ctx)
+    live.settle(runtime, ctx)
 
 
 @hookimpl

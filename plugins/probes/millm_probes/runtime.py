@@ -12,6 +12,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from . import store
 from .evaluate import Plan
 from .feed import Feed
 from .results import ProbeView, now_iso
@@ -45,9 +46,11 @@ class Snapshot:
     bank: Bank | None = None
     sets: dict[str, dict[str, Any]] = field(default_factory=dict)  # probe id -> its set block
     plan: Plan = field(init=False)  # derived once per armed set, not once per request
+    by_id: dict[str, Armed] = field(init=False)  # probe id -> its entry (a set may hold thousands)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", Plan.of((a.view, window) for a in self.armed for window in a.view.windows))
+        object.__setattr__(self, "by_id", {a.view.probe_id: a for a in self.armed})
 
     def ids(self) -> list[str]:
         return [a.view.probe_id for a in self.armed]
@@ -96,6 +99,7 @@ class Runtime:
             self.last_results.pop(probe_id, None)
 
     def disarm_many(self, probe_ids: set[str]) -> list[str]:
+        probe_ids = set(probe_ids)
         gone = [i for i in self.snapshot.ids() if i in probe_ids]
         if gone:
             self._publish(tuple(a for a in self.snapshot.armed if a.view.probe_id not in probe_ids))
@@ -108,7 +112,7 @@ class Runtime:
 
     def disarm(self, probe_id: str) -> bool:
         armed = self.snapshot.armed
-        if probe_id not in self.snapshot.ids():
+        if probe_id not in self.snapshot.by_id:
             return False
         self._publish(tuple(a for a in armed if a.view.probe_id != probe_id))
         return True
@@ -119,7 +123,7 @@ class Runtime:
         return ids
 
     def armed_entry(self, probe_id: str) -> Armed | None:
-        return next((a for a in self.snapshot.armed if a.view.probe_id == probe_id), None)
+        return self.snapshot.by_id.get(probe_id)
 
     def update_view(self, view: ProbeView) -> None:
         """A moved bar reaches an armed probe at once; its head, and so the bank, is untouched."""
@@ -140,11 +144,19 @@ class Runtime:
 
     # --- caches ----------------------------------------------------------------------
     def view(self, row: Probe) -> ProbeView:
-        """A probe's view, parsed once per bar revision."""
-        key = (row.id, row.decision_revision)
-        if key not in self._views:
-            self._views[key] = view_of(row)
-        return self._views[key]
+        """A probe's view, parsed once per bar revision (blocking: a row listed without its definition has
+        it read)."""
+        return self.views([row])[0]
+
+    def views(self, rows: list[Probe]) -> list[ProbeView]:
+        """The rows' views, parsing only those not parsed yet; the definitions ``store.list_probes`` left out
+        are read in one query (blocking: call off the event loop)."""
+        missing = [r for r in rows if (r.id, r.decision_revision) not in self._views]
+        unread = [r.id for r in missing if not store.has_definition(r)]
+        texts = store.definitions(self.host.db, unread) if unread else {}
+        for row in missing:
+            self._views[(row.id, row.decision_revision)] = view_of(row, texts.get(row.id))
+        return [self._views[(r.id, r.decision_revision)] for r in rows]
 
     def prefix_ids(self, engine: Any) -> list[int] | None:
         """The template prefix of the resident model (engine thread; measured once per load)."""
@@ -154,6 +166,11 @@ class Runtime:
         return self._prefix[load_id]
 
     # --- what the status route reports ------------------------------------------------
+    def observe(self, ctx: Any, results: list[dict[str, Any]], overhead_s: float) -> None:
+        """Verdict counts, the overhead, and the results as events of the request's span (/metrics)."""
+        if ctx.host is not None:
+            ctx.host.metrics.probe_results(ctx, results, overhead_s)
+
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
         """Keep each probe's latest results, one entry per request over all its windows."""
         by_probe: dict[str, list[dict[str, Any]]] = {}
@@ -221,7 +238,8 @@ def quiet(recent: list[list[dict[str, Any]]]) -> tuple[str | None, dict[str, int
     """(why a probe is quiet, its reasons counted), over all windows of its recent requests.
 
     A probe is quiet when no window of its latest request completed; the reason is the most
-    frequent one over every window of the recent requests, so one odd window does not hide the pattern.
+    frequent one over every window of the recent requests, so one odd window or request does not hide
+    the pattern (``quiet_reasons`` counts them all).
     """
     if not recent:
         return "no_requests_since_armed", {}
@@ -229,5 +247,7 @@ def quiet(recent: list[list[dict[str, Any]]]) -> tuple[str | None, dict[str, int
     if any(r["outcome"] == "completed" for r in recent[-1]):
         return None, dict(reasons)
     latest = Counter(r["reason"] for r in recent[-1])
-    top = max(latest, key=lambda reason: (reasons[reason], latest[reason]))
+    # the pattern over every window of the recent requests (one odd request does not hide it); a tie goes
+    # to what the latest request says
+    top = max(reasons, key=lambda reason: (reasons[reason], latest[reason]))
     return top, dict(reasons)

@@ -4,8 +4,8 @@ Per position *t*: dense ``s_t = w · (h_t − μ)/σ + b``; k-sparse the same ov
 ``f_t = encode(h_t)[features]``. The normalisation is folded into the weights
 once (``w/σ`` and ``b − Σ w μ/σ``), so every probe armed at one residual point
 is a column of one matrix product over the gathered rows. All columns of all
-points are concatenated and copied to the host once; windows and aggregation
-then run there in float64.
+points are concatenated and copied to the host once (a row per column there);
+windows and aggregation then run there in float64.
 """
 
 from __future__ import annotations
@@ -134,7 +134,10 @@ class Bank:
         return list(self.groups)
 
     def columns(self, rows: dict[Point, Any]) -> np.ndarray:
-        """``[positions, columns]`` float64 on the host: the request's only device-to-host copy."""
+        """``[columns, positions]`` float64 on the host: the request's only device-to-host copy.
+
+        One row per column, so each probe's per-position scores are contiguous: read across a
+        ``[positions, columns]`` array instead, a set of thousands would take a cache miss per position."""
         import torch
 
         parts = []
@@ -148,17 +151,17 @@ class Bank:
             if group.attention:
                 parts.append(hidden @ group.query_matrix)
         matrix = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-        host = matrix.to("cpu").numpy().astype(np.float64)
+        host = matrix.t().contiguous().to("cpu").numpy().astype(np.float64)
         for key, column in self.score_column.items():
-            host[:, column] += self.biases[key]
+            host[column] += self.biases[key]
         return host
 
     def per_token(self, host: np.ndarray, key: str) -> np.ndarray:
-        return host[:, self.score_column[key]]
+        return host[self.score_column[key]]
 
     def logits(self, host: np.ndarray, key: str) -> np.ndarray | None:
         column = self.logit_column.get(key)
-        return None if column is None else host[:, column]
+        return None if column is None else host[column]
 
 
 def aggregate(rule: str, k: int | None, scores: np.ndarray, logits: np.ndarray | None) -> float:

@@ -63,17 +63,27 @@ def set_block(members: tuple[Member, ...], present: set[str]) -> dict[str, Any]:
 
 
 def blocks_for(views: Iterable[Any], members: Members) -> dict[str, dict[str, Any]]:
-    """probe id -> its set block, for a group of probes producing results together (``views``)."""
+    """probe id -> its set block, for a group of probes producing results together (``views``).
+
+    One block per (behaviour, version) set, shared by its members' results: a set of thousands is
+    counted and digested once, not once per member."""
     views = list(views)
     present = {v.probe_id for v in views}
+    shared: dict[tuple[str, str | None], tuple[set[str], dict[str, Any]]] = {}
     blocks = {}
     for view in views:
         if view.behaviour is None:
             continue
-        group = same_version(members, view.behaviour, view.version)
-        if not any(m.probe_id == view.probe_id for m in group):  # deleted meanwhile: a set of itself
-            group = (Member(view.probe_id, view.name, view.behaviour, view.version, view.detector_digest),)
-        blocks[view.probe_id] = set_block(group, present)
+        key = (view.behaviour, view.version)
+        if key not in shared:
+            group = same_version(members, view.behaviour, view.version)
+            shared[key] = ({m.probe_id for m in group}, set_block(group, present))
+        ids, block = shared[key]
+        if view.probe_id not in ids:  # deleted meanwhile: a set of itself
+            single = (Member(view.probe_id, view.name, view.behaviour, view.version, view.detector_digest),)
+            blocks[view.probe_id] = set_block(single, present)
+        else:
+            blocks[view.probe_id] = block
     return blocks
 
 

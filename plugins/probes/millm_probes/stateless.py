@@ -293,7 +293,7 @@ def _load_views(runtime: Runtime, probe_ids: list[str] | None, behaviours: list[
     """The named probes and behaviours' sets, or every imported probe (blocking: database and parsing)."""
     db = runtime.host.db
     if not probe_ids and not behaviours:
-        return [runtime.view(row) for row in store.list_probes(db)]
+        return runtime.views(store.list_probes(db))
     rows = store.find_probes(db, probe_ids) if probe_ids else []
     if behaviours:
         every = store.list_probes(db)
@@ -303,5 +303,6 @@ def _load_views(runtime: Runtime, probe_ids: list[str] | None, behaviours: list[
             except MillmError as exc:
                 exc.param = f"behaviours[{i}]"
                 raise
-            rows += [r for r in chosen if r.id not in {x.id for x in rows}]
-    return [runtime.view(row) for row in rows]
+            taken = {x.id for x in rows}
+            rows += [r for r in chosen if r.id not in taken]
+    return runtime.views(rows)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import orm
 from sqlalchemy.exc import IntegrityError
 
 from millm_host.api import list_page
@@ -30,9 +31,10 @@ def new_probe_id() -> str:
     return "pr_" + secrets.token_hex(6)
 
 
-def view_of(row: Probe) -> ProbeView:
-    """The probe as results see it: its verbatim definition and its current bar."""
-    definition = parse(json.loads(row.definition))
+def view_of(row: Probe, definition_text: str | None = None) -> ProbeView:
+    """The probe as results see it: its verbatim definition and its current bar (``definition_text``: the
+    definition read apart, for a row listed without it)."""
+    definition = parse(json.loads(row.definition if definition_text is None else definition_text))
     return ProbeView(
         probe_id=row.id,
         name=row.name,
@@ -81,18 +83,47 @@ def get_probe(db: Any, probe_id: str) -> Probe:
 
 
 def list_probes(db: Any) -> list[Probe]:
+    """Every imported probe, without its definition (tens of kilobytes each: ``definitions`` reads them, and
+    ``Runtime.views`` reads only those it has not parsed yet), so listing a thousand probes stays cheap."""
     with db.session() as session:
-        return list(session.scalars(sa.select(Probe).order_by(Probe.created_at, Probe.id)))
+        query = sa.select(Probe).options(orm.defer(Probe.definition, raiseload=True))
+        return list(session.scalars(query.order_by(Probe.created_at, Probe.id)))
 
 
-def find_probes(db: Any, ids: Sequence[str]) -> list[Probe]:
-    """The probes ``ids`` names, in that order; 404 naming the first unknown one."""
+def probe_states(db: Any) -> list[Any]:
+    """Every probe's set membership and desired state, as plain rows (id, name, behaviour, version,
+    detector_digest, armed, decision_revision): what each import and every convergence pass reads, a
+    few bytes a probe."""
+    columns = (Probe.id, Probe.name, Probe.behaviour, Probe.version, Probe.detector_digest)
+    query = sa.select(*columns, Probe.armed, Probe.decision_revision).order_by(Probe.created_at, Probe.id)
+    with db.engine.connect() as connection:
+        return list(connection.execute(query))
+
+
+def has_definition(row: Probe) -> bool:
+    """Whether ``row`` was read with its definition (``list_probes`` leaves it out)."""
+    return "definition" not in sa.inspect(row).unloaded
+
+
+def definitions(db: Any, probe_ids: Sequence[str]) -> dict[str, str]:
+    """probe id -> its stored definition, in one query per thousand ids."""
+    ids, found = list(probe_ids), {}
+    with db.session() as session:
+        for start in range(0, len(ids), 1000):
+            query = sa.select(Probe.id, Probe.definition).where(Probe.id.in_(ids[start : start + 1000]))
+            found.update({probe_id: text for probe_id, text in session.execute(query)})
+    return found
+
+
+def find_probes(db: Any, ids: Sequence[str], *, strict: bool = True) -> list[Probe]:
+    """The probes ``ids`` names, in that order; 404 naming the first unknown one (``strict``), else the
+    unknown ones left out (deleted meanwhile)."""
     with db.session() as session:
         rows = {r.id: r for r in session.scalars(sa.select(Probe).where(Probe.id.in_(list(ids))))}
     for i, probe_id in enumerate(ids):
-        if probe_id not in rows:
+        if probe_id not in rows and strict:
             raise ProbeNotFound(f"no probe {probe_id!r}", param=f"probe_ids[{i}]")
-    return [rows[i] for i in ids]
+    return [rows[i] for i in ids if i in rows]
 
 
 def delete_probe(db: Any, probe_id: str) -> None:
@@ -101,29 +132,45 @@ def delete_probe(db: Any, probe_id: str) -> None:
         session.commit()
 
 
-def set_armed(db: Any, probe_id: str, load_id: str) -> None:
+def set_armed(db: Any, probe_id: str | Sequence[str], load_id: str) -> None:
+    """Mark one probe, or several in one transaction, armed (the desired state)."""
+    ids = [probe_id] if isinstance(probe_id, str) else list(probe_id)
     with db.session() as session:
-        session.execute(
-            sa.update(Probe)
-            .where(Probe.id == probe_id)
-            .values(armed=True, armed_at=now(), armed_load_id=load_id, disarmed_reason=None)
-        )
+        for start in range(0, len(ids), 1000):
+            session.execute(
+                sa.update(Probe)
+                .where(Probe.id.in_(ids[start : start + 1000]))
+                .values(armed=True, armed_at=now(), armed_load_id=load_id, disarmed_reason=None)
+            )
         session.commit()
 
 
-def set_disarmed(db: Any, reason: str, probe_id: str | None = None) -> None:
-    """Disarm one probe, or every armed probe when ``probe_id`` is None."""
+def set_disarmed(db: Any, reason: str, probe_id: str | Sequence[str] | None = None) -> None:
+    """Disarm one probe, several in one transaction, or every armed probe when ``probe_id`` is None."""
     with db.session() as session:
         query = sa.update(Probe).where(Probe.armed.is_(True))
-        if probe_id is not None:
-            query = query.where(Probe.id == probe_id)
-        session.execute(query.values(armed=False, disarmed_reason=reason))
+        if probe_id is None:
+            session.execute(query.values(armed=False, disarmed_reason=reason))
+        else:
+            ids = [probe_id] if isinstance(probe_id, str) else list(probe_id)
+            for start in range(0, len(ids), 1000):
+                chunk = query.where(Probe.id.in_(ids[start : start + 1000]))
+                session.execute(chunk.values(armed=False, disarmed_reason=reason))
         session.commit()
 
 
 def add_acknowledgement(db: Any, probe_id: str, text: str, rung: int, load_id: str | None) -> None:
+    add_acknowledgements(db, [(probe_id, rung)], text, load_id)
+
+
+def add_acknowledgements(db: Any, probes: Sequence[tuple[str, int]], text: str, load_id: str | None) -> None:
+    """One acknowledgement for each (probe id, rung), in one transaction (a behaviour's set)."""
+    stamp = now()
     with db.session() as session:
-        session.add(Acknowledgement(probe_id=probe_id, text=text, rung=rung, model_load_id=load_id, created_at=now()))
+        for probe_id, rung in probes:
+            session.add(
+                Acknowledgement(probe_id=probe_id, text=text, rung=rung, model_load_id=load_id, created_at=stamp)
+            )
         session.commit()
 
 
@@ -138,20 +185,26 @@ def acknowledgements(db: Any, probe_id: str) -> list[dict[str, Any]]:
         ]
 
 
-def add_parity_report(db: Any, report: dict[str, Any]) -> None:
-    with db.session() as session:
-        session.add(
-            ParityReport(
-                id=report["report_id"],
-                probe_id=report["probe_id"],
-                status=report["status"],
-                model_id=report["model"]["id"],
-                model_load_id=report["model"]["load_id"],
-                report=report,
-                created_at=now(),
-            )
-        )
-        session.commit()
+def add_parity_report(db: Any, report: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+    """Store one parity report, or several in one transaction (a behaviour's set)."""
+    reports = [report] if isinstance(report, dict) else list(report)
+    if not reports:
+        return
+    stamp = now()
+    rows = [
+        {
+            "id": r["report_id"],
+            "probe_id": r["probe_id"],
+            "status": r["status"],
+            "model_id": r["model"]["id"],
+            "model_load_id": r["model"]["load_id"],
+            "report": r,
+            "created_at": stamp,
+        }
+        for r in reports
+    ]
+    with db.engine.begin() as connection:
+        connection.execute(sa.insert(ParityReport), rows)
 
 
 def parity_reports(db: Any, probe_id: str, limit: int = 20) -> list[dict[str, Any]]:

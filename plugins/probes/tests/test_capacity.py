@@ -12,7 +12,8 @@ CHAT = [{"role": "user", "content": "Say something."}]
 
 @pytest.fixture(scope="module")
 def server(server_factory, probe_model_dir):
-    return server_factory(probe_model_dir, env={"PROBE_MAX_ARMED": "2"})
+    # a warning threshold every request passes: the flag is seen raised
+    return server_factory(probe_model_dir, env={"PROBE_MAX_ARMED": "2", "PROBE_OVERHEAD_WARN_MS": "0.0001"})
 
 
 @pytest.fixture
@@ -116,23 +117,50 @@ def test_the_backstop_counts_a_set_and_a_score_request_without_probe_ids(http, r
     assert http.get("/api/probes/status").json()["armed"] == []
     scored = http.post("/api/probes/score", json={"inputs": [{"text": "a"}]})
     assert_error(scored, 400, "PROBE_MAX_ARMED", "probe_ids")  # today's loophole: no probe_ids, every probe
+    ids = [p["id"] for p in http.get("/api/probes").json()["data"]]
+    named = http.post("/api/probes/score", json={"probe_ids": ids, "inputs": [{"text": "a"}]})
+    assert_error(named, 400, "PROBE_MAX_ARMED", "probe_ids")
+    by_behaviour = http.post("/api/probes/score", json={"behaviours": ["gannet"], "inputs": [{"text": "a"}]})
+    assert_error(by_behaviour, 400, "PROBE_MAX_ARMED", "behaviours")
+    two = http.post("/api/probes/score", json={"probe_ids": ids[:2], "inputs": [{"text": "a"}]})
+    assert two.status_code == 200, two.text
 
 
 def test_status_tells_the_truth(http, roomy_budget, lab, helpers):
     identity = identity_of(http)
     probe = helpers.import_probe(http, lab.definition(identity, name="quiet", windows=["all", "response"]))
     helpers.arm(http, probe["id"])
-    http.post("/v1/chat/completions", json={"model": identity["id"], "messages": CHAT, "max_tokens": 2, "n": 2})
+    before = http.get("/api/probes/status").json()["armed"][0]
+    assert before["quiet"] is True and before["quiet_reason"] == "no_requests_since_armed"
+    batched = {"model": identity["id"], "messages": CHAT, "max_tokens": 2, "n": 2}
+    judge = {"X-miLLM-Origin": "judge"}
+    http.post("/v1/chat/completions", json=batched)
+    http.post("/v1/chat/completions", json=batched)
+    http.post("/v1/chat/completions", json={**batched, "n": 1}, headers=judge)
     status = http.get("/api/probes/status").json()
     assert status["force_serial"] is True and status["max_armed"] == 2
     [armed] = status["armed"]
+    # the latest request was judge traffic, but over every window of the recent requests the probe is
+    # quiet because its requests are batched: the reason is read over all of them, not the last window
     assert armed["quiet"] is True and armed["quiet_reason"] == "batched_request"
-    assert armed["quiet_reasons"] == {"batched_request": 2}  # both windows, not only the last
+    assert armed["quiet_reasons"] == {"batched_request": 4, "judge_traffic": 2}
+    assert armed["recent_requests"] == 3
     assert {r["window"] for r in armed["last_results"]} == {"all", "response"}
     assert armed["armed_at"].endswith("Z") and status["checked_at"].endswith("Z")
+    assert all(r["recorded_at"].endswith("Z") for r in armed["last_results"])
     last = status["last_request"]
-    assert last["threshold_ms"] == 5.0 and last["threshold_exceeded"] is (last["overhead_ms"] > 5.0)
+    assert last["recorded_at"].endswith("Z")
+    assert last["threshold_ms"] == 0.0001 and last["threshold_exceeded"] is True  # skipped requests cost too
+    assert status["overhead_warning_ms"] == 0.0001
     assert status["cost"]["probes"] == 1 and status["cost"]["basis"] in ("measured", "fallback")
+
+    # once the probe scores, it is no longer quiet, and the overhead's parts are reported
+    http.post("/v1/chat/completions", json={**batched, "n": 1})
+    status = http.get("/api/probes/status").json()
+    assert status["armed"][0]["quiet"] is False and status["armed"][0]["quiet_reason"] is None
+    last = status["last_request"]
+    assert last["overhead_ms"] == pytest.approx(last["request_ms"] + last["hooks_ms"], abs=0.01)
+    assert last["hooked_points"] == 1 and last["device_to_host_copies"] == 1 and last["threshold_exceeded"] is True
 
 
 def test_behaviours_that_were_armed_are_named_after_an_unload_and_a_restart(http, roomy_budget, server, lab, helpers):

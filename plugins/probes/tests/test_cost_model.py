@@ -81,7 +81,11 @@ def seed(server, model_id: str, **columns) -> None:
 
 def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
     step, units = measured["measurement"]["step"], measured["unit_costs"]
-    assert step["hooked_layers"] >= 1 and step["hooked_ms_per_token"] > 0
+    assert step["hooked_points"] >= 1 and step["hooked_ms_per_token"] > 0
+    parts = measured["measurement"]["parts"]  # what the units were made of, timed on the live path
+    assert parts["hook_callback_ms_per_pass"] > 0 and parts["hook_callback_ms_per_1k_prompt"] > 0
+    assert parts["request_results"] == 1 and parts["request_many_results"] == 1024
+    assert parts["request_ms_many"] > 0 and parts["request_positions"] > 0
     assert units["per_token"]["layer"] > 0 and units["per_1k_prompt"]["layer"] > 0
     assert units["per_1k_prompt"]["request"] > 0 and units["per_1k_prompt"]["result"] > 0
     assert units["per_token"]["request"] == 0 and units["per_token"]["result"] == 0  # charged to the prompt half
@@ -168,3 +172,23 @@ def test_an_approval_after_d83_and_an_old_override_stay_in_force(http, server, m
     seed(server, model_id, limits=override)
     capacity = http.get(f"/api/models/{model_id}/probe-capacity").json()
     assert capacity["stored_limits"]["in_force"] is True and capacity["budget"]["per_token"]["budget_ms"] == 1.0
+
+
+def test_a_measurement_of_another_precision_or_device_is_stale(http, server, model_id, measured, lab, helpers):
+    identity = {**measured["measurement"]["identity"], "precision": "bfloat16", "device": "cuda:0"}
+    seed(server, model_id, measurement={**measured["measurement"], "identity": identity, "units": UNITS, "step": STEP})
+    capacity = http.get(f"/api/models/{model_id}/probe-capacity").json()
+    assert capacity["stale"] is True and sorted(capacity["stale_fields"]) == ["device", "precision"]
+    assert capacity["fallback"] == {"per_token_ms": 0.25, "per_1k_prompt_ms": 0.5, "why": "measured, but stale"}
+    assert capacity["budget"]["basis"] == "fallback (the measurement is stale)"
+    assert capacity["limits"]["per_token_ms"]["source"] == "setting PROBE_MAX_OVERHEAD_MS_PER_PASS"
+    assert capacity["recommendation"]["dense_probes_fit"] == 3  # still explained, for the measurement it was
+    model = http.get(f"/api/models/{model_id}").json()
+    probes = [
+        helpers.import_probe(http, lab.definition(model, name=f"stale-{i}", behaviour="stale", seed=i))
+        for i in range(9)
+    ]
+    refusal = assert_error(http.post("/api/probes/behaviours/stale/arm", json={}), 409, "PROBE_BEHAVIOUR_REFUSED")
+    [cost] = [g for g in refusal["set_gates"] if g["gate"] == "cost"]
+    assert "the budget is fallback (the measurement is stale)" in cost["message"]
+    assert len(refusal["probes"]) == len(probes)
