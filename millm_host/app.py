@@ -24,6 +24,7 @@ from .db import Database, database_url
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
 from .fields import ENDPOINTS, FieldRegistry
+from .jsonencode import PiecewiseJSONHandler
 from .observability.metrics import Metrics
 from .observability.request import CURRENT, Observation
 from .observability.tracing import Tracing
@@ -264,6 +265,7 @@ def build(
         )
     app = falcon.asgi.App(middleware=middleware, cors_enable=False)
     app.req_options.strip_url_path_trailing_slash = True
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = PiecewiseJSONHandler()  # large bodies off the loop
     routes.install(app, host)
     return app, host
 

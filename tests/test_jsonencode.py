@@ -1,0 +1,87 @@
+"""Response bodies are encoded as JSON in bounded pieces, large ones off the event loop (issue 11 §0).
+
+Falcon's handler encoded ``resp.media`` in one ``json.dumps`` call on the event
+loop: 256 embeddings of 576 floats held it about 90 ms. ``millm_host.jsonencode``
+gives the same bytes a piece at a time, on a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+from hypothesis import given, settings, strategies as st
+
+from millm_host import jsonencode
+from millm_host.jsonencode import BUDGET, encoded
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=12) | st.dictionaries(st.text(max_size=8), inner, max_size=8),
+    max_leaves=200,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_pieces_give_what_json_dumps_gives(value):
+    assert encoded(value) == json.dumps(value, ensure_ascii=False).encode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(values)
+def test_pieces_give_what_json_dumps_gives_when_every_value_is_cut(value):
+    saved = jsonencode.BUDGET, jsonencode.SLICE
+    jsonencode.BUDGET, jsonencode.SLICE = 2, 3  # every container larger than two scalars is cut
+    try:
+        assert encoded(value) == json.dumps(value, ensure_ascii=False).encode()
+    finally:
+        jsonencode.BUDGET, jsonencode.SLICE = saved
+
+
+def test_non_string_keys_and_tuples_are_written_as_json_dumps_writes_them():
+    value = {1: (1.5, "é"), None: [True] * 5000, 2.5: {"x": list(range(5000))}}
+    assert encoded(value) == json.dumps(value, ensure_ascii=False).encode()
+
+
+def embeddings_body(inputs: int = 256, width: int = 576) -> dict:
+    data = [
+        {"object": "embedding", "index": i, "embedding": [math.sin(i + k) for k in range(width)]} for i in range(inputs)
+    ]
+    return {"object": "list", "data": data, "model": "m", "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+
+
+def test_no_dumps_call_encodes_more_than_the_budget(monkeypatch):
+    widest = [0]
+    dumps = jsonencode._dumps
+
+    def counting(value):
+        widest[0] = max(widest[0], BUDGET * 1000 - jsonencode._left_after(value, BUDGET * 1000))
+        return dumps(value)
+
+    monkeypatch.setattr(jsonencode, "_dumps", counting)
+    body = embeddings_body()
+    assert encoded(body) == json.dumps(body, ensure_ascii=False).encode()
+    assert 0 < widest[0] <= BUDGET, widest[0]
+
+
+def test_a_large_response_body_is_encoded_off_the_event_loop(app_factory, monkeypatch):
+    app = app_factory(env={"EMBEDDINGS_MAX_INPUTS": "256"})
+    threads = []
+    real = jsonencode.encoded
+
+    def recording(value):
+        threads.append(threading.get_ident())
+        return real(value)
+
+    monkeypatch.setattr(jsonencode, "encoded", recording)
+    with app.http() as http:
+        small = http.post("/v1/embeddings", json={"model": app.model_id, "input": "hi"})
+        assert small.status_code == 200 and not threads  # a small body is encoded at once
+        loop_thread = threading.get_ident()
+        response = http.post("/v1/embeddings", json={"model": app.model_id, "input": ["word"] * 256})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["data"]) == 256
+    assert threads and all(thread != loop_thread for thread in threads), threads
