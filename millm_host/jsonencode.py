@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -28,7 +29,7 @@ BUDGET = 2048
 SLICE = 1024
 
 _dumps = partial(json.dumps, ensure_ascii=False)
-_ITEM = b", "  # json.dumps' default separators
+_compact_dumps = partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
 
 
 class PiecewiseJSONHandler(falcon.media.JSONHandler):
@@ -44,38 +45,43 @@ class PiecewiseJSONHandler(falcon.media.JSONHandler):
         return await asyncio.to_thread(encoded, media)
 
 
-def encoded(value: Any) -> bytes:
-    """``json.dumps(value, ensure_ascii=False).encode()``, a bounded piece at a time."""
+def is_large(value: Any) -> bool:
+    """Whether ``value`` is more than one piece: encode it with ``encoded`` on a worker thread."""
+    return _left_after(value, BUDGET) < 0
+
+
+def encoded(value: Any, *, compact: bool = False) -> bytes:
+    """``json.dumps(value, ensure_ascii=False).encode()`` (``compact``: with ``separators=(",", ":")``), in pieces."""
+    dumps, item = (_compact_dumps, b",") if compact else (_dumps, b", ")
     parts: list[bytes] = []
-    _encode(value, parts)
+    _encode(value, parts, lambda v: dumps(v).encode(), item)
     return b"".join(parts)  # a copy of the bytes, no encoding work: a few ms for tens of MB
 
 
-def _encode(value: Any, parts: list[bytes]) -> None:
+def _encode(value: Any, parts: list[bytes], dumps: Callable[[Any], bytes], item: bytes) -> None:
     if _left_after(value, BUDGET) >= 0:
-        parts.append(_dumps(value).encode())
+        parts.append(dumps(value))
     elif isinstance(value, dict):
         parts.append(b"{")
         for index, (key, member) in enumerate(value.items()):
-            # the key as json.dumps writes it (a non-string key becomes a string)
-            parts.append((_ITEM if index else b"") + _dumps({key: None})[1:-5].encode())  # '"key": '
-            _encode(member, parts)
+            # the key as json.dumps writes it (a non-string key becomes a string), with its colon
+            parts.append((item if index else b"") + dumps({key: None})[1:-5])
+            _encode(member, parts, dumps, item)
         parts.append(b"}")
     elif isinstance(value, list | tuple):
         parts.append(b"[")
         for start in range(0, len(value), SLICE):
             piece = value[start : start + SLICE]
-            comma = _ITEM if start else b""
             if _left_after(piece, BUDGET) >= 0:
-                parts.append(comma + _dumps(piece)[1:-1].encode())
+                parts.append((item if start else b"") + dumps(piece)[1:-1])
                 continue
-            for index, item in enumerate(piece):
+            for index, member in enumerate(piece):
                 if index or start:
-                    parts.append(_ITEM)
-                _encode(item, parts)
+                    parts.append(item)
+                _encode(member, parts, dumps, item)
         parts.append(b"]")
     else:  # one long string: a single scan and copy, bounded by the body limits
-        parts.append(_dumps(value).encode())
+        parts.append(dumps(value))
 
 
 def _left_after(value: Any, budget: int) -> int:

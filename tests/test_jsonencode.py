@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from hypothesis import given, settings, strategies as st
 
@@ -37,6 +38,7 @@ def test_pieces_give_what_json_dumps_gives_when_every_value_is_cut(value):
     jsonencode.BUDGET, jsonencode.SLICE = 2, 3  # every container larger than two scalars is cut
     try:
         assert encoded(value) == json.dumps(value, ensure_ascii=False).encode()
+        assert encoded(value, compact=True) == json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
     finally:
         jsonencode.BUDGET, jsonencode.SLICE = saved
 
@@ -62,6 +64,7 @@ def test_no_dumps_call_encodes_more_than_the_budget(monkeypatch):
         return dumps(value)
 
     monkeypatch.setattr(jsonencode, "_dumps", counting)
+    monkeypatch.setattr(jsonencode, "_compact_dumps", counting)
     body = embeddings_body()
     assert encoded(body) == json.dumps(body, ensure_ascii=False).encode()
     assert 0 < widest[0] <= BUDGET, widest[0]
@@ -85,3 +88,33 @@ def test_a_large_response_body_is_encoded_off_the_event_loop(app_factory, monkey
     assert response.status_code == 200, response.text
     assert len(response.json()["data"]) == 256
     assert threads and all(thread != loop_thread for thread in threads), threads
+
+
+def test_a_large_stream_chunk_is_encoded_off_the_event_loop(monkeypatch):
+    import asyncio
+
+    from millm_host.resources import serving
+
+    threads = []
+    real = serving.encoded
+
+    def recording(value, **kwargs):
+        threads.append(threading.get_ident())
+        return real(value, **kwargs)
+
+    monkeypatch.setattr(serving, "encoded", recording)
+    big = {"choices": [{"index": 0, "delta": {}}], "millm_probe_verdicts": [{"score": i / 7} for i in range(3000)]}
+
+    async def chunks():
+        yield {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+        yield big
+        yield "[DONE]"
+
+    async def read() -> tuple[list[bytes], int]:
+        return [event.data async for event in serving._events(chunks())], threading.get_ident()
+
+    with ThreadPoolExecutor(1) as pool:  # a loop of its own: a browser test may have left one running here
+        data, loop_thread = pool.submit(asyncio.run, read()).result()
+    assert data[1] == json.dumps(big, separators=(",", ":"), ensure_ascii=False).encode()
+    assert data[0] == b'{"choices":[{"index":0,"delta":{"content":"hi"}}]}' and data[2] == b"[DONE]"
+    assert len(threads) == 1 and threads[0] != loop_thread

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import falcon
 from falcon.asgi import SSEvent
 
+from ..jsonencode import encoded, is_large
 from ..openapi import Operation
 from ..scheduler import TICK
 from ..serving.base import Chunks, ClientGone
@@ -73,7 +74,9 @@ async def _events(items: Chunks, *, named: bool = False) -> AsyncIterator[SSEven
                 yield None
             else:
                 event = item.get("type") if named and isinstance(item, dict) else None
-                yield SSEvent(data=sse_data(item), event=event)
+                # a large chunk (a finish chunk with many probe results) is encoded off the loop
+                data = await asyncio.to_thread(encoded, item, compact=True) if is_large(item) else sse_data(item)
+                yield SSEvent(data=data, event=event)
     finally:
         await items.aclose()
 
