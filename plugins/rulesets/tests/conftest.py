@@ -97,6 +97,9 @@ def with_rulesets(env: dict[str, str] | None = None) -> dict[str, str]:
     from millm_host.testing.extra_plugins import module_entries
 
     out = dict(env or {})
+    # a generous rule budget: on a loaded CI machine the default 20 ms can run out (rule_timeout) on a
+    # first chat; the budget itself is tested in test_budget.py
+    out.setdefault("RULE_TIME_BUDGET_MS", "10000")
     named = [m for m in out.get("MILLM_PLUGIN_MODULES", "").split(",") if m.strip()]
     out["MILLM_PLUGIN_MODULES"] = ",".join([*named, *module_entries(), MODULE_ENTRY])
     return out
