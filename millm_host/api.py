@@ -30,7 +30,7 @@ What is here:
 - Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
   ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``), ``ModelDescriptor``,
   ``ModelInfo``,
-  ``HookPoint``, ``LayerHook`` (and the ``ORDER_*`` of reads and writes),
+  ``HookPoint``, ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
   ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
@@ -78,6 +78,7 @@ from .engine import (
     EngineSpec,
     GeneratedToken,
     HookPoint,
+    HookRow,
     LayerHook,
     LogitsProcessorFactory,
     ModelDescriptor,
@@ -167,6 +168,7 @@ __all__ = [
     "FilterResult",
     "GeneratedToken",
     "HookPoint",
+    "HookRow",
     "Host",
     "InsufficientMemory",
     "InvalidParameter",

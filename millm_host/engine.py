@@ -69,6 +69,19 @@ class LayerHook:
     callback only ever sees, and only ever changes, its own sequence; a callback that
     raises fails its own request only.
 
+    A hook can instead take the whole batch at once: ``batched(hidden, rows)``, one
+    function shared by every request's hook (``state`` holds what is the request's
+    own). At each point and ``order``, the engine calls each distinct ``batched``
+    function once per pass, with ``hidden`` the whole batch ``[batch, seq, d_model]``
+    and ``rows`` the ``HookRow``s of the requests whose hooks carry it (a request
+    appears once per such hook, in batch order; rows of requests without one are not
+    listed). It reads only its rows (``hidden[row.index, row.skip:]``) and returns
+    ``None`` or a tensor of the batch's shape in which only its rows differ. The serial
+    path calls it too, as a batch of one (``HookRow(0, start, 0, hook)``), so a request
+    gets the same values alone or batched. If it raises, every request it was called for
+    fails. At one point and ``order``, batched calls run before per-row callbacks.
+    ``callback`` stays required: an engine that does not batch hooks may call it instead.
+
     A write that only adds one vector at every position says so with ``vector``: it
     returns that vector now (1-D float, ``d_model`` values; None: adds nothing). An
     engine with ``STEERING_VECTORS`` and no callbacks applies it itself, read once when
@@ -81,6 +94,24 @@ class LayerHook:
     order: int = ORDER_READ_PRE_STEERING
     owner: str = ""
     vector: Callable[[], Any | None] | None = None
+    batched: Callable[[Any, Sequence[HookRow]], Any | None] | None = None
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class HookRow:
+    """One request's row in a pass, as a ``LayerHook.batched`` function sees it.
+
+    ``hidden[index, skip:]`` is that request's part of the pass: ``skip`` columns of
+    left padding come first (padding its batch needs in a prefill; 0 in a decode step
+    and alone), and its first real column sits at absolute position ``start``. ``hook``
+    is the request's own hook there (``hook.state``: what its plugin attached).
+    """
+
+    index: int
+    start: int
+    skip: int
+    hook: LayerHook
 
 
 @dataclass

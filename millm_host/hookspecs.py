@@ -261,6 +261,22 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
     (residual callbacks), ``LogitsProcessorFactory``s (next-token constraints) and
     ``OutputFilterFactory``s (text rewriting, e.g. tool-call parsing), or None.
     A request for which every plugin returns nothing installs no layer hook.
+
+    Layer hooks under continuous batching (``MILLM_BATCHING=continuous``): many
+    requests share each forward pass, a row each. A hook's ``callback`` gets its
+    request's row alone (``[1, seq, d_model]``, its own ``start``), once per pass:
+    plugins written for the serial engine work unchanged. A hook may instead take the
+    batch: ``LayerHook.batched(hidden, rows)``, one function shared by all requests'
+    hooks, called once per point, ``order`` and pass with the whole ``hidden`` and the
+    row → request map, a ``HookRow`` (``index``, ``start``, ``skip``, ``hook``) for each
+    request that carries it, and nothing for the others. It reads and writes only those
+    rows (``hidden[row.index, row.skip:]``; ``row.hook.state`` is that request's own);
+    a write returns the batch with only its rows changed. So a read can gather all its
+    requests' rows in one operation (the probes plugin: one copy per pass for every
+    armed probe of every row) and a write can add each row its own vector in one
+    operation (steering: unsteered rows add nothing). Alone, a request is a batch of
+    one: ``batched`` is called with ``HookRow(0, start, 0, hook)``. See ``LayerHook``.
+
     Never called for scoring requests (``ctx.scoring``) nor embeddings: they are
     never steered and never monitored.
     Raising a ``MillmError`` fails the request (an error event on a stream).

@@ -347,7 +347,14 @@ def read_only(hook: LayerHook) -> LayerHook:
     def read(hidden: Any, start: int) -> None:
         hook.callback(hidden, start)
 
-    return replace(hook, callback=read)
+    batched = hook.batched
+    if batched is None:
+        return replace(hook, callback=read)
+
+    def read_rows(hidden: Any, rows: Any) -> None:
+        batched(hidden, rows)
+
+    return replace(hook, callback=read, batched=read_rows)
 
 
 def _token(engine: Any, token: TokenLogprob) -> dict[str, Any]:

@@ -19,8 +19,10 @@ the left are dropped. Each row's padding is masked out (``attention_mask``) and
 its positions are its own (``position_ids``), so a row computes what it would
 alone, up to floating-point rounding of the batched matrix products.
 
-Layer hooks (steering writes, probe reads) are per row: at each hooked point, each
-row's callbacks get that row alone, ``[1, seq, d]`` with its own start position, as
+Layer hooks (steering writes, probe reads) see the batch through a row -> request
+map: at each hooked point, each batched function (``LayerHook.batched``) is called
+once with the whole batch and the ``HookRow``s of the rows that carry it, and each
+per-row callback gets its row alone, ``[1, seq, d]`` with its own start position, as
 ``LayerHook`` promises; a row without hooks costs nothing there, and a point no row
 hooks gets no torch hook. A callback that raises fails its own row only.
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from millm_host.api import LayerHook
+from millm_host.api import HookRow, LayerHook
 
 
 def decoder_layers(model: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:
@@ -32,16 +32,11 @@ class Position:
         self.start = 0
 
 
-def _run(callbacks: Sequence[LayerHook], hidden: torch.Tensor, start: int) -> torch.Tensor | None:
-    replaced = None
-    for hook in callbacks:
-        result = hook.callback(hidden, start)
-        if result is not None:
-            hidden = replaced = result
-    return replaced
-
-
 Point = tuple[int, str]  # (layer, "resid_pre" | "resid_post")
+
+#: Where a hook runs in a pass: (its row, the position of its row's first real token in this
+#: pass, the columns of left padding before that token in this pass, the hook).
+Entry = tuple[int, int, int, LayerHook]
 
 
 def grouped(hooks: Sequence[LayerHook], n_layers: int) -> dict[Point, list[LayerHook]]:
@@ -56,12 +51,110 @@ def grouped(hooks: Sequence[LayerHook], n_layers: int) -> dict[Point, list[Layer
     return {point: sorted(group, key=lambda h: h.order) for point, group in groups.items()}  # stable sort
 
 
+class _Stage:
+    """The hooks of one ``order`` at one point: each batched function once, then per-row callbacks."""
+
+    __slots__ = ("batched", "single")
+
+    def __init__(self) -> None:
+        self.batched: dict[Callable[..., Any], list[HookRow]] = {}
+        self.single: dict[int, tuple[list[LayerHook], int, int]] = {}  # row -> (callbacks, start, skip)
+
+
+def _stages(entries: Sequence[Entry]) -> list[_Stage]:
+    """``entries`` (in row order, each row's hooks in call order) as stages in ascending ``order``."""
+    by_order: dict[int, _Stage] = {}
+    for index, start, skip, hook in entries:
+        stage = by_order.get(hook.order)
+        if stage is None:
+            stage = by_order[hook.order] = _Stage()
+        if hook.batched is not None:
+            stage.batched.setdefault(hook.batched, []).append(HookRow(index, start, skip, hook))
+        else:
+            stage.single.setdefault(index, ([], start, skip))[0].append(hook)
+    return [by_order[order] for order in sorted(by_order)]
+
+
+def _run_stages(
+    hidden: torch.Tensor, stages: Sequence[_Stage], failed: Callable[[int, Exception], None] | None
+) -> torch.Tensor | None:
+    """Run ``stages`` on ``hidden``; the replacement (None: nothing wrote).
+
+    ``failed(row, exc)`` takes a callback's failure (for a batched function: once per row
+    it was called for); without it, the failure propagates (the serial path).
+    """
+    current, replaced, owned = hidden, False, False
+    whole = hidden.shape[0] == 1
+    for stage in stages:
+        for function, rows in stage.batched.items():
+            try:
+                result = function(current, rows)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                for row in rows:
+                    failed(row.index, exc)
+                continue
+            if result is not None:
+                current, replaced, owned = result, True, False
+        for index, (callbacks, start, skip) in stage.single.items():
+            if skip >= current.shape[1]:  # all padding in this pass: nothing of its own to see
+                continue
+            try:
+                if whole and skip == 0:  # its row is the whole pass (alone): no slicing, no copy
+                    result = _run(callbacks, current, start)
+                    if result is not None:
+                        current, replaced, owned = result, True, False
+                    continue
+                result = _run(callbacks, current[index : index + 1, skip:], start)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed(index, exc)
+                continue
+            if result is not None:
+                if not owned:
+                    current, owned = current.clone(), True
+                current[index : index + 1, skip:] = result
+                replaced = True
+    return current if replaced else None
+
+
+def _run(callbacks: Sequence[LayerHook], hidden: torch.Tensor, start: int) -> torch.Tensor | None:
+    replaced = None
+    for hook in callbacks:
+        result = hook.callback(hidden, start)
+        if result is not None:
+            hidden = replaced = result
+    return replaced
+
+
 def install(layers: torch.nn.ModuleList, hooks: Sequence[LayerHook], position: Position) -> list[Any]:
-    """Register one torch hook per hooked point; return the handles to remove."""
-    return [
-        _register(layers, point, lambda hidden, group=group: _run(group, hidden, position.start))
-        for point, group in grouped(hooks, len(layers)).items()
-    ]
+    """Register one torch hook per hooked point for a pass of one sequence; return the handles to remove.
+
+    A batched hook gets that sequence as a batch of one (``HookRow(0, start, 0, hook)``).
+    """
+    handles = []
+    for point, group in grouped(hooks, len(layers)).items():
+        if not any(hook.batched is not None for hook in group):
+            run = _serial(group, position)
+        else:
+            run = _serial_batched(group, position)
+        handles.append(_register(layers, point, run))
+    return handles
+
+
+def _serial(group: Sequence[LayerHook], position: Position) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    return lambda hidden: _run(group, hidden, position.start)
+
+
+def _serial_batched(group: Sequence[LayerHook], position: Position) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    def run(hidden: torch.Tensor) -> torch.Tensor | None:
+        start = position.start
+        entries = [(index, start, 0, hook) for index in range(hidden.shape[0]) for hook in group]
+        return _run_stages(hidden, _stages(entries), None)
+
+    return run
 
 
 #: One row's hooks at each point, the position of its first real token in this pass, and how
@@ -72,41 +165,28 @@ RowHooks = tuple[Mapping[Point, Sequence[LayerHook]], int, int]
 def install_rows(
     layers: torch.nn.ModuleList, rows: Sequence[RowHooks | None], failed: Callable[[int, Exception], None]
 ) -> list[Any]:
-    """Hooks for a batched pass: each row's callbacks see only its own row, ``[1, seq, d]``, as alone.
+    """Hooks for a batched pass: the row -> request map of each hooked point.
 
-    Its left padding is cut off (a row all padding in this pass is not called).
-    Rows without hooks at a point cost nothing there; a point no row hooks gets no
-    torch hook at all. A callback that raises fails its row only (``failed(row, exc)``).
+    A per-row callback sees only its own row, ``[1, seq, d]``, as alone, its left
+    padding cut off (a row all padding in this pass is not called). A batched function
+    is called once with the whole batch and a ``HookRow`` for each row whose hook carries
+    it. Rows without hooks at a point cost nothing there; a point no row hooks gets no
+    torch hook at all. A callback that raises fails its row only (``failed(row, exc)``);
+    a batched function that raises fails each row it was called for.
     """
-    at: dict[Point, list[tuple[int, Sequence[LayerHook], int, int]]] = defaultdict(list)
+    at: dict[Point, list[Entry]] = defaultdict(list)
     for index, row in enumerate(rows):
         if row is not None:
             groups, start, skip = row
             for point, group in groups.items():
-                at[point].append((index, group, start, skip))
-    return [_register(layers, point, _per_row(entries, failed)) for point, entries in at.items()]
+                at[point].extend((index, start, skip, hook) for hook in group)
+    return [_register(layers, point, _batch_run(_stages(entries), failed)) for point, entries in at.items()]
 
 
-def _per_row(
-    entries: Sequence[tuple[int, Sequence[LayerHook], int, int]], failed: Callable[[int, Exception], None]
+def _batch_run(
+    stages: Sequence[_Stage], failed: Callable[[int, Exception], None]
 ) -> Callable[[torch.Tensor], torch.Tensor | None]:
-    def run(hidden: torch.Tensor) -> torch.Tensor | None:
-        out = None
-        for index, group, start, skip in entries:
-            if skip >= hidden.shape[1]:
-                continue
-            try:
-                replaced = _run(group, hidden[index : index + 1, skip:], start)
-            except Exception as exc:
-                failed(index, exc)
-                continue
-            if replaced is not None:
-                if out is None:
-                    out = hidden.clone()
-                out[index : index + 1, skip:] = replaced
-        return out
-
-    return run
+    return lambda hidden: _run_stages(hidden, stages, failed)
 
 
 def _register(layers: torch.nn.ModuleList, point: Point, run: Callable[[torch.Tensor], torch.Tensor | None]) -> Any:

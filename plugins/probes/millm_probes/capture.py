@@ -3,16 +3,18 @@
 One read hook per residual point (``ORDER_READ_PRE_STEERING``: probes see the
 residual before any steering write at that point). Each forward pass copies its
 rows into a buffer sized once for the whole request, so nothing leaves the
-device until scoring, which happens once, after the last pass.
+device until scoring, which happens once, after the last pass. In a continuous
+batch one batched call per point and pass (``capture_rows``) serves the armed
+rows of every request in the batch, each into its own buffer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from millm_host.api import ORDER_READ_PRE_STEERING, LayerHook
+from millm_host.api import ORDER_READ_PRE_STEERING, HookRow, LayerHook
 
 from .scoring import Point
 
@@ -45,37 +47,47 @@ class Capture:
     def hooks(self) -> list[LayerHook]:
         return [
             LayerHook(
-                layer, point, self._callback(self._slots[(layer, point)], first=i == 0), ORDER_READ_PRE_STEERING, OWNER
+                layer,
+                point,
+                self._callback(self._slots[(layer, point)], first=i == 0),
+                ORDER_READ_PRE_STEERING,
+                OWNER,
+                batched=capture_rows,
+                state=(self, self._slots[(layer, point)], i == 0),
             )
             for i, (layer, point) in enumerate(self.points)
         ]
 
     def _callback(self, slot: _Point, first: bool):
-        # Every forward pass runs this once per hooked point: it holds its state in the closure and does
-        # no dictionary work, so what a pass pays per point is the copy and little else.
+        # An engine that calls per-row callbacks (not ``batched``) runs this once per pass and point.
         clock, cpu = time.perf_counter, time.thread_time
 
         def read(hidden: Any, start: int) -> None:
             began, began_cpu = clock(), cpu()
-            rows = hidden[0]
-            end = start + rows.shape[0]
-            buffer = slot.buffer
-            if buffer is None or end > buffer.shape[0]:
-                buffer = self._grow(slot, rows, end)
-            buffer[start:end].copy_(rows)
-            if end > slot.filled:
-                slot.filled = end
-            if first:
-                self.passes += 1
-            took, took_cpu = clock() - began, cpu() - began_cpu
-            self.seconds += took
-            self.cpu_seconds += took_cpu
-            if self.passes == 1:
-                self.prompt_seconds += took
-                self.prompt_cpu_seconds += took_cpu
+            self._store(slot, hidden[0], start, first)
+            self._took(clock() - began, cpu() - began_cpu)
             return None
 
         return read
+
+    def _store(self, slot: _Point, rows: Any, start: int, first: bool) -> None:
+        """Copy one pass's ``rows`` ``[seq, d]`` (from position ``start``) into ``slot``'s buffer, on the device."""
+        end = start + rows.shape[0]
+        buffer = slot.buffer
+        if buffer is None or end > buffer.shape[0]:
+            buffer = self._grow(slot, rows, end)
+        buffer[start:end].copy_(rows)
+        if end > slot.filled:
+            slot.filled = end
+        if first:
+            self.passes += 1
+
+    def _took(self, seconds: float, cpu_seconds: float) -> None:
+        self.seconds += seconds
+        self.cpu_seconds += cpu_seconds
+        if self.passes == 1:
+            self.prompt_seconds += seconds
+            self.prompt_cpu_seconds += cpu_seconds
 
     def _grow(self, slot: _Point, rows: Any, end: int) -> Any:
         import torch
@@ -98,3 +110,26 @@ class Capture:
     def rows(self) -> dict[Point, Any]:
         positions = self.positions
         return {point: slot.buffer[:positions] for point, slot in self._slots.items() if slot.buffer is not None}
+
+
+def capture_rows(hidden: Any, rows: Sequence[HookRow]) -> None:
+    """Every armed request's rows of a batched pass into its buffer: ``LayerHook.batched``.
+
+    One call per point and pass for the whole batch (rows without armed probes are not
+    listed and cost nothing); each request's real columns ``hidden[index, skip:]`` are
+    copied into its buffer on the device, so nothing leaves the device until scoring.
+    The call's time is shared out among its requests.
+    """
+    began, began_cpu = time.perf_counter(), time.thread_time()
+    captures = []
+    for row in rows:
+        capture, slot, first = row.hook.state
+        part = hidden[row.index, row.skip :]
+        if part.shape[0]:
+            capture._store(slot, part, row.start, first)
+            captures.append(capture)
+    if captures:
+        share = (time.perf_counter() - began) / len(captures)
+        cpu_share = (time.thread_time() - began_cpu) / len(captures)
+        for capture in captures:
+            capture._took(share, cpu_share)

@@ -101,3 +101,22 @@ def test_probes_score_each_row_of_a_batch_as_alone(batching_server, lab, helpers
             assert result["outcome"] == "completed", result
             assert result["n_scored_tokens"] == end - start, result
             assert abs(result["score"] - lab.score(doc, fed, start, end)) <= TOLERANCE, result
+
+
+def test_one_batched_read_fills_each_requests_buffer_with_its_rows_only():
+    """The row map, without a server: one ``capture_rows`` call for the batch, each Capture its own rows."""
+    import torch
+
+    from millm_host.api import HookRow
+    from millm_probes.capture import Capture, capture_rows
+
+    point = (1, "resid_post")
+    first, second = Capture([point], 8), Capture([point], 8)
+    (hook_a,), (hook_b,) = first.hooks(), second.hooks()
+    assert hook_a.batched is hook_b.batched is capture_rows  # one function: one call serves both
+    hidden = torch.arange(3 * 4 * 2, dtype=torch.float32).reshape(3, 4, 2)  # rows: a (1 pad), none, b
+    capture_rows(hidden, [HookRow(0, 0, 1, hook_a), HookRow(2, 0, 0, hook_b)])
+    capture_rows(hidden[:, -1:], [HookRow(0, 3, 0, hook_a), HookRow(2, 4, 0, hook_b)])  # a decode step
+    assert torch.equal(first.rows()[point], torch.cat([hidden[0, 1:], hidden[0, -1:]]))
+    assert torch.equal(second.rows()[point], torch.cat([hidden[2], hidden[2, -1:]]))
+    assert (first.passes, second.passes, first.positions, second.positions) == (2, 2, 4, 5)

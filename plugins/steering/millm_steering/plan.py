@@ -3,7 +3,9 @@
 Each steered attachment gets one write hook (``ORDER_WRITE_STEERING``) whose
 callback adds a precomputed vector ``Σ clamp(s)·W_dec[i]`` (in the model's dtype,
 on its device) to the residual at every position: one tensor add per forward.
-The hook also carries that vector (``LayerHook.vector``), so an engine without
+In a continuous batch the hooks of all steered rows share one batched function
+(``steer_rows``): one add per point and pass for the whole batch, each row its own
+vector and unsteered rows a zero (they carry no hook: they add no work). The hook also carries that vector (``LayerHook.vector``), so an engine without
 callbacks (GGUF: llama.cpp control vectors) applies it for the whole generation.
 
 A request that carries its own set (a profile, an inline set, ``features: []``)
@@ -16,10 +18,11 @@ what the hooks applied last, flagged ``changed`` when the epoch moved.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from millm_host.api import ORDER_WRITE_STEERING, LayerHook
+from millm_host.api import ORDER_WRITE_STEERING, HookRow, LayerHook
 
 from .resolve import Entry, Served
 from .state import Snapshot, SteeringState
@@ -78,6 +81,8 @@ class Plan:
                 ORDER_WRITE_STEERING,
                 owner="steering",
                 vector=self._vector(slot),
+                batched=steer_rows,
+                state=(self, slot),
             )
             for slot in self.slots.values()
         ]
@@ -92,6 +97,12 @@ class Plan:
             return slot.delta
 
         return vector
+
+    def delta(self, slot: Slot) -> Any:
+        """What ``slot`` adds now (None: nothing), after re-reading a live state whose epoch moved."""
+        if self.live and self.state.epoch != self.seen_epoch:
+            self.refresh()
+        return slot.delta
 
     def _callback(self, slot: Slot) -> Callable[[Any, int], Any]:
         if not self.live:
@@ -127,3 +138,60 @@ class Plan:
 
     def changed(self) -> bool:
         return self.state.epoch != self.start_epoch
+
+
+class _Composed:
+    """The last ``[batch, 1, d]`` stack of row vectors ``steer_rows`` built, reused while the same."""
+
+    __slots__ = ("key", "deltas", "tensor")
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] = ()
+        self.deltas: tuple[Any, ...] = ()
+        self.tensor: Any = None
+
+
+_local = threading.local()  # each engine thread its own stacks, by (layer, point, batch size)
+
+
+def steer_rows(hidden: Any, rows: Sequence[HookRow]) -> Any:
+    """Every steered row of a batched pass its own vector, in one add: ``LayerHook.batched``.
+
+    ``hidden`` is ``[batch, seq, d]``; a row not listed adds zero. A row's left padding
+    gets its vector too: padding is masked out of attention, so no real token reads it.
+    The stack is rebuilt only when the rows or their vectors change (a row joins or
+    leaves, a live change), so a decode step usually pays the add alone.
+    """
+    import torch
+
+    picked = []
+    for row in rows:
+        plan, slot = row.hook.state
+        delta = plan.delta(slot)
+        if delta is not None:
+            picked.append((row.index, delta))
+    if not picked:
+        return None
+    batch = hidden.shape[0]
+    if batch == 1 and len(picked) == 1:  # alone: the serial add
+        return hidden + picked[0][1]
+    first = rows[0].hook
+    slot_key = (first.layer, first.point, batch)
+    stacks = getattr(_local, "stacks", None)
+    if stacks is None:
+        stacks = _local.stacks = {}
+    composed = stacks.get(slot_key)
+    if composed is None:
+        composed = stacks[slot_key] = _Composed()
+    key = tuple(index for index, _ in picked)
+    deltas = tuple(delta for _, delta in picked)
+    if (
+        composed.key != key
+        or len(composed.deltas) != len(deltas)
+        or any(a is not b for a, b in zip(composed.deltas, deltas, strict=True))
+    ):
+        stacked = torch.zeros((batch, 1, hidden.shape[-1]), dtype=hidden.dtype, device=hidden.device)
+        index = torch.tensor(key, device=hidden.device)
+        stacked.index_add_(0, index, torch.stack(deltas).to(hidden.dtype).unsqueeze(1))
+        composed.key, composed.deltas, composed.tensor = key, deltas, stacked
+    return hidden + composed.tensor

@@ -98,3 +98,32 @@ def test_steered_and_plain_rows_share_the_batch_each_with_its_own_vector(steerin
         reset(client)
     assert report["backend"] == "continuous"
     assert report["batched"] >= len(PROMPTS) and report["serial_reasons"] == {}
+
+
+def test_one_batched_add_steers_each_row_with_its_own_vector_and_leaves_the_others():
+    """The row map, without a server: ``steer_rows`` adds each listed row its vector, the rest exactly nothing."""
+    import torch
+
+    from millm_host.api import HookRow, LayerHook
+    from millm_steering.plan import steer_rows
+
+    class FrozenPlan:  # what steer_rows asks of a request's plan
+        live = False
+
+        def delta(self, slot):
+            return slot
+
+    plan = FrozenPlan()
+    hidden = torch.randn(4, 3, 5)
+
+    def hook(vector):
+        return LayerHook(0, "resid_post", lambda h, s: h + vector, batched=steer_rows, state=(plan, vector))
+
+    one, three = torch.randn(5), torch.randn(5)
+    rows = [HookRow(1, 0, 0, hook(one)), HookRow(3, 0, 2, hook(three))]
+    out = steer_rows(hidden, rows)
+    assert torch.equal(out[0], hidden[0]) and torch.equal(out[2], hidden[2])
+    assert torch.equal(out[1], hidden[1] + one) and torch.equal(out[3], hidden[3] + three)
+    assert steer_rows(hidden, [HookRow(1, 0, 0, hook(None))]) is None  # nothing to add: no new tensor
+    again = steer_rows(hidden, rows)  # the same rows and vectors: the stack is reused
+    assert torch.equal(again, out)

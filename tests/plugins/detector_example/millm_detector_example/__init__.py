@@ -3,22 +3,63 @@
 It uses nothing but millm's public hooks: a setting, a header and a body field on
 every chat completion (on the finish chunk when streaming). Enabled only when
 ``DETECTOR_EXAMPLE_ENABLED`` is true, so it does not change other tests' responses.
+
+With ``DETECTOR_EXAMPLE_LAYER`` set (an engine with layer hooks), it also reads the
+residual after that layer and reports each position's norm (``residual_norms``), as a
+batched read hook (``LayerHook.batched``): under continuous batching one call per pass
+serves every request in the batch, with one norm over the whole batch and one copy of
+it to the host, and each request keeps only its own rows (``HookRow``).
 """
 
 from __future__ import annotations
 
 import uuid
 
-from millm_host.api import ResponseExtra, Setting, hookimpl
+from millm_host.api import ORDER_READ_POST_STEERING, HookRow, LayerHook, ResponseExtra, Setting, hookimpl
 
 __version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
 
 STATE_KEY = "detector_example"
+NORMS_KEY = "detector_example_norms"
 
 
 @hookimpl
 def register_settings(register) -> None:
     register(Setting("DETECTOR_EXAMPLE_ENABLED", bool, False, "Score every chat reply for shouting"))
+    register(
+        Setting(
+            "DETECTOR_EXAMPLE_LAYER", int, -1, "Also report each position's residual norm after this layer (-1: off)"
+        )
+    )
+
+
+def norm_rows(hidden, rows: list[HookRow]) -> None:
+    """Each listed request's residual norms of this pass (``LayerHook.batched``): the batch's in one go."""
+    norms = hidden.float().norm(dim=-1).tolist()  # [batch][seq]: the pass's one device-to-host copy
+    for row in rows:
+        seen = row.hook.state
+        for offset, value in enumerate(norms[row.index][row.skip :]):
+            seen[row.start + offset] = value
+
+
+@hookimpl
+def before_forward(ctx):
+    settings = ctx.settings
+    layer = settings["DETECTOR_EXAMPLE_LAYER"]
+    if not settings["DETECTOR_EXAMPLE_ENABLED"] or layer < 0 or not ctx.is_chat:
+        return None
+    if ctx.engine is None or not ctx.engine.hook_points or ctx.n > 1 or len(ctx.prompts) > 1:
+        return None  # one sequence read per request: its rows are its positions
+    seen: dict[int, float] = {}
+    ctx.state[NORMS_KEY] = seen
+
+    def per_row(hidden, start):  # for an engine that calls hooks per row: the same, on a batch of one
+        norm_rows(hidden, [HookRow(0, start, 0, hook)])
+
+    hook = LayerHook(
+        layer, "resid_post", per_row, ORDER_READ_POST_STEERING, "detector_example", batched=norm_rows, state=seen
+    )
+    return [hook]
 
 
 def _score(text: str) -> float:
@@ -45,7 +86,11 @@ def response_extras(ctx):
     scores = ctx.state.get(STATE_KEY)
     if scores is None:
         return None
-    return [ResponseExtra({"detector_example": {"shouting": scores}}, order=400)]
+    body = {"shouting": scores}
+    seen = ctx.state.get(NORMS_KEY)
+    if seen is not None:
+        body["residual_norms"] = [seen[position] for position in sorted(seen)]
+    return [ResponseExtra({"detector_example": body}, order=400)]
 
 
 @hookimpl
