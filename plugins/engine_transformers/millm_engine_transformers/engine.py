@@ -62,9 +62,12 @@ class TransformersEngine(Engine):
     ) -> None:
         self.model = model
         self.settings = settings
-        self._tokenizer_original = tokenizer  # never used directly: copied once per thread
-        self._tokenizer_copying = threading.Lock()
-        self._tokenizers = threading.local()
+        # Never used directly: HF fast tokenizers are not safe to share between threads, so each
+        # call borrows a copy from a pool. A copy per thread instead cost a deepcopy per request
+        # (each request's sequences run on threads of their own).
+        self._tokenizer_original = tokenizer
+        self._tokenizer_lock = threading.Lock()
+        self._tokenizer_pool: list[Any] = []
         self.descriptor = descriptor
         self.device = device
         self.dtype = dtype
@@ -97,7 +100,7 @@ class TransformersEngine(Engine):
         # transformers 5 renamed past_key_values to cache.
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
-        self._tokenizers.tokenizer = copy.deepcopy(tokenizer)  # the loading (engine) thread's, made now
+        self._tokenizer_pool.append(copy.deepcopy(tokenizer))  # the first copy, made now
         self._start_batching(settings)
 
     def _start_batching(self, settings: Any) -> None:
@@ -156,27 +159,34 @@ class TransformersEngine(Engine):
         return frozenset(ids)
 
     # --- text -------------------------------------------------------------------------
-    @property
-    def tokenizer(self) -> Any:
-        """This thread's own copy of the HF tokenizer."""
-        tokenizer = getattr(self._tokenizers, "tokenizer", None)
-        if tokenizer is None:
-            with self._tokenizer_copying:
+    @contextmanager
+    def _tokenizer(self) -> Iterator[Any]:
+        """A copy of the HF tokenizer that no other thread uses meanwhile (a new one when all are in use)."""
+        with self._tokenizer_lock:
+            tokenizer = self._tokenizer_pool.pop() if self._tokenizer_pool else None
+            if tokenizer is None:
                 tokenizer = copy.deepcopy(self._tokenizer_original)
-            self._tokenizers.tokenizer = tokenizer
-        return tokenizer
+        try:
+            yield tokenizer
+        finally:
+            with self._tokenizer_lock:
+                self._tokenizer_pool.append(tokenizer)
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        with self._tokenizer() as tokenizer:
+            return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        with self._tokenizer() as tokenizer:
+            return tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def token_bytes(self, token_id: int) -> bytes:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        with self._tokenizer() as tokenizer:
+            return tokenizer.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)  # spaces a word-piece joins are kept
+        with self._tokenizer() as tokenizer:
+            return tokenizer.decode(list(ids), skip_special_tokens=False)  # spaces a word-piece joins are kept
 
     def render_chat(
         self,
@@ -189,13 +199,14 @@ class TransformersEngine(Engine):
         if self.info.chat_template is None:
             raise NoChatTemplate(f"model {self.info.id!r} has no chat template")
         try:
-            return self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages],
-                tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **dict(template_kwargs or {}),
-            )
+            with self._tokenizer() as tokenizer:
+                return tokenizer.apply_chat_template(
+                    [dict(m) for m in messages],
+                    tools=list(tools) if tools else None,
+                    add_generation_prompt=add_generation_prompt,
+                    tokenize=False,
+                    **dict(template_kwargs or {}),
+                )
         except jinja2.TemplateError as exc:  # the template's own raise_exception: a refusal of the input
             raise InvalidParameter(
                 f"the chat template of {self.info.id} refuses these messages: {exc}", param="messages"
