@@ -12,7 +12,8 @@ penalties, logit bias, logits processors (``response_format``, tools) and logpro
 with a ``torch.Generator`` per row, so a seeded row draws the same whatever shares
 its batch.
 
-The KV cache is one left-padded ``DynamicCache`` of shape ``[rows, heads, L, d]``:
+The KV cache is one left-padded ``RoomyCache`` (a ``DynamicCache`` that writes each
+step into spare room instead of concatenating) of shape ``[rows, heads, L, d]``:
 a row that joins is padded on the left to the batch's length (or the batch to its);
 a row that leaves is cut out of the batch dimension and the all-padding columns on
 the left are dropped. Each row's padding is masked out (``attention_mask``) and
@@ -48,6 +49,7 @@ import transformers
 from millm_host.api import LayerHook, SamplingParams
 
 from . import hooks as layer_hooks
+from .kvcache import RoomyCache
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
 
 log = logging.getLogger("millm.batching")
@@ -102,7 +104,7 @@ class Prefill:
                 ids[index, length - len(row.prompt) :] = torch.tensor(row.prompt, device=device)
                 mask[index, length - len(row.prompt) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        return cls(rows, ids, mask, positions, transformers.DynamicCache())
+        return cls(rows, ids, mask, positions, RoomyCache())
 
     def padding(self, index: int) -> int:
         return self.ids.shape[1] - len(self.rows[index].prompt)
