@@ -68,6 +68,7 @@ class TransformersEngine(Engine):
         self._tokenizer_original = tokenizer
         self._tokenizer_lock = threading.Lock()
         self._tokenizer_pool: list[Any] = []
+        self._tokenizers = threading.local()  # for ``tokenizer``: plugins that read the HF tokenizer
         self.descriptor = descriptor
         self.device = device
         self.dtype = dtype
@@ -159,6 +160,17 @@ class TransformersEngine(Engine):
         return frozenset(ids)
 
     # --- text -------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """This thread's own copy of the HF tokenizer, for plugins that read it (structured output's
+        llguidance table). The engine's own calls borrow pooled copies instead (``_tokenizer``)."""
+        tokenizer = getattr(self._tokenizers, "tokenizer", None)
+        if tokenizer is None:
+            with self._tokenizer_lock:
+                tokenizer = copy.deepcopy(self._tokenizer_original)
+            self._tokenizers.tokenizer = tokenizer
+        return tokenizer
+
     @contextmanager
     def _tokenizer(self) -> Iterator[Any]:
         """A copy of the HF tokenizer that no other thread uses meanwhile (a new one when all are in use)."""
