@@ -168,6 +168,17 @@ def test_nesting_is_bounded_where_the_setting_says(own_server):
             assert response.status_code == status, (depth, response.text[:200])
 
 
+def test_containers_are_bounded_where_the_setting_says(echo_app):
+    """MILLM_MAX_JSON_CONTAINERS (65,536): a body past it is refused while it is parsed, one at it is served."""
+    with echo_app.http() as http:
+        for arrays, status in ((65_532, 200), (65_533, 400)):  # with the body, messages, the message and x
+            body = chat_body(echo_app.model_id, "hi") | {"x": [[]] * arrays}
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code == status, (arrays, response.text[:200])
+        error = assert_error(response, 400, "invalid_parameter")
+        assert "more than 65536 JSON objects and arrays (MILLM_MAX_JSON_CONTAINERS)" in error["message"]
+
+
 @pytest.mark.parametrize(
     "kind", ["many-messages", "long-messages", "one-string", "escapes", "token-ids", "nested", "many-keys"]
 )
@@ -380,3 +391,69 @@ def test_sliced_validation_keeps_every_message_and_part():
     request = validate(ChatCompletionRequest, {"model": "m", "messages": messages})
     assert [m.content for m in request.messages[:2500]] == [str(i) for i in range(2500)]
     assert [p.text for p in request.messages[-1].content] == [str(i) for i in range(3000)]
+
+
+def widest_validation(monkeypatch, model, body) -> tuple[object, int]:
+    """``validate(model, body)``, and the most list items (nested ones too) any one pydantic call was handed."""
+    import pydantic
+
+    widest = [0]
+
+    def items(value) -> int:
+        if isinstance(value, dict):
+            return sum(items(v) for v in value.values())
+        return len(value) + sum(items(v) for v in value) if isinstance(value, list) else 0
+
+    original_model, original_adapter = pydantic.BaseModel.model_validate.__func__, pydantic.TypeAdapter.validate_python
+
+    def model_validate(cls, obj, *args, **kwargs):
+        widest[0] = max(widest[0], items(obj))
+        return original_model(cls, obj, *args, **kwargs)
+
+    def validate_python(self, obj, *args, **kwargs):
+        widest[0] = max(widest[0], items(obj))
+        return original_adapter(self, obj, *args, **kwargs)
+
+    monkeypatch.setattr(pydantic.BaseModel, "model_validate", classmethod(model_validate))
+    monkeypatch.setattr(pydantic.TypeAdapter, "validate_python", validate_python)
+    return validate(model, body), widest[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "field", "value"),
+    [
+        ("embeddings", "input", [1] * 200_000),
+        ("embeddings", "input", ["a"] * 50_000),
+        ("embeddings", "input", [[1] * 3000, [2] * 100_000, [3]]),
+        ("completions", "prompt", [7] * 200_000),
+        ("completions", "prompt", [[1, 2]] * 20_000),
+        ("detokenize", "tokens", [5] * 200_000),
+    ],
+)
+def test_long_lists_are_validated_in_slices(monkeypatch, model, field, value):
+    """pydantic-core holds the GIL for a whole call: 2M token ids took 0.3 s in one. A long list of strings
+    or token ids (or token-id lists) reaches pydantic a slice at a time, and comes out whole."""
+    from millm_host.protocol import VALIDATION_SLICE, CompletionRequest, DetokenizeRequest, EmbeddingRequest
+
+    request = {"embeddings": EmbeddingRequest, "completions": CompletionRequest, "detokenize": DetokenizeRequest}[model]
+    params, widest = widest_validation(monkeypatch, request, {"model": "m", field: value})
+    assert getattr(params, field) == value
+    assert widest <= 2 * VALIDATION_SLICE + 1, widest  # a slice ends with the item that fills it
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [
+        ("input", [1] * 1500 + [-1], "input[1500]"),
+        ("input", [1] * 1500 + ["a"], "input[1500]"),
+        ("input", ["a"] * 3000 + [1], "input[3000]"),
+        ("input", [[1]] * 10 + [[1] * 2000 + [True]], "input[10][2000]"),
+        ("input", [[1]] * 2000 + [1], "input[2000]"),
+    ],
+)
+def test_sliced_list_validation_names_the_bad_item(field, value, param):
+    from millm_host.protocol import EmbeddingRequest
+
+    with pytest.raises(InvalidParameter) as caught:
+        validate(EmbeddingRequest, {"model": "m", field: value})
+    assert caught.value.param == param

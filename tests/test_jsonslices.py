@@ -52,3 +52,27 @@ def test_broken_text_is_refused_as_json_loads_refuses_it(value, cut, junk):
             parse(broken)
     else:
         assert parse(broken) == expected
+
+
+def count_containers(value) -> int:
+    if isinstance(value, dict):
+        return 1 + sum(count_containers(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(count_containers(v) for v in value)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON, most=st.integers(min_value=0, max_value=40), brackets_in_strings=st.booleans())
+def test_containers_past_the_bound_are_refused_and_no_others(value, most, brackets_in_strings):
+    """Exactly the texts of more than ``max_containers`` objects and arrays are refused (brackets in strings are text)."""
+    if brackets_in_strings:
+        value = [value, "[{" * 20, {"[": "]{"}]
+    text = json.dumps(value)
+    if count_containers(value) > most:
+        with pytest.raises(jsonslices.TooManyContainers):
+            jsonslices.loads_in_slices(text, json.JSONDecoder(), max_depth=1000, max_containers=most)
+    else:
+        assert jsonslices.loads_in_slices(text, json.JSONDecoder(), max_depth=1000, max_containers=most) == json.loads(
+            text
+        )
