@@ -457,3 +457,56 @@ def test_sliced_list_validation_names_the_bad_item(field, value, param):
     with pytest.raises(InvalidParameter) as caught:
         validate(EmbeddingRequest, {"model": "m", field: value})
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 200_000}]}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab"}] * 2000}, "messages"),
+        ("/v1/completions", {"prompt": ["hi", "a" * 200_000]}, "prompt"),
+        ("/v1/completions", {"prompt": "a" * 400, "max_tokens": 200}, "max_tokens"),
+        ("/v1/embeddings", {"input": ["hi", "a" * 200_000]}, "input[1]"),
+    ],
+)
+def test_text_that_cannot_fit_is_refused_before_it_is_tokenized(echo_app, monkeypatch, path, fields, param):
+    """Tokenizing 4 MiB took seconds, with the GIL held for much of it: a text longer than the window
+    times the most characters a token stands for is refused from its length alone."""
+    from millm_host.testing.echo import EchoEngine
+
+    longest = [0]
+    tokenize = EchoEngine.tokenize
+
+    def recorded(self, text, add_special_tokens=True):
+        longest[0] = max(longest[0], len(text))
+        return tokenize(self, text, add_special_tokens)
+
+    monkeypatch.setattr(EchoEngine, "tokenize", recorded)
+    with echo_app.http() as http:
+        response = http.post(path, json={"model": echo_app.model_id, **fields})
+    error = assert_error(response, 400, "context_length_exceeded", param)
+    assert "at least" in error["message"]
+    assert longest[0] < 100, longest[0]  # the short prompts beside it are not tokenized either
+
+
+def test_text_that_fits_is_still_tokenized(echo_app):
+    with echo_app.http() as http:
+        served = http.post("/v1/completions", json={"model": echo_app.model_id, "prompt": "a" * 300, "max_tokens": 5})
+        assert served.status_code == 200, served.text
+        over = http.post("/v1/completions", json={"model": echo_app.model_id, "prompt": "é" * 300, "max_tokens": 5})
+        assert "at least" not in assert_error(over, 400, "context_length_exceeded", "prompt")["message"]
+
+
+def test_the_gil_switch_interval_is_set_when_the_app_is_built(app_factory):
+    """A worker thread parsing a large body gives the GIL back only after the switch interval (5 ms by
+    default), and the event loop waits that long each time it wakes: MILLM_GIL_SWITCH_MS sets it."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        app_factory(env={"MILLM_GIL_SWITCH_MS": "2.5"})
+        assert sys.getswitchinterval() == pytest.approx(0.0025)
+        app_factory()
+        assert sys.getswitchinterval() == pytest.approx(0.001)  # the default
+    finally:
+        sys.setswitchinterval(before)

@@ -58,6 +58,12 @@ class ServingEmbeddings(Serving):
         if self.token_ids != "model":
             ctx.plan = decode_tiktoken_ids(ctx.plan, self.token_ids, flat=is_one_id_list(ctx.params.input))
 
+    def refuse_unfitting_text(self, ctx: RequestContext) -> None:
+        engine = ctx.engine
+        assert engine is not None
+        floors = [engine.min_tokens([item]) if isinstance(item, str) else 0 for item in ctx.plan]
+        check_lengths(ctx, floors, engine.embedding_window, at_least=True)
+
     def tokenize(self, ctx: RequestContext) -> None:
         """Every input tokenized and measured before anything runs: none is ever truncated."""
         engine = ctx.engine
@@ -171,14 +177,16 @@ def refuse_unknown_ids(ctx: RequestContext, vocab_size: int) -> None:
                 )
 
 
-def check_lengths(ctx: RequestContext, lengths: list[int], window: int | None) -> None:
-    """Refuse the request if any input is over the model's window, naming every one."""
+def check_lengths(ctx: RequestContext, lengths: list[int], window: int | None, *, at_least: bool = False) -> None:
+    """Refuse the request if any input is over the model's window, naming every one (``at_least``:
+    ``lengths`` are lower bounds)."""
     if window is None:
         return  # a model that states no limit is embedded unchecked
     over = [(i, n) for i, n in enumerate(lengths) if n > window]
     if not over:
         return
-    named = ", ".join(f"input[{i}] ({n} tokens)" for i, n in over[:NAMED_OVER_LIMIT])
+    least = "at least " if at_least else ""
+    named = ", ".join(f"input[{i}] ({least}{n} tokens)" for i, n in over[:NAMED_OVER_LIMIT])
     more = f", and {len(over) - NAMED_OVER_LIMIT} more" if len(over) > NAMED_OVER_LIMIT else ""
     single = isinstance(ctx.params.input, str) or is_one_id_list(ctx.params.input)
     param = "input" if single else f"input[{over[0][0]}]"
