@@ -90,14 +90,39 @@ def _run_end(pattern: re.Pattern[str], text: str, start: int, limit: int) -> int
     return found.end()
 
 
-def loads_in_slices(text: str, decoder: json.JSONDecoder, max_depth: int, max_containers: int | None = None) -> Any:
-    """``decoder.decode(text)``, never scanning more than ``SLICE`` characters in one C call."""
-    return _Parser(text, decoder, max_depth, max_containers).parse()
+def loads_in_slices(
+    text: str,
+    decoder: json.JSONDecoder,
+    max_depth: int,
+    max_containers: int | None = None,
+    short_ints: json.JSONDecoder | None = None,
+) -> Any:
+    """``decoder.decode(text)``, never scanning more than ``SLICE`` characters in one C call.
+
+    ``short_ints``: a decoder that gives what ``decoder`` gives on text whose integers have
+    fewer than ``LONG_DIGITS`` digits (``decoder`` less a ``parse_int`` hook, which the C
+    scanner calls once per integer: 2M token ids spent most of their parse there). It
+    scans the runs of members that hold no longer run of digits.
+    """
+    return _Parser(text, decoder, max_depth, max_containers, short_ints).parse()
+
+
+#: Digits from which a run of members is scanned by ``decoder`` itself (its ``parse_int`` sees them).
+LONG_DIGITS = 19
+_LONG_DIGIT_RUN = re.compile(f"[0-9]{{{LONG_DIGITS}}}")
 
 
 class _Parser:
-    def __init__(self, text: str, decoder: json.JSONDecoder, max_depth: int, max_containers: int | None) -> None:
+    def __init__(
+        self,
+        text: str,
+        decoder: json.JSONDecoder,
+        max_depth: int,
+        max_containers: int | None,
+        short_ints: json.JSONDecoder | None,
+    ) -> None:
         self.text, self.n, self.max_depth = text, len(text), max_depth
+        self.scan_short_ints = None if short_ints is None else short_ints.scan_once  # type: ignore[attr-defined]
         #: Objects and arrays still allowed (counted as they are parsed).
         self.containers_left = self.n if max_containers is None else max_containers
         self.scan = decoder.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__
@@ -183,8 +208,11 @@ class _Parser:
         if cut <= pos:
             return None
         chunk = opening + self.text[pos:cut] + closing
+        scan = self.scan
+        if self.scan_short_ints is not None and _LONG_DIGIT_RUN.search(self.text, pos, cut) is None:
+            scan = self.scan_short_ints
         try:
-            members, end = self.scan(chunk, 0)
+            members, end = scan(chunk, 0)
         except _SCAN_FAILED:
             return None
         if end != len(chunk):

@@ -313,7 +313,7 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
     text = _decoded(raw)
     try:
         with gcpause.paused():
-            body = loads_in_slices(text, _BODY_DECODER, max_depth, max_containers)
+            body = loads_in_slices(text, _BODY_DECODER, max_depth, max_containers, _SHORT_INTS_DECODER)
     except json.JSONDecodeError as exc:
         raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} (character {exc.pos})") from None
     except (TooDeep, RecursionError):
@@ -336,6 +336,8 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
 
 
 _BODY_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
+#: The same, for text with no integer of 19 digits or more: none is out of range (``_bounded_int``).
+_SHORT_INTS_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 #: Bytes one C call decodes or searches (a slice of ``jsonslices``' size, for 4-byte characters).
 _BYTES_SLICE = 4 * SLICE
 

@@ -200,13 +200,16 @@ def test_no_c_call_parses_more_than_a_slice(monkeypatch, kind):
     }[kind]
     body = body.encode() if isinstance(body, str) else body
     widest = [0]
-    scan = protocol._BODY_DECODER.scan_once
 
-    def recorded(text, start):
-        widest[0] = max(widest[0], len(text) - start)
-        return scan(text, start)
+    def recording(scan):
+        def recorded(text, start):
+            widest[0] = max(widest[0], len(text) - start)
+            return scan(text, start)
 
-    monkeypatch.setattr(protocol._BODY_DECODER, "scan_once", recorded)
+        return recorded
+
+    for decoder in (protocol._BODY_DECODER, protocol._SHORT_INTS_DECODER):
+        monkeypatch.setattr(decoder, "scan_once", recording(decoder.scan_once))
     assert protocol.parse_json_body(body, 64) == json.loads(body)
     assert 0 < widest[0] <= max(SLICE + 2, MAX_NUMBER_CHARS + 1), widest[0]
 
