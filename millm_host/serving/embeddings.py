@@ -106,7 +106,7 @@ def inputs_of(params: EmbeddingRequest, max_inputs: int) -> list[str | list[int]
     if not params.input:
         raise InvalidParameter("input is an empty list; send at least one string or token id", param="input")
     if is_one_id_list(params.input):
-        return [cast("list[int]", list(params.input))]  # one input given as token ids
+        return [cast("list[int]", params.input)]  # one input given as token ids (not copied: 2M ids took 50 ms)
     if len(params.input) > max_inputs:
         raise InvalidParameter(
             f"input has {len(params.input)} inputs; at most {max_inputs} are accepted (EMBEDDINGS_MAX_INPUTS)",
@@ -149,7 +149,7 @@ def decode_tiktoken_ids(plan: list[str | list[int]], vocabulary: str, *, flat: b
                 )
         where = "input" if flat else f"input[{i}]"
         try:
-            decoded.append(b"".join(table[token] for token in item).decode("utf-8"))
+            decoded.append(_joined([table[token] for token in item]).decode("utf-8"))
         except UnicodeDecodeError:
             raise InvalidParameter(
                 f"{where}: the token ids are not UTF-8 text under {vocabulary} (a character split between "
@@ -157,6 +157,17 @@ def decode_tiktoken_ids(plan: list[str | list[int]], vocabulary: str, *, flat: b
                 param=where,
             ) from None
     return decoded
+
+
+#: Pieces one ``bytes.join`` call joins: one call over 2M tokens' bytes held the GIL for most of a second.
+JOIN_SLICE = 4096
+
+
+def _joined(pieces: list[bytes]) -> bytes:
+    """``b"".join(pieces)``, a slice of pieces per call (the last join copies a few large parts)."""
+    if len(pieces) <= JOIN_SLICE:
+        return b"".join(pieces)
+    return b"".join([b"".join(pieces[start : start + JOIN_SLICE]) for start in range(0, len(pieces), JOIN_SLICE)])
 
 
 def refuse_unknown_ids(ctx: RequestContext, vocab_size: int) -> None:
