@@ -50,7 +50,7 @@ def shapes(model: str) -> dict[str, tuple[str, bytes]]:
             "/v1/embeddings",
             just_under_the_limit(b'{"model":' + m + b',"input":[', b"1,", b"1]}"),
         ),
-        "nested": (  # 60 levels deep, legal, repeated in an ignored field
+        "nested": (  # 60 levels deep, repeated in an ignored field: 2M arrays, past MILLM_MAX_JSON_CONTAINERS
             "/v1/chat/completions",
             just_under_the_limit(chat + b'{"role":"user","content":"hi"}],"x":[', nested + b",", nested + b"]}"),
         ),

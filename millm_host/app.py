@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -254,6 +255,9 @@ def build(
     from . import routes
 
     settings = settings or Settings()
+    # Each time the event loop wakes it waits for the GIL; a worker thread parsing a large body
+    # gives it up only after the switch interval, so the interval bounds every such wait.
+    sys.setswitchinterval(settings["MILLM_GIL_SWITCH_MS"] / 1000)
     pm = pm or build_plugin_manager(settings)
     host = Host(settings, pm)
     host.start()

@@ -267,6 +267,14 @@ class Engine(abc.ABC):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special-token text (``<|im_start|>``) maps to its id."""
 
+    def min_tokens(self, texts: Sequence[str]) -> int:
+        """A lower bound on the tokens of any text that holds all of ``texts``, found cheaply (0: none known).
+
+        The host refuses a prompt that cannot fit the window from it, without rendering or
+        tokenizing it: 4 MiB took the tokenizer seconds, with the GIL held for much of it.
+        """
+        return 0
+
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens left out."""

@@ -14,7 +14,10 @@ only ever sees a slice of about ``SLICE`` characters:
 
 Between C calls the interpreter hands the GIL to other threads as usual. The result
 is the value ``json.loads`` would give, with the same hooks; nesting past
-``max_depth`` (the outermost container is level 1) raises ``TooDeep``.
+``max_depth`` (the outermost container is level 1) raises ``TooDeep``, and more than
+``max_containers`` objects and arrays in all raises ``TooManyContainers`` as soon as
+the count passes it (a 4 MiB body can be 1.4 million empty arrays: building them,
+walking them and freeing them each held the GIL for tens of ms).
 """
 
 from __future__ import annotations
@@ -39,6 +42,23 @@ _SCAN_FAILED = (JSONDecodeError, StopIteration, RecursionError)
 
 class TooDeep(ValueError):
     """The text nests containers deeper than allowed."""
+
+
+class TooManyContainers(ValueError):
+    """The text holds more objects and arrays than allowed."""
+
+
+def containers_in(value: Any, most: int) -> int:
+    """The objects and arrays in ``value`` (itself included); the count stops once past ``most``."""
+    stack = [value] if isinstance(value, (dict, list)) else []
+    count = 0
+    while stack and count <= most:
+        node = stack.pop()
+        count += 1
+        stack.extend(
+            child for child in (node.values() if isinstance(node, dict) else node) if isinstance(child, (dict, list))
+        )
+    return count
 
 
 def nesting_exceeds(value: Any, max_depth: int) -> bool:
@@ -70,14 +90,41 @@ def _run_end(pattern: re.Pattern[str], text: str, start: int, limit: int) -> int
     return found.end()
 
 
-def loads_in_slices(text: str, decoder: json.JSONDecoder, max_depth: int) -> Any:
-    """``decoder.decode(text)``, never scanning more than ``SLICE`` characters in one C call."""
-    return _Parser(text, decoder, max_depth).parse()
+def loads_in_slices(
+    text: str,
+    decoder: json.JSONDecoder,
+    max_depth: int,
+    max_containers: int | None = None,
+    short_ints: json.JSONDecoder | None = None,
+) -> Any:
+    """``decoder.decode(text)``, never scanning more than ``SLICE`` characters in one C call.
+
+    ``short_ints``: a decoder that gives what ``decoder`` gives on text whose integers have
+    fewer than ``LONG_DIGITS`` digits (``decoder`` less a ``parse_int`` hook, which the C
+    scanner calls once per integer: 2M token ids spent most of their parse there). It
+    scans the runs of members that hold no longer run of digits.
+    """
+    return _Parser(text, decoder, max_depth, max_containers, short_ints).parse()
+
+
+#: Digits from which a run of members is scanned by ``decoder`` itself (its ``parse_int`` sees them).
+LONG_DIGITS = 19
+_LONG_DIGIT_RUN = re.compile(f"[0-9]{{{LONG_DIGITS}}}")
 
 
 class _Parser:
-    def __init__(self, text: str, decoder: json.JSONDecoder, max_depth: int) -> None:
+    def __init__(
+        self,
+        text: str,
+        decoder: json.JSONDecoder,
+        max_depth: int,
+        max_containers: int | None,
+        short_ints: json.JSONDecoder | None,
+    ) -> None:
         self.text, self.n, self.max_depth = text, len(text), max_depth
+        self.scan_short_ints = None if short_ints is None else short_ints.scan_once  # type: ignore[attr-defined]
+        #: Objects and arrays still allowed (counted as they are parsed).
+        self.containers_left = self.n if max_containers is None else max_containers
         self.scan = decoder.scan_once  # type: ignore[attr-defined]  # set by JSONDecoder.__init__
         self.window_at, self.window = 0, ""  # a slice shared by the small values that follow each other
 
@@ -111,6 +158,7 @@ class _Parser:
             return whole
         if level > self.max_depth:
             raise TooDeep
+        self.spend(1)
         return self.array(pos, level) if first == "[" else self.object(pos, level)
 
     def small(self, pos: int, level: int) -> tuple[Any, int] | None:
@@ -137,11 +185,22 @@ class _Parser:
         self.check_depth(value, level, self.window, start, end)
         return value, self.window_at + end
 
-    def check_depth(self, value: Any, level: int, source: str, start: int, end: int) -> None:
-        """Refuse ``value`` (its text ``source[start:end]``), a container at ``level``, if it nests too deep."""
+    def check_depth(self, value: Any, level: int, source: str, start: int, end: int, wrapped: bool = False) -> None:
+        """Refuse ``value`` (its text ``source[start:end]``), a container at ``level``, if it nests too deep
+        or brings the containers past the bound; ``wrapped``: ``value`` is a batch's wrapper, not counted."""
+        brackets = source.count("[", start, end) + source.count("{", start, end)
+        if not brackets:
+            return
         room = self.max_depth - level + 1
-        if source.count("[", start, end) + source.count("{", start, end) > room and nesting_exceeds(value, room):
+        if brackets > room and nesting_exceeds(value, room):
             raise TooDeep
+        if not (wrapped and brackets == 1):  # the wrapper's own; brackets in strings are text: count them
+            self.spend(containers_in(value, self.containers_left + wrapped) - wrapped)
+
+    def spend(self, containers: int) -> None:
+        self.containers_left -= containers
+        if self.containers_left < 0:
+            raise TooManyContainers
 
     def batch(self, pos: int, level: int, opening: str, closing: str) -> tuple[Any, int] | None:
         """Members from ``pos`` (a member's start) to the last comma between members in the next slice."""
@@ -149,13 +208,16 @@ class _Parser:
         if cut <= pos:
             return None
         chunk = opening + self.text[pos:cut] + closing
+        scan = self.scan
+        if self.scan_short_ints is not None and _LONG_DIGIT_RUN.search(self.text, pos, cut) is None:
+            scan = self.scan_short_ints
         try:
-            members, end = self.scan(chunk, 0)
+            members, end = scan(chunk, 0)
         except _SCAN_FAILED:
             return None
         if end != len(chunk):
             return None
-        self.check_depth(members, level, chunk, 0, end)
+        self.check_depth(members, level, chunk, 0, end, wrapped=True)
         return members, cut
 
     def array(self, pos: int, level: int) -> tuple[list[Any], int]:

@@ -123,7 +123,22 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         2,
         "Lines of each batch admitted at once (live requests wait behind at most these)",
     ),
+    Setting(
+        "MILLM_GIL_SWITCH_MS",
+        float,
+        1.0,
+        "Milliseconds a thread may hold the GIL while another waits for it (sys.setswitchinterval; "
+        "Python's default is 5): the event loop waits at most about this long for a worker thread "
+        "parsing or validating a large body",
+    ),
     Setting("MILLM_MAX_JSON_DEPTH", int, 64, "Deepest JSON nesting accepted in a request body"),
+    Setting(
+        "MILLM_MAX_JSON_CONTAINERS",
+        int,
+        65_536,
+        "Most JSON objects and arrays in one request body (400 past it, while parsing): a 4 MiB body of "
+        "1.4 million empty arrays held the GIL for tens of ms to build, walk and free",
+    ),
     Setting(
         "MILLM_DEFAULT_MAX_TOKENS", int, 512, "max_tokens when a request sends none (capped by the context window)"
     ),

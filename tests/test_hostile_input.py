@@ -17,6 +17,7 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from millm_host.errors import InvalidParameter
 from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
@@ -168,6 +169,17 @@ def test_nesting_is_bounded_where_the_setting_says(own_server):
             assert response.status_code == status, (depth, response.text[:200])
 
 
+def test_containers_are_bounded_where_the_setting_says(echo_app):
+    """MILLM_MAX_JSON_CONTAINERS (65,536): a body past it is refused while it is parsed, one at it is served."""
+    with echo_app.http() as http:
+        for arrays, status in ((65_532, 200), (65_533, 400)):  # with the body, messages, the message and x
+            body = chat_body(echo_app.model_id, "hi") | {"x": [[]] * arrays}
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code == status, (arrays, response.text[:200])
+        error = assert_error(response, 400, "invalid_parameter")
+        assert "more than 65536 JSON objects and arrays (MILLM_MAX_JSON_CONTAINERS)" in error["message"]
+
+
 @pytest.mark.parametrize(
     "kind", ["many-messages", "long-messages", "one-string", "escapes", "token-ids", "nested", "many-keys"]
 )
@@ -189,13 +201,16 @@ def test_no_c_call_parses_more_than_a_slice(monkeypatch, kind):
     }[kind]
     body = body.encode() if isinstance(body, str) else body
     widest = [0]
-    scan = protocol._BODY_DECODER.scan_once
 
-    def recorded(text, start):
-        widest[0] = max(widest[0], len(text) - start)
-        return scan(text, start)
+    def recording(scan):
+        def recorded(text, start):
+            widest[0] = max(widest[0], len(text) - start)
+            return scan(text, start)
 
-    monkeypatch.setattr(protocol._BODY_DECODER, "scan_once", recorded)
+        return recorded
+
+    for decoder in (protocol._BODY_DECODER, protocol._SHORT_INTS_DECODER):
+        monkeypatch.setattr(decoder, "scan_once", recording(decoder.scan_once))
     assert protocol.parse_json_body(body, 64) == json.loads(body)
     assert 0 < widest[0] <= max(SLICE + 2, MAX_NUMBER_CHARS + 1), widest[0]
 
@@ -380,3 +395,132 @@ def test_sliced_validation_keeps_every_message_and_part():
     request = validate(ChatCompletionRequest, {"model": "m", "messages": messages})
     assert [m.content for m in request.messages[:2500]] == [str(i) for i in range(2500)]
     assert [p.text for p in request.messages[-1].content] == [str(i) for i in range(3000)]
+
+
+def widest_validation(monkeypatch, model, body) -> tuple[object, int]:
+    """``validate(model, body)``, and the most list items (nested ones too) any one pydantic call was handed."""
+    import pydantic
+
+    widest = [0]
+
+    def items(value) -> int:
+        if isinstance(value, dict):
+            return sum(items(v) for v in value.values())
+        return len(value) + sum(items(v) for v in value) if isinstance(value, list) else 0
+
+    original_model, original_adapter = pydantic.BaseModel.model_validate.__func__, pydantic.TypeAdapter.validate_python
+
+    def model_validate(cls, obj, *args, **kwargs):
+        widest[0] = max(widest[0], items(obj))
+        return original_model(cls, obj, *args, **kwargs)
+
+    def validate_python(self, obj, *args, **kwargs):
+        widest[0] = max(widest[0], items(obj))
+        return original_adapter(self, obj, *args, **kwargs)
+
+    monkeypatch.setattr(pydantic.BaseModel, "model_validate", classmethod(model_validate))
+    monkeypatch.setattr(pydantic.TypeAdapter, "validate_python", validate_python)
+    return validate(model, body), widest[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "field", "value"),
+    [
+        ("embeddings", "input", [1] * 200_000),
+        ("embeddings", "input", ["a"] * 50_000),
+        ("embeddings", "input", [[1] * 3000, [2] * 100_000, [3]]),
+        ("completions", "prompt", [7] * 200_000),
+        ("completions", "prompt", [[1, 2]] * 20_000),
+        ("detokenize", "tokens", [5] * 200_000),
+    ],
+)
+def test_long_lists_are_validated_in_slices(monkeypatch, model, field, value):
+    """pydantic-core holds the GIL for a whole call: 2M token ids took 0.3 s in one. A long list of strings
+    or token ids (or token-id lists) reaches pydantic a slice at a time, and comes out whole."""
+    from millm_host.protocol import VALIDATION_SLICE, CompletionRequest, DetokenizeRequest, EmbeddingRequest
+
+    request = {"embeddings": EmbeddingRequest, "completions": CompletionRequest, "detokenize": DetokenizeRequest}[model]
+    params, widest = widest_validation(monkeypatch, request, {"model": "m", field: value})
+    assert getattr(params, field) == value
+    assert widest <= 2 * VALIDATION_SLICE + 1, widest  # a slice ends with the item that fills it
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [
+        ("input", [1] * 1500 + [-1], "input[1500]"),
+        ("input", [1] * 1500 + ["a"], "input[1500]"),
+        ("input", ["a"] * 3000 + [1], "input[3000]"),
+        ("input", [[1]] * 10 + [[1] * 2000 + [True]], "input[10][2000]"),
+        ("input", [[1]] * 2000 + [1], "input[2000]"),
+    ],
+)
+def test_sliced_list_validation_names_the_bad_item(field, value, param):
+    from millm_host.protocol import EmbeddingRequest
+
+    with pytest.raises(InvalidParameter) as caught:
+        validate(EmbeddingRequest, {"model": "m", field: value})
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 200_000}]}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "ab"}] * 2000}, "messages"),
+        ("/v1/completions", {"prompt": ["hi", "a" * 200_000]}, "prompt"),
+        ("/v1/completions", {"prompt": "a" * 400, "max_tokens": 200}, "max_tokens"),
+        ("/v1/embeddings", {"input": ["hi", "a" * 200_000]}, "input[1]"),
+    ],
+)
+def test_text_that_cannot_fit_is_refused_before_it_is_tokenized(echo_app, monkeypatch, path, fields, param):
+    """Tokenizing 4 MiB took seconds, with the GIL held for much of it: a text longer than the window
+    times the most characters a token stands for is refused from its length alone."""
+    from millm_host.testing.echo import EchoEngine
+
+    longest = [0]
+    tokenize = EchoEngine.tokenize
+
+    def recorded(self, text, add_special_tokens=True):
+        longest[0] = max(longest[0], len(text))
+        return tokenize(self, text, add_special_tokens)
+
+    monkeypatch.setattr(EchoEngine, "tokenize", recorded)
+    with echo_app.http() as http:
+        response = http.post(path, json={"model": echo_app.model_id, **fields})
+    error = assert_error(response, 400, "context_length_exceeded", param)
+    assert "at least" in error["message"]
+    assert longest[0] < 100, longest[0]  # the short prompts beside it are not tokenized either
+
+
+def test_text_that_fits_is_still_tokenized(echo_app):
+    with echo_app.http() as http:
+        served = http.post("/v1/completions", json={"model": echo_app.model_id, "prompt": "a" * 300, "max_tokens": 5})
+        assert served.status_code == 200, served.text
+        over = http.post("/v1/completions", json={"model": echo_app.model_id, "prompt": "é" * 300, "max_tokens": 5})
+        assert "at least" not in assert_error(over, 400, "context_length_exceeded", "prompt")["message"]
+
+
+def test_the_gil_switch_interval_is_set_when_the_app_is_built(app_factory):
+    """A worker thread parsing a large body gives the GIL back only after the switch interval (5 ms by
+    default), and the event loop waits that long each time it wakes: MILLM_GIL_SWITCH_MS sets it."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        app_factory(env={"MILLM_GIL_SWITCH_MS": "2.5"})
+        assert sys.getswitchinterval() == pytest.approx(0.0025)
+        app_factory()
+        assert sys.getswitchinterval() == pytest.approx(0.001)  # the default
+    finally:
+        sys.setswitchinterval(before)
+
+
+@settings(max_examples=100, deadline=None)
+@given(pieces=st.lists(st.binary(max_size=3), max_size=20_000))
+def test_token_bytes_are_joined_in_slices_to_the_same_bytes(pieces):
+    """One ``bytes.join`` over 2M tokens' bytes held the GIL for most of a second (tiktoken ids decoded for
+    embeddings): they are joined ``JOIN_SLICE`` at a time, to the same bytes."""
+    from millm_host.serving.embeddings import _joined
+
+    assert _joined(pieces) == b"".join(pieces)

@@ -52,3 +52,51 @@ def test_broken_text_is_refused_as_json_loads_refuses_it(value, cut, junk):
             parse(broken)
     else:
         assert parse(broken) == expected
+
+
+def count_containers(value) -> int:
+    if isinstance(value, dict):
+        return 1 + sum(count_containers(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(count_containers(v) for v in value)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON, most=st.integers(min_value=0, max_value=40), brackets_in_strings=st.booleans())
+def test_containers_past_the_bound_are_refused_and_no_others(value, most, brackets_in_strings):
+    """Exactly the texts of more than ``max_containers`` objects and arrays are refused (brackets in strings are text)."""
+    if brackets_in_strings:
+        value = [value, "[{" * 20, {"[": "]{"}]
+    text = json.dumps(value)
+    if count_containers(value) > most:
+        with pytest.raises(jsonslices.TooManyContainers):
+            jsonslices.loads_in_slices(text, json.JSONDecoder(), max_depth=1000, max_containers=most)
+    else:
+        assert jsonslices.loads_in_slices(text, json.JSONDecoder(), max_depth=1000, max_containers=most) == json.loads(
+            text
+        )
+
+
+class OutOfRange(ValueError):
+    pass
+
+
+def _bounded(text: str) -> int:
+    if abs(value := int(text)) > 2**63:
+        raise OutOfRange(text)
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(ints=st.lists(st.integers(min_value=-(10**22), max_value=10**22), min_size=1, max_size=40), floats=st.booleans())
+def test_runs_without_long_integers_give_what_the_hooked_decoder_gives(ints, floats):
+    """``short_ints`` (the decoder less its parse_int hook) scans only runs whose integers are short."""
+    text = json.dumps({"x": [*ints, 1.5e300] if floats else ints})
+    hooked = json.JSONDecoder(parse_int=_bounded)
+    plain = json.JSONDecoder()
+    if any(abs(i) > 2**63 for i in ints):
+        with pytest.raises(OutOfRange):
+            jsonslices.loads_in_slices(text, hooked, max_depth=10, short_ints=plain)
+    else:
+        assert jsonslices.loads_in_slices(text, hooked, max_depth=10, short_ints=plain) == json.loads(text)

@@ -34,11 +34,11 @@ async def read_json(req: falcon.asgi.Request, settings: Settings, *, required: b
 
 
 async def parse_json(raw: bytes, settings: Settings) -> dict[str, Any]:
-    """``protocol.parse_json_body`` with the configured depth, off the event loop for a large body."""
-    depth = settings["MILLM_MAX_JSON_DEPTH"]
+    """``protocol.parse_json_body`` with the configured bounds, off the event loop for a large body."""
+    depth, containers = settings["MILLM_MAX_JSON_DEPTH"], settings["MILLM_MAX_JSON_CONTAINERS"]
     if len(raw) <= PARSE_INLINE_MAX_BYTES:
-        return parse_json_body(raw, depth)
-    return await asyncio.to_thread(parse_json_body, raw, depth)
+        return parse_json_body(raw, depth, containers)
+    return await asyncio.to_thread(parse_json_body, raw, depth, containers)
 
 
 async def read_body(req: falcon.asgi.Request, settings: Settings, *, required: bool = True) -> bytes:

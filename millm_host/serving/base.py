@@ -209,7 +209,15 @@ class Serving:
     def _render_and_tokenize(self, ctx: RequestContext) -> None:
         """On the text (or engine) thread: plugins adjust the render for the resident model, then tokenize."""
         hookcalls.request(self.host.pm, "before_tokenize", ctx=ctx)
+        self.refuse_unfitting_text(ctx)
         self.tokenize(ctx)
+
+    def refuse_unfitting_text(self, ctx: RequestContext) -> None:
+        """Refuse text that cannot fit the window whatever its tokens, before tokenizing it.
+
+        From a lower bound on its token count, its length over ``Engine.max_chars_per_token``;
+        the refusal is the one tokenizing would give (``context_length_exceeded``).
+        """
 
     def tokenize(self, ctx: RequestContext) -> None:
         """Set ``ctx.prompts``, the token ids of every prompt, and refuse what the tokenizer shows is wrong.

@@ -37,6 +37,9 @@ class ServingChat(ServingGeneration):
             raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
         super().read(ctx)
 
+    def prompt_texts(self, ctx: RequestContext) -> list[list[str]]:
+        return [[m["content"] for m in conversation if m.get("content")] for conversation in ctx.conversations]
+
     def tokenize(self, ctx: RequestContext) -> None:
         ctx.prompts = chat_prompts(ctx, fallback=True)  # a model with no template gets a generic render
 

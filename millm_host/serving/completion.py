@@ -24,6 +24,9 @@ class ServingCompletion(ServingGeneration):
         if len(ctx.params.prompts) > most:
             raise InvalidParameter(f"at most {most} prompts per request", param="prompt")
 
+    def prompt_texts(self, ctx: RequestContext) -> list[list[str]]:
+        return [[p] for p in ctx.params.prompts if isinstance(p, str)]
+
     def tokenize(self, ctx: RequestContext) -> None:
         ctx.prompts = completion_prompts(ctx)
         refuse_out_of_vocabulary(ctx, InvalidParameter)

@@ -117,18 +117,7 @@ class ServingGeneration(Serving):
             )
             raise InvalidParameter(f"{where} is empty (it tokenizes to nothing); every prompt needs text", param=where)
         if window is not None:
-            asked = f"{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
-            total = longest + (requested or 0)
-            if longest >= window:
-                raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
-                    param="messages" if ctx.is_chat else "prompt",
-                )
-            if requested is not None and total > window:
-                raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; you requested {total} tokens ({asked})",
-                    param="max_tokens" if params.max_tokens is not None else "max_completion_tokens",
-                )
+            refuse_past_window(ctx, window, longest)
         max_tokens = requested or self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
         if window is not None and requested is None:
             max_tokens = min(max_tokens, window - longest)
@@ -143,12 +132,40 @@ class ServingGeneration(Serving):
             logprobs=requested_logprobs(ctx),
         )
 
+    def refuse_unfitting_text(self, ctx: RequestContext) -> None:
+        engine = ctx.engine
+        assert engine is not None
+        window = engine.info.context_window
+        if window is not None:
+            least = max((engine.min_tokens(texts) for texts in self.prompt_texts(ctx)), default=0)
+            if least:
+                refuse_past_window(ctx, window, least, at_least=True)
+
+    def prompt_texts(self, ctx: RequestContext) -> list[list[str]]:
+        """The texts each prompt holds, before it is rendered and tokenized (text thread)."""
+        return []
+
     async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
         """A stream (its headers now, before any token), or the whole answer; a ``Flight`` either way."""
         if ctx.streaming:
             return Result(headers=collect_headers(self.host, ctx), stream=stream(self.host, ctx, admission, watcher))
         body, headers = await complete(self.host, ctx, admission, watcher)
         return Result(headers=headers, body=body)
+
+
+def refuse_past_window(ctx: RequestContext, window: int, longest: int, *, at_least: bool = False) -> None:
+    """``context_length_exceeded`` when the longest prompt (``at_least``: a lower bound on it), with the
+    completion asked for, does not fit the window."""
+    requested = ctx.params.requested_max_tokens
+    least = "at least " if at_least else ""
+    asked = f"{least}{longest} in the prompt" + (f", {requested} for the completion" if requested else "")
+    total = longest + (requested or 0)
+    message = f"this model's maximum context length is {window} tokens; you requested {least}{total} tokens ({asked})"
+    if longest >= window:
+        raise ContextLengthExceeded(message, param="messages" if ctx.is_chat else "prompt")
+    if requested is not None and total > window:
+        param = "max_tokens" if ctx.params.max_tokens is not None else "max_completion_tokens"
+        raise ContextLengthExceeded(message, param=param)
 
 
 class Flight:

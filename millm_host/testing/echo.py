@@ -127,6 +127,9 @@ class EchoEngine(Engine):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def min_tokens(self, texts: Sequence[str]) -> int:
+        return sum(map(len, texts))  # a token a byte, and a character is at least one
+
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < EOS).decode("utf-8", errors="replace")
 

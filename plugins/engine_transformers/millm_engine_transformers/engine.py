@@ -37,6 +37,7 @@ from .loader import load_model
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
 from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME, SETTINGS
+from .token_span import TokenFloor
 
 
 class TransformersEngine(Engine):
@@ -97,6 +98,7 @@ class TransformersEngine(Engine):
             eos_token_ids=self._eos_ids(model, tokenizer),
             device=str(device),
         )
+        self._token_floor = TokenFloor.of(tokenizer)
         self._position = layer_hooks.Position()
         # transformers 5 renamed past_key_values to cache.
         params = inspect.signature(model.forward).parameters
@@ -187,6 +189,9 @@ class TransformersEngine(Engine):
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self._tokenizer() as tokenizer:
             return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def min_tokens(self, texts: Sequence[str]) -> int:
+        return 0 if self._token_floor is None else self._token_floor.tokens(texts)
 
     def decode(self, ids: Sequence[int]) -> str:
         with self._tokenizer() as tokenizer:
