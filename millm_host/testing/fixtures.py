@@ -64,6 +64,26 @@ def tiny_model_dir() -> Path:
     return tiny_llama()
 
 
+#: Servers and apps started during the current test module (not ``shared=True``): stopped when it ends.
+_module_started: list[ServerProcess | AppServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_what_the_module_started() -> Iterator[None]:
+    """Stop the module's servers and apps when the module ends, after its own fixtures' teardown.
+
+    Kept to the end of the session, every module's servers (a process of about 450 MB each)
+    and in-process apps added up until the kernel's OOM killer ended the test run. Session
+    fixtures that share one server across modules start it with ``shared=True``.
+    """
+    first = len(_module_started)
+    yield
+    mine = _module_started[first:]
+    del _module_started[first:]
+    for server in reversed(mine):
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
     """Start ``millm serve`` processes; all are stopped at the end of the session.
@@ -81,6 +101,7 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
         data_dir: Path | None = None,
         timeout: float = 300,
         wait_for: str | None = "ok",
+        shared: bool = False,
     ) -> ServerProcess:
         server = ServerProcess(
             data_dir or tmp_path_factory.mktemp("millm-data"),
@@ -90,6 +111,8 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
             wait_for=wait_for,
         )
         started.append(server)
+        if not shared:
+            _module_started.append(server)
         return server.start(timeout)
 
     yield start
@@ -100,13 +123,13 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
 @pytest.fixture(scope="session")
 def tiny_server(server_factory, tiny_model_dir) -> ServerProcess:
     """A shared server on the tiny model. Tests must not change its state."""
-    return server_factory(tiny_model_dir)
+    return server_factory(tiny_model_dir, shared=True)
 
 
 @pytest.fixture(scope="session")
 def default_server(server_factory) -> ServerProcess:
     """A shared server on the real default model (SmolLM2-135M-Instruct, transformers)."""
-    return server_factory()
+    return server_factory(shared=True)
 
 
 @pytest.fixture(scope="session")
@@ -118,9 +141,11 @@ def app_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     """
     started: list[AppServer] = []
 
-    def start(**kwargs: Any) -> AppServer:
+    def start(*, shared: bool = False, **kwargs: Any) -> AppServer:
         app = AppServer(tmp_path_factory.mktemp("millm-app"), **kwargs)
         started.append(app)
+        if not shared:
+            _module_started.append(app)
         return app.start()
 
     yield start
@@ -131,7 +156,7 @@ def app_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
 @pytest.fixture(scope="session")
 def echo_app(app_factory) -> AppServer:
     """A shared in-process app on the echo engine, no installed plugin. Tests must not change its state."""
-    return app_factory()
+    return app_factory(shared=True)
 
 
 @pytest.fixture(scope="session")

@@ -170,4 +170,4 @@ def bitnet_model(target: Path, base: Path) -> Path:
 @pytest.fixture(scope="session")
 def bf16_server(server_factory, extra_models, bf16_env):
     """bfloat16 serving of the bf16 tiny model; the other test models load on demand."""
-    return server_factory("bf16", env={**bf16_env, "MILLM_MODELS_DIR": str(extra_models["dir"])})
+    return server_factory("bf16", shared=True, env={**bf16_env, "MILLM_MODELS_DIR": str(extra_models["dir"])})

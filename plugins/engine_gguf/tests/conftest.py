@@ -47,6 +47,7 @@ def gguf_server(server_factory, gguf_models_dir: Path):
     Shared: a test that loads another model loads the default back before it ends.
     """
     return server_factory(
+        shared=True,
         env={"MILLM_MODELS_DIR": str(gguf_models_dir), "GGUF_N_CTX": str(N_CTX), **THREADS},
         args=["--engine", "gguf"],
     )

@@ -316,6 +316,7 @@ def probes_server(app_factory, probe_model_dir, sae_dir):
     restarts and unloads are tested on a real server (``test_lifecycle``).
     """
     return app_factory(
+        shared=True,
         plugins="all",
         models={},
         model=str(probe_model_dir),

@@ -47,6 +47,7 @@ def steering_server(app_factory, tiny_model_dir, sae_root):
     engine; a restart is tested on a real server (``test_management``).
     """
     return app_factory(
+        shared=True,
         plugins="all",
         models={},
         model=str(tiny_model_dir),

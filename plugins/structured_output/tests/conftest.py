@@ -33,6 +33,7 @@ def family_server(app_factory, family_models):
     In-process (``AppServer``), with every installed plugin and the transformers engine.
     """
     return app_factory(
+        shared=True,
         plugins="all",
         models={},
         model="tiny-qwen25",
