@@ -96,11 +96,11 @@ def drop_made() -> None:
             drop_database(sa.make_url(admin).set(database=name).render_as_string(hide_password=False))
 
 
-def mark_storage(items: list, folder: Path) -> None:
-    """Mark the collected tests under ``folder`` ``storage``: from a plugin's ``conftest.py`` whose tests
-    all write to the database, so that ``pytest -m storage --database postgresql`` runs them all."""
+def mark_storage(items: list, folder: Path, only: frozenset[str] | None = None) -> None:
+    """Mark the collected tests under ``folder`` ``storage`` (``only``: just those files), from a plugin's
+    ``conftest.py``, so that ``pytest -m storage --database postgresql`` runs them on PostgreSQL too."""
     import pytest
 
     for item in items:
-        if folder in Path(item.path).parents:
+        if folder in Path(item.path).parents and (only is None or Path(item.path).name in only):
             item.add_marker(pytest.mark.storage)
