@@ -7,9 +7,9 @@ one at a time on a serial server (1e-4): the function kept each request to its r
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+
+from millm_host.testing import run_together
 
 PROMPTS = ["Where do foxes live?", "Hi", "Name three rivers of Europe, please, and say why", "Why?"]
 ENV = {"DETECTOR_EXAMPLE_ENABLED": "true", "DETECTOR_EXAMPLE_LAYER": "1"}
@@ -42,18 +42,12 @@ def test_each_batched_request_reads_its_own_rows(servers):
         model = client.get("/api/health").json()["model"]
         want = [norms(client, model, prompt) for prompt in PROMPTS]
     got: list = [None] * len(PROMPTS)
-    barrier = threading.Barrier(len(PROMPTS))
 
     def work(index):
         with batched.http() as client:
-            barrier.wait()
             got[index] = norms(client, model, PROMPTS[index])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(PROMPTS))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(work, len(PROMPTS))
     for (usage, values), (want_usage, want_values) in zip(got, want, strict=True):
         assert usage == want_usage
         # one norm per position the passes read: the prompt, then each generated token but the last

@@ -1,11 +1,12 @@
 """Helpers for tests of millm and its plugins: an in-process app on the echo engine, a real
 server process, tiny models, and one helper per job (requests, error checks, SSE)."""
 
-from .helpers import assert_error, chat, chat_body, sse_events, stream_post
+from .helpers import assert_error, chat, chat_body, run_together, sse_events, stream_post
 from .inprocess import AppServer
 from .server import ServerProcess, free_port, shared_cache_dir
 
 __all__ = [
+    "run_together",
     "AppServer",
     "ServerProcess",
     "assert_error",

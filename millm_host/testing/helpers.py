@@ -6,6 +6,8 @@ Each works with a real server (``ServerProcess``) or an in-process app
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -52,3 +54,18 @@ def assert_error(response: httpx.Response, status: int, code: str, param: str | 
     if status == 503:  # every 503 says when to retry
         assert int(response.headers["retry-after"]) >= 1, response.headers
     return error
+
+
+def run_together(work: Callable[[int], Any], count: int) -> None:
+    """Call ``work(0)`` … ``work(count - 1)`` on threads released at once (a barrier), and wait for all."""
+    start = threading.Barrier(count)
+
+    def run(index: int) -> None:
+        start.wait()
+        work(index)
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

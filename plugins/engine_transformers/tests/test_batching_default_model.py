@@ -14,7 +14,6 @@ log-probabilities must agree within 1e-4.
 from __future__ import annotations
 
 import functools
-import threading
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ import torch
 from millm_host.api import ORDER_WRITE_STEERING, LayerHook, ModelDescriptor, SamplingParams
 from millm_host.default_model import default_model_path
 from millm_host.settings import HOST_SETTINGS, Settings
-from millm_host.testing import shared_cache_dir
+from millm_host.testing import run_together, shared_cache_dir
 
 QUESTIONS = [
     "Hi",
@@ -137,17 +136,11 @@ def test_a_mixed_batch_equals_serial_token_for_token_on_the_default_model(engine
     want = [generate(serial, index, ids) for index, ids in enumerate(prompts)]
     before = batched.inference()
     got: list = [None] * len(prompts)
-    start = threading.Barrier(len(prompts))
 
     def work(index: int) -> None:
-        start.wait()
         got[index] = generate(batched, index, prompts[index])
 
-    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(prompts))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(work, len(prompts))
     after = batched.inference()
     diverged, worst = compare(want, got)
     print(f"diverged {len(diverged)}/{len(prompts)} {diverged}; max |logprob difference| {worst:.2e}")
