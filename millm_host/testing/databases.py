@@ -101,6 +101,9 @@ def mark_storage(items: list, folder: Path, only: frozenset[str] | None = None) 
     ``conftest.py``, so that ``pytest -m storage --database postgresql`` runs them on PostgreSQL too."""
     import pytest
 
+    if only is not None and (unknown := only - {path.name for path in folder.glob("test_*.py")}):
+        # A renamed or misspelt file would silently drop its tests from the PostgreSQL pass.
+        raise ValueError(f"mark_storage: no such test files in {folder}: {sorted(unknown)}")
     for item in items:
         if folder in Path(item.path).parents and (only is None or Path(item.path).name in only):
             item.add_marker(pytest.mark.storage)

@@ -375,5 +375,29 @@ def helpers():
 
 
 def pytest_collection_modifyitems(items):
-    # Every test here writes to the database: CI runs them on PostgreSQL too (pytest -m storage).
-    databases.mark_storage(items, Path(__file__).parent)
+    # The tests that store or read back state (imports, arming, events, sessions, the feed, behaviours,
+    # capacity, replicas, restarts) run on PostgreSQL too (pytest -m storage); scoring arithmetic,
+    # batching and the schema do not depend on the database, and CI runs within 45 minutes.
+    databases.mark_storage(items, Path(__file__).parent, only=STORED)
+
+
+STORED = frozenset(
+    {
+        "test_behaviours.py",
+        "test_capacity.py",
+        "test_cost_model.py",
+        "test_feed.py",
+        "test_gates.py",
+        "test_hostile_names.py",
+        "test_hub.py",
+        "test_import.py",
+        "test_lifecycle.py",
+        "test_live.py",
+        "test_replicas.py",
+        "test_restarts.py",
+        "test_sae_paths.py",
+        "test_session_turns_concurrent.py",
+        "test_sessions.py",
+        "test_transcripts.py",
+    }
+)

@@ -132,5 +132,18 @@ lab = _probes.lab
 
 
 def pytest_collection_modifyitems(items):
-    # Every test here writes to the database: CI runs them on PostgreSQL too (pytest -m storage).
-    databases.mark_storage(items, Path(__file__).parent)
+    # The tests that store rule sets or results run on PostgreSQL too (pytest -m storage); the document
+    # parser, the time budget and the code sandbox do not depend on the database.
+    databases.mark_storage(items, Path(__file__).parent, only=STORED)
+
+
+STORED = frozenset(
+    {
+        "test_live.py",
+        "test_live_code.py",
+        "test_long_names.py",
+        "test_routes.py",
+        "test_rules_server.py",
+        "test_signals_server.py",
+    }
+)
