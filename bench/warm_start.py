@@ -25,12 +25,15 @@ untimed run of each process fills it.
 
 Then the start is broken down, in one process that takes ``millm serve``'s steps
 in its order (the garbage collector held as it holds it), phase by phase (wall
-and CPU, and the seconds the collector ran in each); once more with the
+and CPU, and the seconds the collector ran in each; medians of ``--phase-runs``
+rounds, each tree's process in turn, so ``--old`` is broken down beside it), with
+subtotals for the libraries' own imports (torch, transformers and the model's
+modeling: what no server on this engine can avoid) and for the rest; once more with the
 collector on throughout, as before the hold, for comparison; and once under
 ``python -X importtime``, whose self times are summed by package (the profiler
 inflates them; compare them with each other).
 
-    python bench/warm_start.py [--runs 5] [--old REF] [--as-is]
+    python bench/warm_start.py [--runs 5] [--old REF] [--as-is] [--phase-runs 3]
 """
 
 from __future__ import annotations
@@ -112,9 +115,9 @@ app = falcon.asgi.App(middleware=[Access(settings, "127.0.0.1")])
 routes.install(app, host)
 mark("routes")
 import torch
-mark("engine: import torch")
+mark("library: import torch")
 import transformers
-mark("engine: import transformers")
+mark("library: import transformers")
 from millm_host.engine import resolve
 entry = host.registry.start_model
 resolve(entry.spec.factory)
@@ -123,7 +126,7 @@ from millm_engine_transformers.loader import checkpoint_dir
 folder = checkpoint_dir(entry.descriptor, settings.cache_dir, lambda message: None)
 config = transformers.AutoConfig.from_pretrained(folder)
 transformers.AutoModelForCausalLM._model_mapping[type(config)]
-mark(f"engine: import {config.model_type}'s modeling (torch.distributed, _dynamo, scipy, accelerate)")
+mark(f"library: import {config.model_type}'s modeling (torch.distributed, _dynamo, scipy, accelerate)")
 engine = entry.spec.load(entry.descriptor, settings, lambda message: mark(f"load, until {message[:32]!r}"))
 mark("load: weights, then the engine (its tokenizer copy, layers)")
 hookcalls.lifecycle(pm, "model_loaded", host=host, engine=engine)
@@ -236,12 +239,22 @@ def served(root: Path, env: dict[str, str], log: Path) -> dict[str, float]:
             proc.wait()
 
 
-def phases(env: dict[str, str], data_dir: Path, hold: str, importtime: bool = False) -> subprocess.CompletedProcess:
+def phases(
+    env: dict[str, str], data_dir: Path, hold: str, root: Path = REPO, importtime: bool = False
+) -> subprocess.CompletedProcess:
     flags = ["-X", "importtime"] if importtime else []
     args = [str(time.time()), str(CACHE), str(data_dir), hold]
     return subprocess.run(
-        [sys.executable, *flags, "-c", PHASES, *args], cwd=REPO, check=True, capture_output=True, text=True, env=env
+        [sys.executable, *flags, "-c", PHASES, *args], cwd=root, check=True, capture_output=True, text=True, env=env
     )
+
+
+def median_marks(rounds: list[list[tuple[str, float, float, float]]]) -> list[tuple[str, float, float, float]]:
+    """Each phase's median wall, CPU and collector seconds over rounds (named as in the first)."""
+    return [
+        (marks[0][0], *(statistics.median(m[i] for m in marks) for i in (1, 2, 3)))
+        for marks in zip(*rounds, strict=True)
+    ]
 
 
 def phase_marks(result: subprocess.CompletedProcess) -> list[tuple[str, float, float, float]]:
@@ -276,6 +289,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--old", metavar="REF", help="also run millm serve from the source tree at this git ref")
     parser.add_argument("--as-is", action="store_true", help="keep PYTHONDONTWRITEBYTECODE if it is set")
+    parser.add_argument("--phase-runs", type=int, default=3, help="rounds of the phase breakdown (medians)")
     args = parser.parse_args()
 
     folder = checkpoint_folder()
@@ -330,15 +344,43 @@ def main() -> None:
             cpu = median(a["cpu"] / b["cpu"] for a, b in zip(this, figures, strict=True))
             print(f"  ratio millm serve (this tree) / ({name}): wall {wall:.2f}, CPU {cpu:.2f}")
 
-    data_dir = work / "this-tree"
-    env = envs["this tree"]
-    held, on = phase_marks(phases(env, data_dir, "held")), phase_marks(phases(env, data_dir, "on"))
-    print("where the time goes (one process taking millm serve's steps in order; seconds):")
-    print(f"  {'':66} {'wall':>6} {'CPU':>6} {'in gc':>6} | collector on: {'CPU':>6} {'in gc':>6}")
-    for (name, wall, cpu, gc_s), (_, _, cpu_on, gc_on) in zip(held, on, strict=True):
-        print(f"  {name[:66]:66} {wall:6.3f} {cpu:6.3f} {gc_s:6.3f} | {'':13} {cpu_on:6.3f} {gc_on:6.3f}")
-    total = [sum(m[i] for m in marks) for marks in (held, on) for i in (1, 2, 3)]
-    print(f"  {'total':66} {total[0]:6.3f} {total[1]:6.3f} {total[2]:6.3f} | {'':13} {total[4]:6.3f} {total[5]:6.3f}")
+    # The phases: each tree's process in turn, --phase-runs rounds, medians; then this tree once with the
+    # collector on throughout (as before the hold), and once under -X importtime.
+    phase_rounds: dict[str, list] = {name: [] for name in envs}
+    for _ in range(args.phase_runs):
+        for name, env in envs.items():
+            phase_rounds[name].append(phase_marks(phases(env, work / slug(name), "held", trees[name])))
+    marks = {name: median_marks(rounds) for name, rounds in phase_rounds.items()}
+    data_dir, env = work / "this-tree", envs["this tree"]
+    on = phase_marks(phases(env, data_dir, "on"))
+    others = [name for name in envs if name != "this tree"]
+    print(
+        f"where the time goes (one process taking millm serve's steps in order; seconds, "
+        f"median of {args.phase_runs}; load average now {load_average()}):"
+    )
+    header = "".join(f" | {name[:14]:>14}: {'CPU':>6}" for name in others)
+    print(f"  {'':66} {'wall':>6} {'CPU':>6} {'in gc':>6}{header} | collector on: {'CPU':>6} {'in gc':>6}")
+    rows = zip(marks["this tree"], *(marks[name] for name in others), on, strict=True)
+    for this_mark, *other_marks, on_mark in rows:
+        name, wall, cpu, gc_s = this_mark
+        shown = "".join(f" | {'':14}  {m[2]:6.3f}" for m in other_marks)
+        print(
+            f"  {name[:66]:66} {wall:6.3f} {cpu:6.3f} {gc_s:6.3f}{shown} | {'':13} {on_mark[2]:6.3f} {on_mark[3]:6.3f}"
+        )
+
+    def total(rows: list, *, library: bool | None = None) -> tuple[float, float, float]:
+        picked = [m for m in rows if library is None or m[0].startswith("library:") == library]
+        return tuple(sum(m[i] for m in picked) for i in (1, 2, 3))  # type: ignore[return-value]
+
+    for label, library in (
+        ("total", None),
+        ("  the libraries' imports (library: above)", True),
+        ("  the rest: millm, its plugins, the load", False),
+    ):
+        wall, cpu, gc_s = total(marks["this tree"], library=library)
+        shown = "".join(f" | {'':14}  {total(marks[name], library=library)[1]:6.3f}" for name in others)
+        on_total = total(on, library=library)
+        print(f"  {label:66} {wall:6.3f} {cpu:6.3f} {gc_s:6.3f}{shown} | {'':13} {on_total[1]:6.3f} {on_total[2]:6.3f}")
     groups = import_groups(phases(env, data_dir, "held", importtime=True).stderr)
     print("imports by package (self seconds under -X importtime, which inflates them):")
     for name, seconds in groups[:16]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +82,29 @@ def test_a_non_loopback_bind_without_keys_warns_loudly(server_factory):
 
 def test_a_loopback_bind_does_not_warn(tiny_server):
     assert "!!!" not in tiny_server.log()
+
+
+#: Libraries only some requests need, which every restart paid for when plugins imported them at the
+#: top: httpx (the web UI's pages call the API through it), jsonschema (``response_format``).
+ON_FIRST_USE = ("httpx", "jsonschema")
+
+BUILD = textwrap.dedent("""
+    import json, sys
+    from millm_host.app import build
+    from millm_host.settings import Settings
+    build(Settings(environ={"MILLM_DATA_DIR": sys.argv[1], "MILLM_LOAD_ON_START": "false"}))
+    print(json.dumps(sorted(name for name in sys.modules if "." not in name)))
+""")
+
+
+def test_a_restart_imports_no_library_that_only_some_requests_need(tmp_path):
+    def imported() -> set[str]:
+        result = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+    imported()  # the first start migrates the database
+    assert not imported() & {*ON_FIRST_USE, "alembic"}
 
 
 # --- test-only plugins ---------------------------------------------------------------------------

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import jsonschema
-
 from millm_host.api import InvalidParameter
 
 from .errors import ResponseFormatUnsupported
@@ -85,6 +83,8 @@ def check_schema(schema: dict[str, Any] | bool) -> None:
             param=PARAM,
             extra={"unsupported": [{"keyword": p.keyword, "pointer": p.pointer, "reason": p.reason} for p in problems]},
         )
+    import jsonschema  # on the first response_format, not at every server start
+
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-import httpx
-
 #: The cookie the key form sets (``SameSite=Strict``): read here to call the API with it, and by
 #: ``ui.js`` to send it as ``Authorization: Bearer``.
 KEY_COOKIE = "millm_admin_key"
@@ -60,6 +58,8 @@ class Api:
 
     async def get(self, path: str, params: dict[str, Any] | None = None) -> Answer:
         """``GET path``; raises ``NeedsKey`` on 401, returns every other answer (errors included)."""
+        import httpx  # here, not at the top: the server's start would pay for it on every restart
+
         transport = httpx.ASGITransport(app=self.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=60) as client:
             response = await client.get(path, params=params, headers=self.headers)
