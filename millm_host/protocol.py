@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from . import gcpause
+from . import gcpause, graveyard
 from .errors import InvalidParameter, MillmError
 from .jsonslices import SLICE, TooDeep, TooManyContainers, loads_in_slices
 
@@ -311,17 +311,24 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
     is. Call it off the event loop for large bodies (``resources.common.parse_json``).
     """
     text = _decoded(raw)
+    refusal = None
     try:
         with gcpause.paused():
-            body = loads_in_slices(text, _BODY_DECODER, max_depth, max_containers, _SHORT_INTS_DECODER)
+            body = loads_in_slices(
+                text, _BODY_DECODER, max_depth, max_containers, _SHORT_INTS_DECODER, long_list=_held_apart
+            )
     except json.JSONDecodeError as exc:
-        raise InvalidParameter(f"the request body is not valid JSON: {exc.msg} (character {exc.pos})") from None
+        refusal = f"the request body is not valid JSON: {exc.msg} (character {exc.pos})"
     except (TooDeep, RecursionError):
-        raise InvalidParameter(f"the request body nests deeper than {max_depth} levels") from None
+        refusal = f"the request body nests deeper than {max_depth} levels"
     except TooManyContainers:
-        raise InvalidParameter(
+        refusal = (
             f"the request body holds more than {max_containers} JSON objects and arrays (MILLM_MAX_JSON_CONTAINERS)"
-        ) from None
+        )
+    if refusal is not None:
+        # Raised here, not in the handler: the parser's exception (its traceback's frames hold the text and
+        # what was parsed of it) is gone by now, freed on this thread, not kept alive by the 400 as its context.
+        raise InvalidParameter(refusal)
     if not isinstance(body, dict):
         raise InvalidParameter("the request body must be a JSON object")
     if _has_surrogate_escape(raw):
@@ -333,6 +340,13 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
                 param=where,
             )
     return body
+
+
+def _held_apart(items: list[Any], plain: bool) -> None:
+    """A long parsed list: out of the collector's sight when it holds only scalars, and freed by the graveyard."""
+    if plain:
+        gcpause.untrack_plain(items)
+    graveyard.keep(items)
 
 
 _BODY_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int)
@@ -467,6 +481,7 @@ def _messages_validated_in_slices(model: type[BaseModel], body: dict[str, Any]) 
             done.extend(_validated_slice(_messages_adapter, messages, start, end, ("messages",)))
         start = end
         time.sleep(0)  # hand the GIL to the event loop between slices
+    graveyard.keep_if_long(done)
     return {**body, "messages": done}
 
 
@@ -500,10 +515,12 @@ def _long_list_validated_in_slices(model: type[BaseModel], body: dict[str, Any])
 
 
 def _flat_in_slices(adapter: TypeAdapter, items: list[Any], where: tuple[Any, ...]) -> list[Any]:
+    """Strings or token ids validated a slice at a time; the result is held apart as a parsed list is."""
     done: list[Any] = []
     for start in range(0, len(items), VALIDATION_SLICE):
         done.extend(_validated_slice(adapter, items, start, min(start + VALIDATION_SLICE, len(items)), where))
         time.sleep(0)  # hand the GIL to the event loop between slices
+    _held_apart(done, plain=True)
     return done
 
 
@@ -522,6 +539,7 @@ def _id_lists_in_slices(items: list[Any], where: tuple[Any, ...]) -> list[Any]:
             done.extend(_validated_slice(_id_lists_adapter, items, start, end, where))
         start = end
         time.sleep(0)
+    graveyard.keep_if_long(done)
     return done
 
 
