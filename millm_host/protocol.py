@@ -409,17 +409,28 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def refuse_long_chat(body: dict[str, Any], limit: int) -> None:
-    """A 400 for more than ``limit`` messages, or content parts in one message, before any is built."""
+def refuse_long_chat(body: dict[str, Any], limit: int, parts_limit: int | None = None) -> None:
+    """A 400 for more than ``limit`` messages, or content parts in one message, or ``parts_limit``
+    content parts in all (``MILLM_MAX_CONTENT_PARTS``), before any is built."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return
     if len(messages) > limit:
         raise InvalidParameter(f"messages: at most {limit} messages (MILLM_MAX_MESSAGES)", param="messages")
+    parts = 0
     for i, message in enumerate(messages):
-        if isinstance(message, dict) and isinstance(message.get("content"), list) and len(message["content"]) > limit:
-            where = f"messages[{i}].content"
+        if not (isinstance(message, dict) and isinstance(message.get("content"), list)):
+            continue
+        where = f"messages[{i}].content"
+        if len(message["content"]) > limit:
             raise InvalidParameter(f"{where}: at most {limit} content parts (MILLM_MAX_MESSAGES)", param=where)
+        parts += len(message["content"])
+        if parts_limit is not None and parts > parts_limit:
+            raise InvalidParameter(
+                f"{where}: the chat holds more than {parts_limit} content parts in all, counted up to this "
+                "message (MILLM_MAX_CONTENT_PARTS)",
+                param=where,
+            )
 
 
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:

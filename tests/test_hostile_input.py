@@ -524,3 +524,30 @@ def test_token_bytes_are_joined_in_slices_to_the_same_bytes(pieces):
     from millm_host.serving.embeddings import _joined
 
     assert _joined(pieces) == b"".join(pieces)
+
+
+def test_content_parts_over_all_messages_are_bounded(echo_app):
+    """MILLM_MAX_CONTENT_PARTS (8192): 4096 messages of 4096 parts each pass MILLM_MAX_MESSAGES, and each
+    part is a model to build; the total is refused before any is, naming the message that passes it."""
+    model = echo_app.model_id
+    parts = [{"type": "text", "text": "a"}] * 4000
+    with echo_app.http() as http:
+        at = {
+            "model": model,
+            "messages": [{"role": "user", "content": parts}] * 2
+            + [{"role": "user", "content": [{"type": "text", "text": "a"}] * 192}],
+        }
+        served = http.post("/v1/chat/completions", json=at)
+        assert served.status_code != 400 or served.json()["error"]["code"] != "invalid_parameter", served.text
+        past = {
+            **at,
+            "messages": [
+                *at["messages"],
+                {"role": "user", "content": "plain text is not a part"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}]},
+            ],
+        }
+        error = assert_error(
+            http.post("/v1/chat/completions", json=past), 400, "invalid_parameter", "messages[4].content"
+        )
+        assert "more than 8192 content parts" in error["message"] and "MILLM_MAX_CONTENT_PARTS" in error["message"]
