@@ -551,3 +551,26 @@ def test_content_parts_over_all_messages_are_bounded(echo_app):
             http.post("/v1/chat/completions", json=past), 400, "invalid_parameter", "messages[4].content"
         )
         assert "more than 8192 content parts" in error["message"] and "MILLM_MAX_CONTENT_PARTS" in error["message"]
+
+
+def test_the_chat_bound_is_taken_on_the_rendered_text(echo_app, monkeypatch):
+    """A template may drop what a message holds (earlier turns' reasoning): the lower bound on a chat's
+    tokens is taken on the rendered text, so a chat whose render fits is served, not refused from its
+    raw contents; one whose render cannot fit is still refused before it is tokenized."""
+    from millm_host.testing.echo import EchoEngine
+
+    def last_turn_only(self, messages, *, add_generation_prompt=True, tools=None, template_kwargs=None):
+        last = messages[-1]
+        return f"<|{last['role']}|>{last.get('content') or ''}<|end|>" + (
+            "<|assistant|>" if add_generation_prompt else ""
+        )
+
+    monkeypatch.setattr(EchoEngine, "render_chat", last_turn_only)
+    reasoning = {"role": "assistant", "content": "thinking " * 100}  # 900 characters; the window is 512
+    with echo_app.http() as http:
+        body = {"model": echo_app.model_id, "max_tokens": 4, "messages": [reasoning, {"role": "user", "content": "hi"}]}
+        served = http.post("/v1/chat/completions", json=body)
+        assert served.status_code == 200, served.text
+        body["messages"] = [{"role": "user", "content": "a"}, {"role": "user", "content": "a" * 600}]
+        error = assert_error(http.post("/v1/chat/completions", json=body), 400, "context_length_exceeded", "messages")
+        assert "at least" in error["message"]
