@@ -574,3 +574,24 @@ def test_the_chat_bound_is_taken_on_the_rendered_text(echo_app, monkeypatch):
         body["messages"] = [{"role": "user", "content": "a"}, {"role": "user", "content": "a" * 600}]
         error = assert_error(http.post("/v1/chat/completions", json=body), 400, "context_length_exceeded", "messages")
         assert "at least" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/completions", {"prompt": "a " * 200_000, "logprobs": 1}, "prompt"),
+        ("/v1/completions", {"prompt": ["a", "a " * 200_000], "logprobs": 1}, "prompt[1]"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "a " * 200_000}], "logprobs": True},
+            "messages",
+        ),
+    ],
+)
+def test_scoring_text_that_cannot_fit_is_refused_before_it_is_tokenized(tiny_server, path, fields, param):
+    """Scoring mode (max_tokens 1 with logprobs) refuses text that cannot fit from its length alone, as
+    generation does (``Engine.min_tokens``; the chat's on its rendered text): the message says "at least"."""
+    with tiny_server.http() as http:
+        response = http.post(path, json={"model": tiny_server.model_id, "max_tokens": 1, **fields})
+    error = assert_error(response, 400, "context_length_exceeded", param)
+    assert "at least" in error["message"] and "scoring its next token needs 1 more" in error["message"]
