@@ -536,13 +536,29 @@ def _long_list_validated_in_slices(model: type[BaseModel], body: dict[str, Any])
 
 
 def _flat_in_slices(adapter: TypeAdapter, items: list[Any], where: tuple[Any, ...]) -> list[Any]:
-    """Strings or token ids validated a slice at a time; the result is held apart as a parsed list is."""
+    """Strings or token ids validated a slice at a time; the result is held apart as a parsed list is.
+
+    A slice of nothing but strings (or of ints, none negative) is what pydantic would return, as it is:
+    two C calls see that (``_plainly``), where pydantic took 275 ns an id (550 ms for 2M on a loaded
+    machine, the event loop waiting behind each slice). Any other slice goes to pydantic, for its error.
+    """
+    kind = str if adapter is _strings_adapter else int
     done: list[Any] = []
     for start in range(0, len(items), VALIDATION_SLICE):
-        done.extend(_validated_slice(adapter, items, start, min(start + VALIDATION_SLICE, len(items)), where))
-        time.sleep(0)  # hand the GIL to the event loop between slices
+        end = min(start + VALIDATION_SLICE, len(items))
+        chunk = items[start:end]
+        if _plainly(kind, chunk):
+            done.extend(chunk)  # tens of µs: the switch interval hands the GIL over often enough
+        else:
+            done.extend(_validated_slice(adapter, items, start, end, where))
+            time.sleep(0)  # hand the GIL to the event loop between slices
     _held_apart(done, plain=True)
     return done
+
+
+def _plainly(kind: type, chunk: list[Any]) -> bool:
+    """Whether strict validation as ``list[str]`` (``kind`` str) or ``list[TokenId]`` (int) keeps ``chunk`` as it is."""
+    return set(map(type, chunk)) == {kind} and (kind is str or min(chunk) >= 0)
 
 
 def _id_lists_in_slices(items: list[Any], where: tuple[Any, ...]) -> list[Any]:
