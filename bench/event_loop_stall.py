@@ -15,6 +15,7 @@ shape's runs, taken as each run ends: on a shared machine the figures follow the
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -68,6 +69,10 @@ def main() -> None:
     server = ServerProcess(Path(tempfile.mkdtemp()), model=str(tiny_llama())).start()
     try:
         bodies = shapes(server.model_id)
+        # This process imported torch and transformers (to write the tiny model): a full collection here
+        # took 100-170 ms and delayed the health poller as if the server had stalled. Frozen, it has none.
+        gc.collect()
+        gc.freeze()
         wanted = ["small", *[s for s in (args.shapes.split(",") if args.shapes else bodies) if s != "small"]]
         slowest: dict[str, list[float]] = {name: [] for name in wanted}
         loads: dict[str, list[float]] = {name: [] for name in wanted}
