@@ -24,8 +24,10 @@ from typing import Any
 FREE_SLICE = 4096
 #: Shorter lists and dicts are not worth a grave: their freeing is shorter than a slice.
 LONG = FREE_SLICE
-#: How often the graveyard's thread looks at what it keeps.
+#: How often the graveyard's thread looks at what it keeps: at first, and after each ``keep``...
 POLL_S = 0.005
+#: ...doubling, while nothing is freed, up to this (a long request's objects are watched cheaply).
+POLL_MAX_S = 0.1
 #: An object someone else still holds after this long is let go as it is.
 GIVE_UP_S = 600.0
 
@@ -67,15 +69,21 @@ def pending() -> int:
 
 
 def _run() -> None:
+    wait: float | None = None  # nothing kept: until the next keep
     while True:
-        _wake.wait()
+        woken = _wake.wait(wait)
         _wake.clear()
-        while _sweep():
-            time.sleep(POLL_S)
+        freed, left = _sweep()
+        if not left:
+            wait = None
+        elif woken or freed or wait is None:
+            wait = POLL_S
+        else:
+            wait = min(2 * wait, POLL_MAX_S)
 
 
-def _sweep() -> bool:
-    """Free what only the graveyard holds; whether anything is left to watch."""
+def _sweep() -> tuple[bool, bool]:
+    """Free what only the graveyard holds; (whether anything was freed, whether anything is left to watch)."""
     now = time.monotonic()
     with _lock:
         # 2: the grave's reference and getrefcount's own argument
@@ -88,7 +96,7 @@ def _sweep() -> bool:
         if sys.getrefcount(obj) <= 2:  # this local and the argument: nobody else can see it emptied
             _empty(obj)
         del obj
-    return left
+    return bool(free), left
 
 
 def _empty(obj: Any) -> None:
