@@ -320,7 +320,8 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
     is. Call it off the event loop for large bodies (``resources.common.parse_json``).
     """
     text = _decoded(raw)
-    refusal, top_strings = None, {}
+    refusal: str | None = None
+    top_strings: dict[str, str] = {}
     try:
         with gcpause.paused():
             body = loads_in_slices(

@@ -8,6 +8,7 @@ text thread (or the engine thread, for an engine without ``concurrent_text``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from ..context import RequestContext
@@ -36,8 +37,12 @@ def chat_prompts(
     texts = [
         _naming_the_conversation(
             i,
-            lambda conv=conv: engine.chat_text(
-                conv, tools=ctx.chat_tools, template_kwargs=ctx.chat_template_kwargs, fallback=fallback
+            partial(
+                engine.chat_text,
+                conv,
+                tools=ctx.chat_tools,
+                template_kwargs=ctx.chat_template_kwargs,
+                fallback=fallback,
             ),
         )
         for i, conv in enumerate(ctx.conversations)
@@ -45,9 +50,7 @@ def chat_prompts(
     if refuse_unfitting is not None:
         for i, text in enumerate(texts):
             refuse_unfitting(i, engine.min_tokens([text]))
-    return [
-        _naming_the_conversation(i, lambda text=text: engine.tokenize_chat_text(text)) for i, text in enumerate(texts)
-    ]
+    return [_naming_the_conversation(i, partial(engine.tokenize_chat_text, text)) for i, text in enumerate(texts)]
 
 
 def _naming_the_conversation(index: int, step: Callable[[], T]) -> T:
