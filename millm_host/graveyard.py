@@ -109,6 +109,7 @@ def _empty(obj: Any) -> None:
             del value
     elif isinstance(obj, list):
         while obj:
+            time.sleep(0)  # the GIL to the event loop between slices, without its waiting to be handed it
             tail = obj[-FREE_SLICE:]
             del obj[-FREE_SLICE:]
             for i in range(len(tail)):

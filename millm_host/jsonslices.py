@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from json import JSONDecodeError
 from typing import Any
 
 #: Characters one C call may scan (about 1 ms of GIL here).
 SLICE = 32 * 1024
+#: YIELD: after each run of members the parser gives the GIL up (``time.sleep(0)``) rather than wait
+#: to be made to: a thread waiting for it (the event loop) otherwise waits out the switch interval,
+#: and on a loaded machine its holder's turn on a CPU too.
 #: A number longer than this is refused (no field takes one; it would be a long C call).
 MAX_NUMBER_CHARS = 400
 
@@ -271,6 +275,7 @@ class _Parser:
                 items, pos, bracketed = got
                 out.extend(items)
                 plain = plain and not bracketed
+                time.sleep(0)  # see YIELD
             else:
                 if pos >= batch_from:  # no batch here: one slice of members, one by one, before the next try
                     batch_from = pos + SLICE
@@ -305,6 +310,7 @@ class _Parser:
             if got is not None:
                 members, pos, _ = got
                 out.update(members)  # a repeated key keeps its first place and its last value, as json's
+                time.sleep(0)  # see YIELD
             else:
                 if pos >= batch_from:
                     batch_from = pos + SLICE
