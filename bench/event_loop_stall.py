@@ -5,7 +5,9 @@ and again while one body of about 4 MiB is sent (``tests/test_hostile_input.heal
 The figure is the slowest health answer. The baseline, measured in the same run, is
 the slowest health answer while a small chat is sent the same way: what the machine
 and the HTTP stack cost with no large body. Each shape runs ``--runs`` times; the
-median of the slowest answers is printed, and its ratio to the baseline.
+median of the slowest answers is printed, and its ratio to the baseline. Beside them: the
+machine's load (``os.getloadavg``, 1-minute) at the start and end, and its median over each
+shape's runs, taken as each run ends: on a shared machine the figures follow the load.
 
     python bench/event_loop_stall.py [--runs 5] [--shapes many-messages,long-messages,...]
 """
@@ -13,7 +15,9 @@ median of the slowest answers is printed, and its ratio to the baseline.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -65,27 +69,44 @@ def main() -> None:
     server = ServerProcess(Path(tempfile.mkdtemp()), model=str(tiny_llama())).start()
     try:
         bodies = shapes(server.model_id)
+        # This process imported torch and transformers (to write the tiny model): a full collection here
+        # took 100-170 ms and delayed the health poller as if the server had stalled. Frozen, it has none.
+        gc.collect()
+        gc.freeze()
         wanted = ["small", *[s for s in (args.shapes.split(",") if args.shapes else bodies) if s != "small"]]
         slowest: dict[str, list[float]] = {name: [] for name in wanted}
+        loads: dict[str, list[float]] = {name: [] for name in wanted}
         codes: dict[str, str] = {}
+        load_at_start = os.getloadavg()
         for _ in range(args.runs):
             for name in wanted:  # interleaved, so background load hits every shape alike
                 path, body = bodies[name]
                 response, worst = health_while(server, "POST", path, body)
                 slowest[name].append(worst)
+                loads[name].append(os.getloadavg()[0])
                 codes[name] = f"{response.status_code} " + (
                     response.json().get("error", {}).get("code", "") if response.status_code >= 400 else ""
                 )
+        load_at_end = os.getloadavg()
         base = statistics.median(slowest["small"])
-        print(f"{'shape':15} {'body':>9} {'answer':28} {'slowest /api/health (median, min-max)':>40} {'ratio':>7}")
+        print(f"load average (1, 5, 15 min): {_loads(load_at_start)} at the start, {_loads(load_at_end)} at the end")
+        print(
+            f"{'shape':15} {'body':>9} {'answer':28} {'slowest /api/health (median, min-max)':>40} {'ratio':>7} "
+            f"{'load':>5}"
+        )
         for name in wanted:
             times = slowest[name]
             med = statistics.median(times)
             size = f"{len(bodies[name][1]) / 2**20:.2f} MiB"
             span = f"{med * 1000:.1f} ms ({min(times) * 1000:.1f}-{max(times) * 1000:.1f})"
-            print(f"{name:15} {size:>9} {codes[name]:28} {span:>40} {med / base:7.2f}")
+            load = statistics.median(loads[name])
+            print(f"{name:15} {size:>9} {codes[name]:28} {span:>40} {med / base:7.2f} {load:5.2f}")
     finally:
         server.stop()
+
+
+def _loads(averages: tuple[float, float, float]) -> str:
+    return ", ".join(f"{x:.2f}" for x in averages)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ a quarter, with the GIL held. Two moments make objects by the million:
   (``freeze_survivors``), so the collector's full passes skip it from then on.
 - the C JSON parser building a large request body (``paused``).
 
+A long list of scalars (2M token ids) that a request holds is taken out of the
+collector's sight (``untrack_plain``): every pass that looked at it walked its 2M
+items with the GIL held, wherever the pass ran (the event loop, often).
+
 Holds are counted: overlapping ones (a body parsed while the model loads) restore
 the collector when the last ends, and only if it was on when the first began.
 """
@@ -18,6 +22,7 @@ the collector when the last ends, and only if it was on when the first began.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import threading
 from collections.abc import Iterator
@@ -26,6 +31,21 @@ _lock = threading.Lock()
 _holders = 0
 _was_enabled = False
 _startup_held = False
+#: CPython's own untracking (what it does for dicts of scalars); a no-op on an untracked object.
+_gc_untrack = ctypes.pythonapi.PyObject_GC_UnTrack
+_gc_untrack.argtypes = [ctypes.py_object]
+_gc_untrack.restype = None
+
+
+def untrack_plain(items: list) -> None:
+    """Take ``items``, a list of scalars only (numbers, strings, booleans, None), out of the collector's sight.
+
+    Such a list can be in no reference cycle, so the collector has nothing to find
+    there; unseen, no pass walks its items. The caller vouches that it holds no
+    container and will not be given one (a cycle through it would then never be
+    collected: a leak, never a crash). Freeing it untracks it again, harmlessly.
+    """
+    _gc_untrack(items)
 
 
 def hold() -> None:

@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from json import JSONDecodeError
 from typing import Any
 
 #: Characters one C call may scan (about 1 ms of GIL here).
 SLICE = 32 * 1024
+#: YIELD: after each run of members the parser gives the GIL up (``time.sleep(0)``) rather than wait
+#: to be made to: a thread waiting for it (the event loop) otherwise waits out the switch interval,
+#: and on a loaded machine its holder's turn on a CPU too.
 #: A number longer than this is refused (no field takes one; it would be a long C call).
 MAX_NUMBER_CHARS = 400
 
@@ -46,6 +51,11 @@ class TooDeep(ValueError):
 
 class TooManyContainers(ValueError):
     """The text holds more objects and arrays than allowed."""
+
+
+#: On ``TooDeep`` or ``TooManyContainers`` from text whose value is an object: its string members read
+#: before the refusal, by key (a batch line's ``custom_id``, which comes before its ``body``).
+TOP_STRINGS = "top_strings"
 
 
 def containers_in(value: Any, most: int) -> int:
@@ -83,6 +93,16 @@ def nesting_exceeds(value: Any, max_depth: int) -> bool:
     return False
 
 
+#: Items of a partly parsed array freed in one C call (each may be a nest of 60 arrays).
+FREE_SLICE = 256
+
+
+def empty_in_slices(items: list[Any]) -> None:
+    """Empty ``items`` from its end, ``FREE_SLICE`` items a C call."""
+    while items:
+        del items[-FREE_SLICE:]
+
+
 def _run_end(pattern: re.Pattern[str], text: str, start: int, limit: int) -> int:
     """Where ``pattern`` (which matches the empty string too) stops matching from ``start``, before ``limit``."""
     found = pattern.match(text, start, limit)
@@ -96,6 +116,7 @@ def loads_in_slices(
     max_depth: int,
     max_containers: int | None = None,
     short_ints: json.JSONDecoder | None = None,
+    long_list: Callable[[list[Any], bool], None] | None = None,
 ) -> Any:
     """``decoder.decode(text)``, never scanning more than ``SLICE`` characters in one C call.
 
@@ -103,10 +124,16 @@ def loads_in_slices(
     fewer than ``LONG_DIGITS`` digits (``decoder`` less a ``parse_int`` hook, which the C
     scanner calls once per integer: 2M token ids spent most of their parse there). It
     scans the runs of members that hold no longer run of digits.
+
+    ``long_list(items, plain)``: called with each array of at least ``LONG_LIST`` items
+    once it is parsed; ``plain`` when it holds no object or array (known from its text,
+    at no cost: a bracket inside a string counts as one, so ``plain`` is never wrongly true).
     """
-    return _Parser(text, decoder, max_depth, max_containers, short_ints).parse()
+    return _Parser(text, decoder, max_depth, max_containers, short_ints, long_list).parse()
 
 
+#: Arrays from this many items on are reported to ``long_list``.
+LONG_LIST = 4096
 #: Digits from which a run of members is scanned by ``decoder`` itself (its ``parse_int`` sees them).
 LONG_DIGITS = 19
 _LONG_DIGIT_RUN = re.compile(f"[0-9]{{{LONG_DIGITS}}}")
@@ -120,8 +147,10 @@ class _Parser:
         max_depth: int,
         max_containers: int | None,
         short_ints: json.JSONDecoder | None,
+        long_list: Callable[[list[Any], bool], None] | None = None,
     ) -> None:
         self.text, self.n, self.max_depth = text, len(text), max_depth
+        self.long_list = long_list
         self.scan_short_ints = None if short_ints is None else short_ints.scan_once  # type: ignore[attr-defined]
         #: Objects and arrays still allowed (counted as they are parsed).
         self.containers_left = self.n if max_containers is None else max_containers
@@ -185,25 +214,28 @@ class _Parser:
         self.check_depth(value, level, self.window, start, end)
         return value, self.window_at + end
 
-    def check_depth(self, value: Any, level: int, source: str, start: int, end: int, wrapped: bool = False) -> None:
+    def check_depth(self, value: Any, level: int, source: str, start: int, end: int, wrapped: bool = False) -> int:
         """Refuse ``value`` (its text ``source[start:end]``), a container at ``level``, if it nests too deep
-        or brings the containers past the bound; ``wrapped``: ``value`` is a batch's wrapper, not counted."""
+        or brings the containers past the bound; ``wrapped``: ``value`` is a batch's wrapper, not counted.
+        The brackets in that text (the wrapper's included)."""
         brackets = source.count("[", start, end) + source.count("{", start, end)
         if not brackets:
-            return
+            return 0
         room = self.max_depth - level + 1
         if brackets > room and nesting_exceeds(value, room):
             raise TooDeep
         if not (wrapped and brackets == 1):  # the wrapper's own; brackets in strings are text: count them
             self.spend(containers_in(value, self.containers_left + wrapped) - wrapped)
+        return brackets
 
     def spend(self, containers: int) -> None:
         self.containers_left -= containers
         if self.containers_left < 0:
             raise TooManyContainers
 
-    def batch(self, pos: int, level: int, opening: str, closing: str) -> tuple[Any, int] | None:
-        """Members from ``pos`` (a member's start) to the last comma between members in the next slice."""
+    def batch(self, pos: int, level: int, opening: str, closing: str) -> tuple[Any, int, bool] | None:
+        """Members from ``pos`` (a member's start) to the last comma between members in the next slice;
+        (members, end, whether their text has a bracket)."""
         cut = self.text.rfind(",", pos, min(pos + SLICE, self.n))
         if cut <= pos:
             return None
@@ -217,27 +249,43 @@ class _Parser:
             return None
         if end != len(chunk):
             return None
-        self.check_depth(members, level, chunk, 0, end, wrapped=True)
-        return members, cut
+        brackets = self.check_depth(members, level, chunk, 0, end, wrapped=True)
+        return members, cut, brackets > 1
 
     def array(self, pos: int, level: int) -> tuple[list[Any], int]:
         out: list[Any] = []
+        try:
+            return self.fill_array(out, pos, level)
+        except BaseException:
+            # a refused body: what was parsed of this array is freed here, a slice at a time (at once, the
+            # 65,536 arrays of a body refused at the container limit held the GIL for 12 ms), not by
+            # whoever drops the exception's traceback
+            empty_in_slices(out)
+            raise
+
+    def fill_array(self, out: list[Any], pos: int, level: int) -> tuple[list[Any], int]:
         pos = self.skip(pos + 1)
         if self.at(pos) == "]":
             return out, pos + 1
         batch_from = pos
+        plain = True  # no object or array among the items
         while True:
             got = self.batch(pos, level, "[", "]") if pos >= batch_from else None
             if got is not None:
-                items, pos = got
+                items, pos, bracketed = got
                 out.extend(items)
+                plain = plain and not bracketed
+                time.sleep(0)  # see YIELD
             else:
                 if pos >= batch_from:  # no batch here: one slice of members, one by one, before the next try
                     batch_from = pos + SLICE
                 item, pos = self.value(pos, level + 1)
                 out.append(item)
+                plain = plain and not isinstance(item, (list, dict))
                 pos = self.skip(pos)
                 if self.at(pos) == "]":
+                    if self.long_list is not None and len(out) >= LONG_LIST:
+                        self.long_list(out, plain)
                     return out, pos + 1
                 if self.at(pos) != ",":
                     raise JSONDecodeError("Expecting ',' delimiter", self.text, pos)
@@ -245,6 +293,14 @@ class _Parser:
 
     def object(self, pos: int, level: int) -> tuple[dict[str, Any], int]:
         out: dict[str, Any] = {}
+        try:
+            return self.fill_object(out, pos, level)
+        except (TooDeep, TooManyContainers) as exc:
+            if level == 1:
+                setattr(exc, TOP_STRINGS, {key: value for key, value in out.items() if isinstance(value, str)})
+            raise
+
+    def fill_object(self, out: dict[str, Any], pos: int, level: int) -> tuple[dict[str, Any], int]:
         pos = self.skip(pos + 1)
         if self.at(pos) == "}":
             return out, pos + 1
@@ -252,8 +308,9 @@ class _Parser:
         while True:
             got = self.batch(pos, level, "{", "}") if pos >= batch_from else None
             if got is not None:
-                members, pos = got
+                members, pos, _ = got
                 out.update(members)  # a repeated key keeps its first place and its last value, as json's
+                time.sleep(0)  # see YIELD
             else:
                 if pos >= batch_from:
                     batch_from = pos + SLICE

@@ -150,6 +150,13 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "Most messages in one chat, and content parts in one message (400 past it): building a 4 MiB chat "
         "of 150,000 tiny messages cost seconds of collector passes with the GIL held",
     ),
+    Setting(
+        "MILLM_MAX_CONTENT_PARTS",
+        int,
+        8192,
+        "Most content parts in one chat, over all its messages (400 past it): 4096 messages of 4096 "
+        "parts each would pass MILLM_MAX_MESSAGES, and each part is a model to build",
+    ),
     Setting("MILLM_MAX_PROMPTS", int, 64, "Most prompts one /v1/completions request may carry"),
     Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
     Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),

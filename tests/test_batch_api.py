@@ -198,3 +198,19 @@ def test_a_finished_batch_cannot_be_cancelled(app):
     done = wait_for(client, client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h").id)
     with app.http() as http:
         assert_error(http.post(f"/v1/batches/{done.id}/cancel"), 409, "batch_not_cancellable")
+
+
+def test_each_line_is_parsed_within_the_container_limit(app_factory):
+    """A line is parsed as a live body is, within MILLM_MAX_JSON_CONTAINERS: one past it goes to the error
+    file with its custom_id and the 400 a live request would get, and the others still run."""
+    client = app_factory(env={"MILLM_MAX_JSON_CONTAINERS": "40"}).openai()
+    over = chat_line("over") | {"body": {**chat_line("x")["body"], "x": [[]] * 40}}
+    source = client.files.create(file=("in.jsonl", jsonl([chat_line("ok"), over])), purpose="batch")
+    done = wait_for(client, client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h").id)
+    assert done.status == "completed", done
+    assert [o["custom_id"] for o in read_jsonl(client, done.output_file_id)] == ["ok"]
+    [error] = read_jsonl(client, done.error_file_id)
+    assert error["custom_id"] == "over" and error["response"]["status_code"] == 400
+    body = error["response"]["body"]["error"]
+    assert body["code"] == "invalid_parameter" and "MILLM_MAX_JSON_CONTAINERS" in body["message"]
+    assert set(body) >= {"message", "type", "param", "code"}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidParameter, MillmError
-from ..protocol import parse_json_body
+from ..protocol import BodyRefused, parse_json_body
 
 if TYPE_CHECKING:
     from ..serving.base import Serving
@@ -58,8 +58,15 @@ class InputFileInvalid(Exception):
         self.errors = errors
 
 
-def read_lines(raw: bytes, url: str, *, max_lines: int, max_depth: int) -> list[InputLine]:
-    """Every non-blank line of ``raw``, parsed and checked for shape (not yet for its endpoint)."""
+def read_lines(
+    raw: bytes, url: str, *, max_lines: int, max_depth: int, max_containers: int | None = None
+) -> list[InputLine]:
+    """Every non-blank line of ``raw``, parsed and checked for shape (not yet for its endpoint).
+
+    Each line is parsed as a live body is, within ``max_depth`` and ``max_containers``
+    (``MILLM_MAX_JSON_CONTAINERS``): a line past them is refused, with its ``custom_id``
+    when that came before what was refused, and is never built.
+    """
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -71,7 +78,7 @@ def read_lines(raw: bytes, url: str, *, max_lines: int, max_depth: int) -> list[
         raise InputFileInvalid(
             [FileError("too_many_lines", f"the file has {len(numbered)} lines; the limit is {max_lines}")]
         )
-    lines = [_read_line(n, line, url, max_depth) for n, line in numbered]
+    lines = [_read_line(n, line, url, max_depth, max_containers) for n, line in numbered]
     seen: dict[str, int] = {}
     duplicates = []
     for item in lines:
@@ -93,12 +100,15 @@ def read_lines(raw: bytes, url: str, *, max_lines: int, max_depth: int) -> list[
     return lines
 
 
-def _read_line(number: int, text: str, url: str, max_depth: int) -> InputLine:
+def _read_line(number: int, text: str, url: str, max_depth: int, max_containers: int | None) -> InputLine:
     try:
-        record = parse_json_body(text.encode("utf-8"), max_depth)
+        record = parse_json_body(text.encode("utf-8"), max_depth, max_containers)
     except MillmError as exc:
+        custom_id = exc.top_strings.get("custom_id") if isinstance(exc, BodyRefused) else None
         return InputLine(
-            number, None, error=InvalidParameter(f"line {number}: {exc.message.replace('request body', 'line')}")
+            number,
+            custom_id or None,
+            error=InvalidParameter(f"line {number}: {exc.message.replace('request body', 'line')}"),
         )
     custom_id = record.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:

@@ -287,6 +287,7 @@ class BatchRunner:
                 row.endpoint,
                 max_lines=settings["MILLM_BATCH_MAX_LINES"],
                 max_depth=settings["MILLM_MAX_JSON_DEPTH"],
+                max_containers=settings["MILLM_MAX_JSON_CONTAINERS"],
             )
         except FileNotFound as exc:
             return await asyncio.to_thread(self._fail, row.id, [{"code": exc.code, "message": exc.message}])

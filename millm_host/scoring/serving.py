@@ -204,6 +204,18 @@ def _report_not_applied(ctx: RequestContext) -> None:
     ctx.unused_fields.extend(sent)
 
 
+def _refuse_unscorable(window: int | None, where: str, tokens: int, *, at_least: bool = False) -> None:
+    """``context_length_exceeded`` for a prompt of ``tokens`` tokens (``at_least``: a lower bound) that
+    leaves no room in the window for the token scored."""
+    if window is not None and tokens and tokens + 1 > window:
+        least = "at least " if at_least else ""
+        raise ContextLengthExceeded(
+            f"this model's maximum context length is {window} tokens; {where} has {least}{tokens} "
+            "tokens and scoring its next token needs 1 more",
+            param=where,
+        )
+
+
 def prompt_location(ctx: RequestContext, index: int) -> str:
     """Where prompt ``index`` came from, as a client names it."""
     if ctx.is_chat:
@@ -249,30 +261,44 @@ class ServingScoring(Serving):
                 self._float32.release()
 
     # --- text or engine thread ---------------------------------------------------------
+    def refuse_unfitting_text(self, ctx: RequestContext) -> None:
+        """A text prompt that cannot fit the window with the token scored, refused from its length alone
+        (``Engine.min_tokens``) before it is tokenized; a chat's is refused in ``tokenize``, once rendered."""
+        engine = ctx.engine
+        assert engine is not None
+        if ctx.is_chat:
+            return
+        prompts = ctx.params.prompts
+        for index, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                where = "prompt" if len(prompts) <= 1 else f"prompt[{index}]"
+                _refuse_unscorable(engine.info.context_window, where, engine.min_tokens([prompt]), at_least=True)
+
     def tokenize(self, ctx: RequestContext) -> None:
         """Prompts tokenized as generation tokenizes them (no generic chat render), then checked for scoring."""
         engine = ctx.engine
         assert engine is not None
         request: ScoringRequest = ctx.plan
         vocab = engine.info.vocab_size
+        window = engine.info.context_window
         if ctx.is_chat:
-            ctx.prompts = chat_prompts(ctx, fallback=False)
+            ctx.prompts = chat_prompts(
+                ctx,
+                fallback=False,
+                refuse_unfitting=lambda index, least: _refuse_unscorable(
+                    window, prompt_location(ctx, index), least, at_least=True
+                ),
+            )
         else:
             ctx.prompts = completion_prompts(ctx)
             refuse_out_of_vocabulary(ctx, InvalidScoringRequest)
-        window = engine.info.context_window
         for index, ids in enumerate(ctx.prompts):
             where = prompt_location(ctx, index)
             if not ids:
                 raise InvalidScoringRequest(
                     f"{where} tokenises to nothing; there is no next token to score", param=where
                 )
-            if window is not None and len(ids) + 1 > window:
-                raise ContextLengthExceeded(
-                    f"this model's maximum context length is {window} tokens; {where} has {len(ids)} "
-                    "tokens and scoring its next token needs 1 more",
-                    param=where,
-                )
+            _refuse_unscorable(window, where, len(ids))
         bad = [t for t in request.params.allowed_token_ids or () if t >= vocab]
         if bad:
             raise InvalidScoringRequest(

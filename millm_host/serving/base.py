@@ -148,7 +148,8 @@ class Serving:
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
         """Validate the protocol and the fields, resolve the model entry (once); no plugin or model work yet."""
         host = self.host
-        refuse_long_chat(body, host.settings["MILLM_MAX_MESSAGES"])  # before validation builds a model a message
+        # before validation builds a model a message (and a part)
+        refuse_long_chat(body, host.settings["MILLM_MAX_MESSAGES"], host.settings["MILLM_MAX_CONTENT_PARTS"])
         params = validate(self.protocol, body)
         strict = strict_mode(headers)
         entry = host.registry.resolve(params.model)

@@ -37,11 +37,13 @@ class ServingChat(ServingGeneration):
             raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
         super().read(ctx)
 
-    def prompt_texts(self, ctx: RequestContext) -> list[list[str]]:
-        return [[m["content"] for m in conversation if m.get("content")] for conversation in ctx.conversations]
+    def refuse_unfitting_text(self, ctx: RequestContext) -> None:
+        """Done in ``tokenize``, on each rendered conversation (``chat_prompts``): a template may drop content."""
 
     def tokenize(self, ctx: RequestContext) -> None:
-        ctx.prompts = chat_prompts(ctx, fallback=True)  # a model with no template gets a generic render
+        ctx.prompts = chat_prompts(  # a model with no template gets a generic render
+            ctx, fallback=True, refuse_unfitting=lambda _, least: self.refuse_at_least(ctx, least)
+        )
 
 
 def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -139,17 +139,18 @@ def decode_tiktoken_ids(plan: list[str | list[int]], vocabulary: str, *, flat: b
         if isinstance(item, str):
             decoded.append(item)
             continue
-        for j, token in enumerate(item):
-            if token >= len(table):
-                where = f"input[{j}]" if flat else f"input[{i}][{j}]"
-                raise InvalidParameter(
-                    f"{where}: token id {token} is outside {vocabulary} (ids 0-{len(table) - 1}; special tokens "
-                    f"are not embedded). MILLM_EMBEDDING_TOKEN_IDS={vocabulary}: token ids are read as OpenAI's",
-                    param=where,
-                )
+        outside = _first_outside(item, len(table))
+        if outside is not None:
+            j, token = outside
+            where = f"input[{j}]" if flat else f"input[{i}][{j}]"
+            raise InvalidParameter(
+                f"{where}: token id {token} is outside {vocabulary} (ids 0-{len(table) - 1}; special tokens "
+                f"are not embedded). MILLM_EMBEDDING_TOKEN_IDS={vocabulary}: token ids are read as OpenAI's",
+                param=where,
+            )
         where = "input" if flat else f"input[{i}]"
         try:
-            decoded.append(_joined([table[token] for token in item]).decode("utf-8"))
+            decoded.append(_joined(item, table).decode("utf-8"))
         except UnicodeDecodeError:
             raise InvalidParameter(
                 f"{where}: the token ids are not UTF-8 text under {vocabulary} (a character split between "
@@ -159,15 +160,26 @@ def decode_tiktoken_ids(plan: list[str | list[int]], vocabulary: str, *, flat: b
     return decoded
 
 
-#: Pieces one ``bytes.join`` call joins: one call over 2M tokens' bytes held the GIL for most of a second.
+#: Ids one C call looks at or joins: one ``bytes.join`` over 2M tokens' bytes held the GIL for most of a
+#: second, and a Python loop over them took 170 ms of a loaded machine's CPU (the event loop waited behind it).
 JOIN_SLICE = 4096
 
 
-def _joined(pieces: list[bytes]) -> bytes:
-    """``b"".join(pieces)``, a slice of pieces per call (the last join copies a few large parts)."""
-    if len(pieces) <= JOIN_SLICE:
-        return b"".join(pieces)
-    return b"".join([b"".join(pieces[start : start + JOIN_SLICE]) for start in range(0, len(pieces), JOIN_SLICE)])
+def _first_outside(ids: list[int], size: int) -> tuple[int, int] | None:
+    """(index, id) of the first id of ``ids`` past ``size``, or None; a slice's ``max`` at a time."""
+    for start in range(0, len(ids), JOIN_SLICE):
+        chunk = ids[start : start + JOIN_SLICE]
+        if max(chunk) >= size:
+            j = next(k for k, token in enumerate(chunk) if token >= size)
+            return start + j, chunk[j]
+    return None
+
+
+def _joined(ids: list[int], table: tuple[bytes, ...]) -> bytes:
+    """The bytes of ``ids`` under ``table``, a slice of ids per C call (the last join copies a few large parts)."""
+    return b"".join(
+        [b"".join(map(table.__getitem__, ids[start : start + JOIN_SLICE])) for start in range(0, len(ids), JOIN_SLICE)]
+    )
 
 
 def refuse_unknown_ids(ctx: RequestContext, vocab_size: int) -> None:

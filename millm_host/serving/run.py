@@ -135,11 +135,14 @@ class ServingGeneration(Serving):
     def refuse_unfitting_text(self, ctx: RequestContext) -> None:
         engine = ctx.engine
         assert engine is not None
-        window = engine.info.context_window
-        if window is not None:
-            least = max((engine.min_tokens(texts) for texts in self.prompt_texts(ctx)), default=0)
-            if least:
-                refuse_past_window(ctx, window, least, at_least=True)
+        self.refuse_at_least(ctx, max((engine.min_tokens(texts) for texts in self.prompt_texts(ctx)), default=0))
+
+    def refuse_at_least(self, ctx: RequestContext, least: int) -> None:
+        """``context_length_exceeded`` for a prompt of at least ``least`` tokens that cannot fit the window."""
+        assert ctx.engine is not None
+        window = ctx.engine.info.context_window
+        if window is not None and least:
+            refuse_past_window(ctx, window, least, at_least=True)
 
     def prompt_texts(self, ctx: RequestContext) -> list[list[str]]:
         """The texts each prompt holds, before it is rendered and tokenized (text thread)."""

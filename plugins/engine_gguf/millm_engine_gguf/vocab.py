@@ -14,7 +14,7 @@ class Vocab:
     """One model's vocabulary: each token's bytes, read once and kept."""
 
     def __init__(self, model: llama_cpp.llama_model_p) -> None:
-        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self._vocab = self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.size = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
         self._special: dict[int, bytes] = {}

@@ -94,6 +94,15 @@ def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return [{"role": m.role, "content": message_text(m, i)} for i, m in enumerate(messages)]
 
 
+def _refuse_unfitting(window: int | None, least: int, where: str) -> None:
+    """An input whose rendered text has at least ``least`` tokens (``Engine.min_tokens``, from its length
+    alone: tokenizing 4 MiB took seconds), refused where that cannot fit the window."""
+    if window is not None and least > window:
+        raise ContextLengthExceeded(
+            f"this model's maximum context length is {window} tokens; the input has at least {least}", param=where
+        )
+
+
 def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
     """Tokenize and check every input before any forward pass (engine thread)."""
     info = engine.info
@@ -108,7 +117,9 @@ def _prepare(engine: Any, inputs: list[ScoreInput]) -> list[Prepared]:
         else:
             conversation = _conversation(item.messages) if item.messages else [{"role": "user", "content": item.text}]
             try:
-                ids = engine.chat_ids(conversation, fallback=False)
+                text = engine.chat_text(conversation, fallback=False)
+                _refuse_unfitting(info.context_window, engine.min_tokens([text]), where)  # before tokenizing it
+                ids = engine.tokenize_chat_text(text)
                 ends_with_reply = conversation[-1]["role"] == "assistant"
                 derived = (
                     common_prefix(engine.chat_ids(conversation[:-1], fallback=False), ids)

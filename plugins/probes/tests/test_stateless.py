@@ -174,3 +174,15 @@ def test_parity_state_is_reported(api, lab, identity, helpers):
     api.post(f"/api/probes/{probe['id']}/parity")
     [state] = score(api, {"probe_ids": [probe["id"]], "inputs": [{"text": "a"}]})["probes"]
     assert state["parity"]["status"] == "passed" and state["parity"]["model_load_id"] == identity["load_id"]
+
+
+@pytest.mark.parametrize("kind", ["text", "messages"])
+def test_text_that_cannot_fit_is_refused_before_it_is_tokenized(api, probe_doc, kind):
+    """From the rendered text's length alone (``Engine.min_tokens``), as chat and completions refuse it:
+    tokenizing 4 MiB took seconds. The message says it is a lower bound."""
+    probe_id, _ = probe_doc
+    text = "a " * 200_000
+    item = {"text": text} if kind == "text" else {"messages": [{"role": "user", "content": text}]}
+    error = score(api, {"probe_ids": [probe_id], "inputs": [{"text": "a"}, item]}, 400)["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "inputs[1]", error
+    assert "at least" in error["message"], error
