@@ -14,7 +14,9 @@ every decoding row and samples each row on its own terms: temperature, top_p,
 penalties, logit bias, logits processors (``response_format``, tools) and logprobs,
 with a ``torch.Generator`` per row, so a seeded row draws the same whatever shares
 its batch. Plain greedy rows (no penalties, bias or processors) share one argmax
-over the batch's logits: one device-to-host copy for all of them.
+over the batch's logits; the other rows, each after its own bias, penalties and
+processors, share one softmax and nucleus cut (``choose_rows``), each drawing from
+its own generator: what it would draw alone, bit for bit.
 
 The KV cache is one left-padded ``RoomyCache`` (a ``DynamicCache`` that writes each
 step into spare room instead of concatenating) of shape ``[rows, heads, L, d]``:
@@ -55,7 +57,7 @@ from millm_host.api import LayerHook, SamplingParams
 
 from . import hooks as layer_hooks
 from .kvcache import RoomyCache
-from .sampling import GREEDY_BELOW, LogitBias, Penalties, choose, generator_for, with_logprobs
+from .sampling import GREEDY_BELOW, LogitBias, Penalties, choose, choose_rows, generator_for, with_logprobs
 
 log = logging.getLogger("millm.batching")
 
@@ -131,7 +133,6 @@ class Row:
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: list[int] = field(default_factory=list)
     gone: bool = False  # its consumer closed the stream: drop it at the next step
-    logits: torch.Tensor | None = None  # the logits it samples next from
     position: int = 0  # the position of its next input token
     arrived: float = 0.0  # time.monotonic() when it began to wait
 
@@ -179,6 +180,9 @@ class BatchScheduler:
         self._closed = False
         # The batch (scheduler thread only).
         self.rows: list[Row] = []
+        #: What a pass's sampling sends, held until the rows that finished have left the batch,
+        #: so a consumer holding its last token never sees its row still counted as running.
+        self._outbox: list[tuple[Row, Any]] = []
         self._prefilling: list[Prefill] = []  # oldest first
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [rows, L] 1 = a real token, 0 = left padding
@@ -337,17 +341,11 @@ class BatchScheduler:
         if end < length:
             return
         self._prefilling.remove(group)
-        logits = output.logits[:, -1].float()
-        greedy = self._argmax(rows, logits)
-        joining = []
-        for index, row in enumerate(rows):
-            row.logits = logits[index]
-            if row.error is not None:  # one of its hooks raised: this row alone fails
-                row.out.put(row.error)
-            elif self._sample(row, greedy.get(index)):
-                joining.append(index)
+        going_on = self._sample(rows, output.logits[:, -1].float())
+        joining = [index for index, on in enumerate(going_on) if on]
         if joining:
             self._join([rows[i] for i in joining], group.cache, group.mask, joining)
+        self._flush()
 
     def _decode(self) -> None:
         rows = self.rows
@@ -360,33 +358,16 @@ class BatchScheduler:
         output = self._hooked_forward(rows, [row.position for row in rows], ids, self._cache, keep_last=True, **padding)
         self._mask = mask
         self.steps += 1
-        logits = output.logits[:, -1].float()
-        greedy = self._argmax(rows, logits)
-        leaving = []
-        for index, row in enumerate(rows):
+        for row in rows:
             row.position += 1
-            row.logits = logits[index]
-            if row.error is not None:
-                row.out.put(row.error)
-                leaving.append(row)
-            elif not self._sample(row, greedy.get(index)):
-                leaving.append(row)
-        self._drop(leaving)
+        going_on = self._sample(rows, output.logits[:, -1].float())
+        self._drop([row for row, on in zip(rows, going_on, strict=True) if not on])
+        self._flush()
 
-    @staticmethod
-    def _argmax(rows: Sequence[Row], logits: torch.Tensor) -> dict[int, int]:
-        """The next token of each plain greedy row, by row index: one argmax and one copy for them all.
-
-        ``torch.argmax`` takes the first of equal maxima whether over a row or the batch, so a
-        row's token is the one ``choose`` would pick for it alone.
-        """
-        picked = [index for index, row in enumerate(rows) if row.plain_greedy and not row.gone]
-        if not picked:
-            return {}
-        chosen = logits
-        if len(picked) < len(rows):
-            chosen = logits.index_select(0, torch.tensor(picked, device=logits.device))
-        return dict(zip(picked, chosen.argmax(dim=-1).tolist(), strict=True))
+    def _flush(self) -> None:
+        for row, item in self._outbox:
+            row.out.put(item)
+        self._outbox.clear()
 
     def _hooked_forward(
         self, rows: Sequence[Row], starts: Sequence[int], *args: Any, skips: Sequence[int] | None = None, **kwargs: Any
@@ -416,35 +397,66 @@ class BatchScheduler:
             kwargs["logits_to_keep"] = 1
         return self.model(**kwargs)
 
-    def _sample(self, row: Row, greedy: int | None = None) -> bool:
-        """Choose ``row``'s next token (``greedy``: already chosen, a plain greedy row) and send it;
-        False when the row is done (or failed)."""
-        if row.gone:
-            return False
+    def _sample(self, rows: Sequence[Row], logits: torch.Tensor) -> list[bool]:
+        """Choose and send each row's next token from ``logits`` ``[rows, vocab]``; per row, whether it goes on.
+
+        Plain greedy rows take theirs from one argmax over the batch (``torch.argmax`` takes the
+        first of equal maxima over a row or the batch alike). The others get their own logit
+        bias, penalties and processors, then are sampled together (``choose_rows``: one softmax
+        and nucleus cut, each row its own generator), each exactly as ``choose`` would alone.
+        A row whose hook, processor or draw failed gets its error and leaves, the others go on.
+        """
+        chosen: dict[int, tuple[int, torch.Tensor]] = {}  # row -> (token, the logits it came from)
+        plain, prepared = [], []
+        for index, row in enumerate(rows):
+            if row.gone:
+                continue
+            if row.error is not None:  # one of its hooks raised during the pass
+                self._outbox.append((row, row.error))
+            elif row.plain_greedy:
+                plain.append(index)
+            else:
+                try:
+                    own = row.penalties.apply(row.bias.apply(logits[index]))
+                    for process in row.processors:
+                        own = process(row.generated, own)
+                except Exception as exc:  # a processor's failure is its row's alone
+                    self._outbox.append((row, exc))
+                    continue
+                prepared.append((index, own))
+        if plain:
+            picked = logits if len(plain) == len(rows) else logits[torch.tensor(plain, device=logits.device)]
+            for index, token in zip(plain, picked.argmax(dim=-1).tolist(), strict=True):
+                chosen[index] = (token, logits[index])
+        if prepared:
+            same = all(own.shape == logits.shape[1:] and own.dtype == logits.dtype for _, own in prepared)
+            stacked = torch.stack([own for _, own in prepared]) if same else None
+            drawn = choose_rows_or_alone(stacked, [own for _, own in prepared], [rows[i] for i, _ in prepared])
+            for (index, own), token in zip(prepared, drawn, strict=True):
+                if isinstance(token, Exception):
+                    self._outbox.append((rows[index], token))
+                else:
+                    chosen[index] = (token, own)
+        return [index in chosen and self._send(rows[index], *chosen[index]) for index in range(len(rows))]
+
+    def _send(self, row: Row, token: int, logits: torch.Tensor) -> bool:
+        """Send ``row``'s ``token`` (drawn from ``logits``); False when the row is done (or failed)."""
         params = row.params
         try:
-            logits = row.logits
-            if greedy is not None:  # no penalties, bias or processors: the logits are the model's
-                token = greedy
-            else:
-                logits = row.penalties.apply(row.bias.apply(logits))
-                for process in row.processors:
-                    logits = process(row.generated, logits)
-                token = choose(logits, params, row.generator)
             item = token if params.logprobs is None else with_logprobs(token, logits, params)
-        except Exception as exc:  # a processor's failure is its row's alone
-            row.out.put(exc)
+        except Exception as exc:
+            self._outbox.append((row, exc))
             return False
         row.generated.append(token)
         row.penalties.record(token)
-        row.out.put(item)
+        self._outbox.append((row, item))
         done = (
             token in self.eos_ids
             or len(row.generated) >= params.max_tokens
             or (self.window is not None and row.position >= self.window)
         )
         if done:
-            row.out.put(_END)
+            self._outbox.append((row, _END))
         return not done
 
     # --- the batch's cache ---------------------------------------------------------------
@@ -494,6 +506,7 @@ class BatchScheduler:
             layer.values = layer.values.index_select(0, index)[:, :, first:]
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._flush()  # what was chosen before the failure still goes out, then the error
         rows = list(self.rows)
         for group in self._prefilling:
             rows.extend(group.rows)
@@ -504,6 +517,23 @@ class BatchScheduler:
         for row in rows:
             row.out.put(exc)
         self.rows, self._prefilling, self._cache, self._mask = [], [], None, None
+
+
+def choose_rows_or_alone(
+    stacked: torch.Tensor | None, logits: Sequence[torch.Tensor], rows: Sequence[Row]
+) -> list[int | Exception]:
+    """Each row's token drawn from its logits (``stacked``: the same, as one tensor, or None when
+    a processor changed their shape or dtype), or the exception its draw raised."""
+    params, generators = [row.params for row in rows], [row.generator for row in rows]
+    if stacked is not None:
+        return choose_rows(stacked, params, generators)
+    drawn: list[int | Exception] = []
+    for own, row in zip(logits, rows, strict=True):
+        try:
+            drawn.append(choose(own, row.params, row.generator))
+        except Exception as exc:
+            drawn.append(exc)
+    return drawn
 
 
 def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:

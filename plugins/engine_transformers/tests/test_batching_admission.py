@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from millm_host.api import LayerHook, SamplingParams
 
@@ -90,20 +91,25 @@ def test_a_request_starts_its_prefill_at_the_next_step_beside_a_long_one(serial,
 def test_plain_greedy_rows_share_one_argmax(serial, batched, monkeypatch):
     from millm_engine_transformers import batching
 
-    calls = []
-    choose = batching.choose
+    calls = []  # the rows each sampler call got
+    choose, choose_rows = batching.choose, batching.choose_rows
 
     def counted(logits, params, generator):
-        calls.append(params.temperature)
+        calls.append(1)
         return choose(logits, params, generator)
 
+    def counted_rows(logits, params, generators):
+        calls.append(len(params))
+        return choose_rows(logits, params, generators)
+
     monkeypatch.setattr(batching, "choose", counted)
+    monkeypatch.setattr(batching, "choose_rows", counted_rows)
     ids = prompts(serial)[:5]
     greedy = SamplingParams(max_tokens=6, temperature=0, logprobs=2)
     want = [run(serial, p, greedy) for p in ids]
     jobs = [(p, greedy, None) for p in ids]
     got = concurrently(batched, jobs)
-    assert calls == []  # no row chose alone
+    assert calls == []  # no row chose on its own terms
     for alone, together in zip(want, got, strict=True):
         assert [int(t) for t in together] == [int(t) for t in alone]
         for a, b in zip(alone, together, strict=True):
@@ -111,7 +117,7 @@ def test_plain_greedy_rows_share_one_argmax(serial, batched, monkeypatch):
     # a row with a penalty (or bias, processors, a temperature) still chooses on its own terms
     penalised = SamplingParams(max_tokens=6, temperature=0, frequency_penalty=1.0)
     got = concurrently(batched, [(ids[0], penalised, None), (ids[1], greedy, None)])
-    assert len(calls) == len(got[0])
+    assert sum(calls) == len(got[0])
     assert got[0] == run(serial, ids[0], penalised)
 
 
@@ -157,3 +163,55 @@ def test_without_a_gather_time_a_first_arrival_starts_at_once(serial, batched):
     run(batched, ids[2], params)
     first.join()
     assert batched.batch.prefills == before + 2
+
+
+def test_sampled_rows_are_drawn_together_each_as_it_would_alone(serial, batched, monkeypatch):
+    from millm_engine_transformers import batching
+
+    widths = []
+    choose_rows = batching.choose_rows
+
+    def counted_rows(logits, params, generators):
+        widths.append(len(params))
+        return choose_rows(logits, params, generators)
+
+    monkeypatch.setattr(batching, "choose_rows", counted_rows)
+    ids = prompts(serial)
+    seeded = [
+        SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=11),
+        SamplingParams(max_tokens=10, temperature=1.3, seed=12, logprobs=2),
+        SamplingParams(max_tokens=10, temperature=0.7, top_p=0.5, seed=13, presence_penalty=0.5),
+        SamplingParams(max_tokens=10, temperature=1.0, top_p=0.8, seed=14, logit_bias={5: 3.0}),
+        SamplingParams(max_tokens=10, temperature=0, frequency_penalty=0.4),  # greedy, not plain
+    ]
+    want = [run(serial, ids[i + 2], p) for i, p in enumerate(seeded)]
+    got = concurrently(batched, [(ids[i + 2], p, None) for i, p in enumerate(seeded)])
+    for alone, together in zip(want, got, strict=True):
+        assert [int(t) for t in together] == [int(t) for t in alone]
+        for a, b in zip(alone, together, strict=True):
+            if hasattr(a, "logprob"):
+                assert abs(a.logprob - b.logprob) <= 1e-4
+    assert max(widths) > 1  # some steps drew several rows at once
+
+
+def test_a_row_with_nothing_left_to_draw_fails_alone(serial, batched):
+    ids = prompts(serial)
+    params = SamplingParams(max_tokens=5, temperature=0.8, seed=3)
+
+    def nothing(generated, logits):
+        return torch.full_like(logits, float("-inf"))
+
+    outcome: dict[str, object] = {}
+
+    def hopeless():
+        try:
+            list(batched.generate(ids[4], params, logits_processors=[nothing]))
+        except RuntimeError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=hopeless)
+    thread.start()
+    others = concurrently(batched, [(p, params, None) for p in ids[:3]])
+    thread.join()
+    assert "error" in outcome
+    assert others == [run(serial, p, params) for p in ids[:3]]
