@@ -23,7 +23,7 @@ its own 10 features of an SAE at layer 15, in the request) and two probes armed
 ratio to the plain batch (target ≥ 0.95). Odd runs measure the plain batch again
 after the mixed one and take the mean, so the order favours neither.
 
-    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed]
+    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed] [--gather-ms 0]
 """
 
 from __future__ import annotations
@@ -161,11 +161,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,4,8")
     parser.add_argument("--mixed", action="store_true", help="also half the clients steered, two probes armed")
+    parser.add_argument("--gather-ms", type=int, default=0, help="the continuous server's MILLM_BATCH_GATHER_MS")
     args = parser.parse_args()
     sizes = [int(s) for s in args.clients.split(",")]
 
     sae_root = Path(tempfile.mkdtemp(prefix="millm-bench-sae-"))
     extra = {"MILLM_SAE_DIRS": str(sae_root), "PROBE_FORCE_SERIAL": "false"} if args.mixed else {}
+    extra["MILLM_BATCH_GATHER_MS"] = str(args.gather_ms)
     servers = {
         mode: ServerProcess(
             Path(tempfile.mkdtemp(prefix=f"millm-bench-{mode}-")),
@@ -244,7 +246,7 @@ def main() -> None:
             return statistics.median(table[(mode, size)])
 
         one = median("serial", sizes[0])
-        print(f"max_tokens={args.max_tokens} runs={args.runs} ({title}, medians)")
+        print(f"max_tokens={args.max_tokens} runs={args.runs} gather_ms={args.gather_ms} ({title}, medians)")
         print(f"{'clients':>7} {'serial':>8} {'continuous':>10} {'generate':>9} {'cont/serial':>11} "
               f"{'cont/generate':>13} {'cont/serial@1':>13}")  # fmt: skip
         for size in sizes:
