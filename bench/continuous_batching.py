@@ -10,6 +10,12 @@ same checkpoint in this process (left-padded, the same prompts, at the same
 sizes). Time to first token (p50, p95) is measured at the largest size. Sizes are
 run in turn on both servers, ``--runs`` times; each figure is the median.
 
+Wall-clock rates move with whatever else runs on the machine, so each figure also
+comes as tokens per CPU-second: the tokens over the CPU time the server process
+(all its threads, from ``/proc/PID/stat``) spent meanwhile, or, for ``generate``,
+this process's own (``time.process_time``). That ratio holds up better on a loaded
+machine; the 1-minute load average is printed beside each figure and at the end.
+
 With ``--mixed``, the continuous server (``PROBE_FORCE_SERIAL=false``) also runs,
 right after each plain batch, the same batch with half the clients steered (each
 its own 10 features of an SAE at layer 15, in the request) and two probes armed
@@ -17,13 +23,14 @@ its own 10 features of an SAE at layer 15, in the request) and two probes armed
 ratio to the plain batch (target ≥ 0.95). Odd runs measure the plain batch again
 after the mixed one and take the mean, so the order favours neither.
 
-    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed]
+    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed] [--gather-ms 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import tempfile
 import threading
@@ -54,6 +61,20 @@ def converted_checkpoint() -> Path:
     from millm_engine_transformers.loader import gguf_cache_dir
 
     return gguf_cache_dir(shared_cache_dir() / "model-cache", default_model_path())
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid``, all its threads (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def load() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+LOADS: list[float] = []  # the load average at the start of each measurement
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -89,8 +110,11 @@ def prepare_mixed(server: ServerProcess, sae_dir: Path) -> Callable[[bool], None
     return arm
 
 
-def served(server: ServerProcess, clients: int, max_tokens: int, mixed: bool = False) -> tuple[float, list[float]]:
-    """(aggregate tokens/s, each client's time to first token) of ``clients`` concurrent streams."""
+def served(
+    server: ServerProcess, clients: int, max_tokens: int, mixed: bool = False
+) -> tuple[float, float, list[float]]:
+    """(aggregate tokens/s, tokens per CPU-second of the server, each client's time to first token)
+    of ``clients`` concurrent streams."""
     tokens = [0] * clients
     ttft = [0.0] * clients
     barrier = threading.Barrier(clients + 1)
@@ -121,11 +145,14 @@ def served(server: ServerProcess, clients: int, max_tokens: int, mixed: bool = F
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
         thread.start()
+    assert server.proc is not None
+    LOADS.append(load())
     barrier.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds(server.proc.pid)
     for thread in threads:
         thread.join()
-    return sum(tokens) / (time.perf_counter() - start), ttft
+    elapsed, spent = time.perf_counter() - start, cpu_seconds(server.proc.pid) - cpu
+    return sum(tokens) / elapsed, sum(tokens) / max(spent, 1e-9), ttft
 
 
 def main() -> None:
@@ -134,11 +161,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,4,8")
     parser.add_argument("--mixed", action="store_true", help="also half the clients steered, two probes armed")
+    parser.add_argument("--gather-ms", type=int, default=0, help="the continuous server's MILLM_BATCH_GATHER_MS")
     args = parser.parse_args()
     sizes = [int(s) for s in args.clients.split(",")]
 
     sae_root = Path(tempfile.mkdtemp(prefix="millm-bench-sae-"))
     extra = {"MILLM_SAE_DIRS": str(sae_root), "PROBE_FORCE_SERIAL": "false"} if args.mixed else {}
+    extra["MILLM_BATCH_GATHER_MS"] = str(args.gather_ms)
     servers = {
         mode: ServerProcess(
             Path(tempfile.mkdtemp(prefix=f"millm-bench-{mode}-")),
@@ -158,74 +187,90 @@ def main() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, padding_side="left")
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
-    def generate(size: int) -> float:
+    def generate(size: int) -> tuple[float, float]:
+        """(tokens/s, tokens per CPU-second of this process) of transformers' batched ``generate``."""
         texts = [tokenizer.apply_chat_template(messages(i), add_generation_prompt=True, tokenize=False)
                  for i in range(size)]  # fmt: skip
         batch = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True)
-        start = time.perf_counter()
+        LOADS.append(load())
+        start, cpu = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             out = model.generate(
                 **batch, max_new_tokens=args.max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
             )
-        elapsed = time.perf_counter() - start
+        elapsed, spent = time.perf_counter() - start, time.process_time() - cpu
         new = out[:, batch["input_ids"].shape[1] :]
         eos = tokenizer.eos_token_id
         counted = 0
         for row in new.tolist():  # up to and with the first EOS, as usage counts
             counted += row.index(eos) + 1 if eos in row else len(row)
-        return counted / elapsed
+        return counted / elapsed, counted / max(spent, 1e-9)
 
     results: dict[tuple[str, int], list[float]] = {}
+    per_cpu: dict[tuple[str, int], list[float]] = {}  # tokens per CPU-second
+
+    def record(mode: str, size: int, rate: float, cpu_rate: float) -> None:
+        results.setdefault((mode, size), []).append(rate)
+        per_cpu.setdefault((mode, size), []).append(cpu_rate)
+        print(f"  {mode} x{size}: {rate:.1f} tok/s, {cpu_rate:.1f} tok/CPU-s, load {LOADS[-1]:.2f}", flush=True)
+
+    print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     ttfts: dict[str, list[float]] = {"serial": [], "continuous": []}
     try:
         for run in range(args.runs):
             for size in sizes:
                 for mode, server in servers.items():
-                    rate, ttft = served(server, size, args.max_tokens)
-                    results.setdefault((mode, size), []).append(rate)
+                    rate, cpu_rate, ttft = served(server, size, args.max_tokens)
+                    record(mode, size, rate, cpu_rate)  # progress, on a slow machine
                     if size == max(sizes):
                         ttfts[mode].extend(ttft)
-                    print(f"  {mode} x{size}: {rate:.1f} tok/s", flush=True)  # progress, on a slow machine
                     if mode == "continuous" and arm is not None:  # the same batch, steered and probed
                         arm(True)
-                        rate, _ = served(server, size, args.max_tokens, mixed=True)
+                        rate, cpu_rate, _ = served(server, size, args.max_tokens, mixed=True)
                         arm(False)
-                        results.setdefault(("mixed", size), []).append(rate)
-                        print(f"  mixed x{size}: {rate:.1f} tok/s", flush=True)
+                        record("mixed", size, rate, cpu_rate)
                         if run % 2:  # odd runs bracket the mixed batch with plain ones (their mean): less order bias
-                            rate, _ = served(server, size, args.max_tokens)
-                            results[("continuous", size)][-1] = (results[("continuous", size)][-1] + rate) / 2
-                results.setdefault(("generate", size), []).append(generate(size))
-                print(f"  generate x{size}: {results[('generate', size)][-1]:.1f} tok/s", flush=True)
+                            rate, cpu_rate, _ = served(server, size, args.max_tokens)
+                            for table, value in ((results, rate), (per_cpu, cpu_rate)):
+                                table[("continuous", size)][-1] = (table[("continuous", size)][-1] + value) / 2
+                record("generate", size, *generate(size))
         with servers["continuous"].http() as http:  # every request batched: serial_reasons stays empty
             print("continuous /api/health/inference:", http.get("/api/health/inference").json(), flush=True)
     finally:
         for server in servers.values():
             server.stop()
 
-    def median(mode: str, size: int) -> float:
-        return statistics.median(results[(mode, size)])
+    for title, table in (("tok/s", results), ("tokens per CPU-second", per_cpu)):
 
-    one = median("serial", sizes[0])
-    print(f"max_tokens={args.max_tokens} runs={args.runs} (tok/s, medians)")
-    print(f"{'clients':>7} {'serial':>8} {'continuous':>10} {'generate':>9} {'cont/serial':>11} "
-          f"{'cont/generate':>13} {'cont/serial@1':>13}")  # fmt: skip
-    for size in sizes:
-        s, c, g = median("serial", size), median("continuous", size), median("generate", size)
-        print(f"{size:>7} {s:>8.1f} {c:>10.1f} {g:>9.1f} {c / s:>11.2f} {c / g:>13.2f} {c / one:>13.2f}")
-    if arm is not None:
-        print(
-            f"{'clients':>7} {'continuous':>10} {'mixed':>8} {'mixed/continuous':>16}  (half steered, 2 probes armed)"
-        )
+        def median(mode: str, size: int, table: dict[tuple[str, int], list[float]] = table) -> float:
+            return statistics.median(table[(mode, size)])
+
+        one = median("serial", sizes[0])
+        print(f"max_tokens={args.max_tokens} runs={args.runs} gather_ms={args.gather_ms} ({title}, medians)")
+        print(f"{'clients':>7} {'serial':>8} {'continuous':>10} {'generate':>9} {'cont/serial':>11} "
+              f"{'cont/generate':>13} {'cont/serial@1':>13}")  # fmt: skip
         for size in sizes:
-            c, m = median("continuous", size), median("mixed", size)
-            print(f"{size:>7} {c:>10.1f} {m:>8.1f} {m / c:>16.2f}")
+            s, c, g = median("serial", size), median("continuous", size), median("generate", size)
+            print(f"{size:>7} {s:>8.1f} {c:>10.1f} {g:>9.1f} {c / s:>11.2f} {c / g:>13.2f} {c / one:>13.2f}")
+        if arm is not None:
+            print(
+                f"{'clients':>7} {'continuous':>10} {'mixed':>8} {'mixed/continuous':>16}"
+                "  (half steered, 2 probes armed)"
+            )
+            for size in sizes:
+                c, m = median("continuous", size), median("mixed", size)
+                print(f"{size:>7} {c:>10.1f} {m:>8.1f} {m / c:>16.2f}")
+    if arm is not None:
         print("finish-chunk fields in the mixed runs:", dict(MIXED_FIELDS))
     for mode, values in ttfts.items():
         print(
             f"TTFT at {max(sizes)} clients, {mode}: p50 {percentile(values, 0.5) * 1000:.0f} ms,"
             f" p95 {percentile(values, 0.95) * 1000:.0f} ms"
         )
+    print(
+        f"load average during the measurements: min {min(LOADS):.2f}, median {statistics.median(LOADS):.2f},"
+        f" max {max(LOADS):.2f} ({os.cpu_count()} CPUs)"
+    )
 
 
 if __name__ == "__main__":

@@ -273,8 +273,13 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
     rows (``hidden[row.index, row.skip:]``; ``row.hook.state`` is that request's own);
     a write returns the batch with only its rows changed. So a read can gather all its
     requests' rows in one operation (the probes plugin: one copy per pass for every
-    armed probe of every row) and a write can add each row its own vector in one
-    operation (steering: unsteered rows add nothing). Alone, a request is a batch of
+    armed probe of every row; steering's ``return_sae_activations``: one encode per SAE
+    and one device-to-host copy per pass for every reading row) and a write can add each
+    row its own vector in one operation (steering: unsteered rows add nothing). A row's
+    prompt may come in several passes (chunked prefill), each with its ``start``, and one
+    step of the batch may run several passes (one per prefill under way, then the decode
+    of the running rows): a hook must not assume that a pass holds a request's whole
+    prompt, nor that the rows of a pass share a ``start``. Alone, a request is a batch of
     one: ``batched`` is called with ``HookRow(0, start, 0, hook)``. See ``LayerHook``.
 
     Never called for scoring requests (``ctx.scoring``) nor embeddings: they are

@@ -1,16 +1,22 @@
 """Continuous batching: many generations share each decode step of the model.
 
 One scheduler thread owns the running batch. Between two steps it drops the rows
-whose consumer left (closed its generator: a disconnect, a stop string, EOS), runs
-one chunk of prefill for the requests that were waiting (together, left-padded to
-the longest, on a cache of their own; at most ``MILLM_PREFILL_CHUNK`` columns times
-rows per chunk, so a long prompt never stalls the running decodes for more than one
-chunk, and requests that arrive together get their first tokens together), and
-merges a finished prefill into the batch. Each step then runs one forward over
+whose consumer left (closed its generator: a disconnect, a stop string, EOS), starts
+a prefill for the requests waiting then (together, left-padded to the longest, on a
+cache of their own: requests that arrive together get their first tokens together;
+``MILLM_BATCH_GATHER_MS`` can hold the first arrival back that long to gather more),
+runs one chunk of every prefill under way, and merges a finished prefill into the
+batch. The prefills of a step share one budget of ``MILLM_PREFILL_CHUNK`` tokens
+(columns times rows, shared out oldest first), so a new request starts its prefill
+at the next step even beside a long prompt, and the running decodes are held up by
+one budget's worth of prefill per step at most. Each step then runs one forward over
 every decoding row and samples each row on its own terms: temperature, top_p,
 penalties, logit bias, logits processors (``response_format``, tools) and logprobs,
 with a ``torch.Generator`` per row, so a seeded row draws the same whatever shares
-its batch.
+its batch. Plain greedy rows (no penalties, bias or processors) share one argmax
+over the batch's logits; the other rows, each after its own bias, penalties and
+processors, share one softmax and nucleus cut (``choose_rows``), each drawing from
+its own generator: what it would draw alone, bit for bit.
 
 The KV cache is one left-padded ``RoomyCache`` (a ``DynamicCache`` that writes each
 step into spare room instead of concatenating) of shape ``[rows, heads, L, d]``:
@@ -39,6 +45,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +57,7 @@ from millm_host.api import LayerHook, SamplingParams
 
 from . import hooks as layer_hooks
 from .kvcache import RoomyCache
-from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
+from .sampling import GREEDY_BELOW, LogitBias, Penalties, choose, choose_rows, generator_for, with_logprobs
 
 log = logging.getLogger("millm.batching")
 
@@ -126,8 +133,18 @@ class Row:
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: list[int] = field(default_factory=list)
     gone: bool = False  # its consumer closed the stream: drop it at the next step
-    logits: torch.Tensor | None = None  # the logits it samples next from
     position: int = 0  # the position of its next input token
+    arrived: float = 0.0  # time.monotonic() when it began to wait
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Its next token is the argmax of the model's logits (shared over the batch)."""
+        return (
+            self.params.temperature < GREEDY_BELOW
+            and not self.processors
+            and not self.penalties.active
+            and not self.bias.active
+        )
 
 
 class BatchScheduler:
@@ -145,6 +162,7 @@ class BatchScheduler:
         turn: TurnLock,
         max_rows: int,
         prefill_chunk: int,
+        gather_s: float = 0.0,
     ) -> None:
         self.model = model
         self.layers = layers
@@ -156,12 +174,16 @@ class BatchScheduler:
         self.turn = turn
         self.max_rows = max(1, max_rows)
         self.prefill_chunk = max(1, prefill_chunk)
+        self.gather_s = max(0.0, gather_s)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._closed = False
         # The batch (scheduler thread only).
         self.rows: list[Row] = []
-        self._prefilling: Prefill | None = None
+        #: What a pass's sampling sends, held until the rows that finished have left the batch,
+        #: so a consumer holding its last token never sees its row still counted as running.
+        self._outbox: list[tuple[Row, Any]] = []
+        self._prefilling: list[Prefill] = []  # oldest first
         self._cache: Any = None
         self._mask: torch.Tensor | None = None  # [rows, L] 1 = a real token, 0 = left padding
         self._padded = False  # some row has left padding
@@ -195,6 +217,7 @@ class BatchScheduler:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
+            row.arrived = time.monotonic()
             self._waiting.append(row)
             self._cond.notify()
         try:
@@ -213,8 +236,7 @@ class BatchScheduler:
     @property
     def running(self) -> int:
         """Rows decoding in the batch, and those prefilling."""
-        prefilling = self._prefilling
-        return len(self.rows) + (len(prefilling.rows) if prefilling is not None else 0)
+        return len(self.rows) + sum(len(group.rows) for group in list(self._prefilling))
 
     @property
     def waiting(self) -> int:
@@ -230,8 +252,11 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._has_work():
-                    self._cond.wait()
+                while not self._closed and not (self.rows or self._prefilling):
+                    wait = self._admission_wait()
+                    if wait == 0:
+                        break
+                    self._cond.wait(wait)  # None: until an arrival or a departure
                 if self._closed:
                     self._fail_all(RuntimeError("the model was unloaded"))
                     return
@@ -242,39 +267,60 @@ class BatchScheduler:
                 log.exception("batched step failed")
                 self._fail_all(exc)
 
-    def _has_work(self) -> bool:
-        return bool(self.rows or self._prefilling or (self._waiting and len(self.rows) < self.max_rows))
+    def _admission_wait(self) -> float | None:
+        """Seconds until the waiting requests may start their prefill: 0 now, None when none can.
+
+        With ``gather_s``, the first arrival waits that long for others to share its prefill,
+        unless the waiting requests already fill the room.
+        """
+        room = self.max_rows - self.running
+        if not self._waiting or room <= 0:
+            return None
+        if self.gather_s <= 0 or len(self._waiting) >= room:
+            return 0
+        return max(0.0, self._waiting[0].arrived + self.gather_s - time.monotonic())
 
     def _step(self) -> None:
-        """Drop the rows that left, one chunk of prefill, then one decode step of the batch."""
+        """Drop the rows that left, one chunk of every prefill, then one decode step of the batch."""
         self._drop([row for row in self.rows if row.gone])
+        self._prefilling = [group for group in self._prefilling if not all(row.gone for row in group.rows)]
         self._admit()
-        group = self._prefilling
-        if group is not None and all(row.gone for row in group.rows):
-            self._prefilling = group = None
-        if group is not None:
-            self._prefill_chunk(group)
+        self._prefill_chunks()
         if self.rows:
             self._decode()
 
     def _admit(self) -> None:
-        """Everyone waiting (as far as there is room) starts prefilling, together, when no prefill runs.
+        """Everyone waiting (as far as there is room) starts one prefill, together, beside any under way.
 
         Taken under the turn: requests that arrive while the scheduler waits for it join one prefill.
         """
-        room = self.max_rows - len(self.rows)
-        if self._prefilling is not None or room <= 0:
-            return
         with self._cond:
+            if self._admission_wait() != 0:
+                return
+            room = self.max_rows - self.running
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
         if joining:
-            self._prefilling = Prefill.of(joining, self.device)
+            self._prefilling.append(Prefill.of(joining, self.device))
             self.prefills += 1
 
-    def _prefill_chunk(self, group: Prefill) -> None:
+    def _prefill_chunks(self) -> None:
+        """One chunk of each prefill under way, within one budget of ``prefill_chunk`` tokens.
+
+        Shared out oldest first: each gets an equal part of what is left (at least one column),
+        and what one does not need goes to those after it.
+        """
+        budget = self.prefill_chunk
+        groups = list(self._prefilling)
+        for index, group in enumerate(groups):
+            share = budget // (len(groups) - index)
+            columns = min(group.ids.shape[1] - group.done, max(1, share // len(group.rows)))
+            budget = max(0, budget - columns * len(group.rows))
+            self._prefill_chunk(group, columns)
+
+    def _prefill_chunk(self, group: Prefill, columns: int) -> None:
         rows, length = group.rows, group.ids.shape[1]
         start = group.done
-        end = min(length, start + max(1, self.prefill_chunk // len(rows)))
+        end = min(length, start + columns)
         # Each row's hooks see its own real tokens of this chunk, from their own position.
         starts = [max(0, start - group.padding(i)) for i in range(len(rows))]
         skips = [max(0, group.padding(i) - start) for i in range(len(rows))]
@@ -287,24 +333,19 @@ class BatchScheduler:
                 rows, starts, group.ids[:, start:end], group.cache, keep_last=True, skips=skips, **padding
             )
         except Exception as exc:
-            self._prefilling = None
+            self._prefilling.remove(group)
             for row in rows:
                 row.out.put(exc)
             return
         group.done = end
         if end < length:
             return
-        self._prefilling = None
-        logits = output.logits[:, -1].float()
-        joining = []
-        for index, row in enumerate(rows):
-            row.logits = logits[index]
-            if row.error is not None:  # one of its hooks raised: this row alone fails
-                row.out.put(row.error)
-            elif self._sample(row):
-                joining.append(index)
+        self._prefilling.remove(group)
+        going_on = self._sample(rows, output.logits[:, -1].float())
+        joining = [index for index, on in enumerate(going_on) if on]
         if joining:
             self._join([rows[i] for i in joining], group.cache, group.mask, joining)
+        self._flush()
 
     def _decode(self) -> None:
         rows = self.rows
@@ -317,17 +358,16 @@ class BatchScheduler:
         output = self._hooked_forward(rows, [row.position for row in rows], ids, self._cache, keep_last=True, **padding)
         self._mask = mask
         self.steps += 1
-        logits = output.logits[:, -1].float()
-        leaving = []
-        for index, row in enumerate(rows):
+        for row in rows:
             row.position += 1
-            row.logits = logits[index]
-            if row.error is not None:
-                row.out.put(row.error)
-                leaving.append(row)
-            elif not self._sample(row):
-                leaving.append(row)
-        self._drop(leaving)
+        going_on = self._sample(rows, output.logits[:, -1].float())
+        self._drop([row for row, on in zip(rows, going_on, strict=True) if not on])
+        self._flush()
+
+    def _flush(self) -> None:
+        for row, item in self._outbox:
+            row.out.put(item)
+        self._outbox.clear()
 
     def _hooked_forward(
         self, rows: Sequence[Row], starts: Sequence[int], *args: Any, skips: Sequence[int] | None = None, **kwargs: Any
@@ -357,30 +397,66 @@ class BatchScheduler:
             kwargs["logits_to_keep"] = 1
         return self.model(**kwargs)
 
-    def _sample(self, row: Row) -> bool:
-        """Choose ``row``'s next token and send it; False when the row is done (or failed)."""
-        if row.gone:
-            return False
+    def _sample(self, rows: Sequence[Row], logits: torch.Tensor) -> list[bool]:
+        """Choose and send each row's next token from ``logits`` ``[rows, vocab]``; per row, whether it goes on.
+
+        Plain greedy rows take theirs from one argmax over the batch (``torch.argmax`` takes the
+        first of equal maxima over a row or the batch alike). The others get their own logit
+        bias, penalties and processors, then are sampled together (``choose_rows``: one softmax
+        and nucleus cut, each row its own generator), each exactly as ``choose`` would alone.
+        A row whose hook, processor or draw failed gets its error and leaves, the others go on.
+        """
+        chosen: dict[int, tuple[int, torch.Tensor]] = {}  # row -> (token, the logits it came from)
+        plain, prepared = [], []
+        for index, row in enumerate(rows):
+            if row.gone:
+                continue
+            if row.error is not None:  # one of its hooks raised during the pass
+                self._outbox.append((row, row.error))
+            elif row.plain_greedy:
+                plain.append(index)
+            else:
+                try:
+                    own = row.penalties.apply(row.bias.apply(logits[index]))
+                    for process in row.processors:
+                        own = process(row.generated, own)
+                except Exception as exc:  # a processor's failure is its row's alone
+                    self._outbox.append((row, exc))
+                    continue
+                prepared.append((index, own))
+        if plain:
+            picked = logits if len(plain) == len(rows) else logits[torch.tensor(plain, device=logits.device)]
+            for index, token in zip(plain, picked.argmax(dim=-1).tolist(), strict=True):
+                chosen[index] = (token, logits[index])
+        if prepared:
+            same = all(own.shape == logits.shape[1:] and own.dtype == logits.dtype for _, own in prepared)
+            stacked = torch.stack([own for _, own in prepared]) if same else None
+            drawn = choose_rows_or_alone(stacked, [own for _, own in prepared], [rows[i] for i, _ in prepared])
+            for (index, own), token in zip(prepared, drawn, strict=True):
+                if isinstance(token, Exception):
+                    self._outbox.append((rows[index], token))
+                else:
+                    chosen[index] = (token, own)
+        return [index in chosen and self._send(rows[index], *chosen[index]) for index in range(len(rows))]
+
+    def _send(self, row: Row, token: int, logits: torch.Tensor) -> bool:
+        """Send ``row``'s ``token`` (drawn from ``logits``); False when the row is done (or failed)."""
         params = row.params
         try:
-            logits = row.penalties.apply(row.bias.apply(row.logits))
-            for process in row.processors:
-                logits = process(row.generated, logits)
-            token = choose(logits, params, row.generator)
             item = token if params.logprobs is None else with_logprobs(token, logits, params)
-        except Exception as exc:  # a processor's failure is its row's alone
-            row.out.put(exc)
+        except Exception as exc:
+            self._outbox.append((row, exc))
             return False
         row.generated.append(token)
         row.penalties.record(token)
-        row.out.put(item)
+        self._outbox.append((row, item))
         done = (
             token in self.eos_ids
             or len(row.generated) >= params.max_tokens
             or (self.window is not None and row.position >= self.window)
         )
         if done:
-            row.out.put(_END)
+            self._outbox.append((row, _END))
         return not done
 
     # --- the batch's cache ---------------------------------------------------------------
@@ -430,16 +506,34 @@ class BatchScheduler:
             layer.values = layer.values.index_select(0, index)[:, :, first:]
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._flush()  # what was chosen before the failure still goes out, then the error
         rows = list(self.rows)
-        if self._prefilling is not None:
-            rows.extend(self._prefilling.rows)
+        for group in self._prefilling:
+            rows.extend(group.rows)
         if self._closed:
             with self._cond:
                 rows.extend(self._waiting)
                 self._waiting.clear()
         for row in rows:
             row.out.put(exc)
-        self.rows, self._prefilling, self._cache, self._mask = [], None, None, None
+        self.rows, self._prefilling, self._cache, self._mask = [], [], None, None
+
+
+def choose_rows_or_alone(
+    stacked: torch.Tensor | None, logits: Sequence[torch.Tensor], rows: Sequence[Row]
+) -> list[int | Exception]:
+    """Each row's token drawn from its logits (``stacked``: the same, as one tensor, or None when
+    a processor changed their shape or dtype), or the exception its draw raised."""
+    params, generators = [row.params for row in rows], [row.generator for row in rows]
+    if stacked is not None:
+        return choose_rows(stacked, params, generators)
+    drawn: list[int | Exception] = []
+    for own, row in zip(logits, rows, strict=True):
+        try:
+            drawn.append(choose(own, row.params, row.generator))
+        except Exception as exc:
+            drawn.append(exc)
+    return drawn
 
 
 def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:

@@ -134,6 +134,7 @@ class TransformersEngine(Engine):
                 self._turn,
                 max_rows=settings["MILLM_BATCH_MAX_ROWS"],
                 prefill_chunk=settings["MILLM_PREFILL_CHUNK"],
+                gather_s=settings["MILLM_BATCH_GATHER_MS"] / 1000,
             )
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -83,3 +84,61 @@ def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         logits = logits.scatter(0, order[drop], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def choose_rows(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> list[int | Exception]:
+    """The next token of each row of 2-D float logits, the one ``choose`` picks for that row alone.
+
+    One argmax over the greedy rows; for the others one division by their temperatures, one
+    nucleus cut over those with ``top_p`` < 1 and one softmax, then each row draws from its
+    own generator (so a seeded row draws what it draws alone), and one host copy for all.
+    The same operations as ``choose``, row-wise: the probabilities come out bit for bit the
+    same, and so do the draws. A row whose draw fails (no token left to draw: every logit
+    masked) gets the exception in place of its token; the others draw on.
+    """
+    tokens: list[int | Exception] = [0] * len(params)
+    greedy = [i for i, p in enumerate(params) if p.temperature < GREEDY_BELOW]
+    sampled = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
+    device = logits.device
+    if greedy:
+        picked = _rows(logits, greedy).argmax(dim=-1).tolist()
+        for i, token in zip(greedy, picked, strict=True):
+            tokens[i] = token
+    if not sampled:
+        return tokens
+    temperatures = torch.tensor([params[i].temperature for i in sampled], dtype=logits.dtype, device=device)
+    scaled = _rows(logits, sampled) / temperatures.unsqueeze(1)
+    cut = [j for j, i in enumerate(sampled) if params[i].top_p < 1.0]
+    if cut:
+        part = _rows(scaled, cut)
+        sorted_logits, order = torch.sort(part, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        top_p = torch.tensor([params[sampled[j]].top_p for j in cut], dtype=cumulative.dtype, device=device)
+        drop = cumulative > top_p.unsqueeze(1)
+        drop[:, 1:] = drop[:, :-1].clone()
+        drop[:, 0] = False  # always keep the most likely token
+        part = part.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+        if len(cut) == len(sampled):
+            scaled = part
+        else:
+            scaled[torch.tensor(cut, device=device)] = part
+    probs = torch.softmax(scaled, dim=-1)
+    draws = {}
+    for j, i in enumerate(sampled):
+        try:
+            draws[i] = torch.multinomial(probs[j], 1, generator=generators[i])
+        except RuntimeError as exc:
+            tokens[i] = exc
+    if draws:
+        for i, token in zip(draws, torch.cat(list(draws.values())).tolist(), strict=True):
+            tokens[i] = token
+    return tokens
+
+
+def _rows(tensor: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Rows ``rows`` of ``tensor`` (the tensor itself when that is all of them)."""
+    if len(rows) == tensor.shape[0]:
+        return tensor
+    return tensor.index_select(0, torch.tensor(rows, device=tensor.device))

@@ -40,7 +40,18 @@ SETTINGS = (
         "Generation backend: serial (one at a time) or continuous (generations share decode steps)",
     ),
     Setting("MILLM_BATCH_MAX_ROWS", int, 8, "Continuous batching: the most generations decoding at once"),
-    Setting("MILLM_PREFILL_CHUNK", int, 256, "Continuous batching: prompt tokens prefilled between two decode steps"),
+    Setting(
+        "MILLM_PREFILL_CHUNK",
+        int,
+        256,
+        "Continuous batching: prompt tokens prefilled between two decode steps (shared by the prefills under way)",
+    ),
+    Setting(
+        "MILLM_BATCH_GATHER_MS",
+        int,
+        0,
+        "Continuous batching: how long a first arrival waits for others to share its prefill (0: it starts at once)",
+    ),
 )
 
 SPEC = EngineSpec(

@@ -5,15 +5,20 @@ for, after this layer's steering delta (``post_steering``) or before it
 (``pre_steering``), and keeps the ``top_k`` largest among the candidate features.
 The last sampled token is never fed back, so it has no activation: the
 response lists the positions actually read.
+
+The hook is batched (``read_rows``): in a continuous batch, one call per pass reads
+every reading row, one encode per SAE and request shape, and one device-to-host copy
+for all of them; alone, a request is a batch of one.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from millm_host.api import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, InvalidParameter, LayerHook
+from millm_host.api import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, HookRow, InvalidParameter, LayerHook
 
 from .features import check_indices, is_int, non_negative_int
 from .resolve import select_attachment
@@ -175,6 +180,7 @@ class ActivationReader:
         self._candidates = attachment.sae.candidates(request.features)
         self._last = request.positions == "last"
         self._bounds = _bounds(request.positions, prompt_len)
+        self._hook: LayerHook | None = None
 
     def _window(self, lo: int, hi: int) -> tuple[int, int]:
         if self._last:
@@ -183,21 +189,31 @@ class ActivationReader:
         return max(lo, start), min(hi, end)
 
     def read(self, hidden: Any, start: int) -> None:
-        lo, hi = self._window(start, start + hidden.shape[1])
-        if lo >= hi:
-            return None
-        rows = self.attachment.sae.top_features(
-            hidden[0, lo - start : hi - start], self._candidates, self.request.top_k
-        )
-        if self._last:
-            self.records.clear()
-        for offset, top in enumerate(rows):
-            self.records[lo + offset] = top
+        """The per-row callback (an engine that does not batch hooks): ``read_rows`` for its one row."""
+        read_rows(hidden, [HookRow(0, start, 0, self.hook())])
         return None
 
+    def _record(self, lo: int, tops: list[list[tuple[int, float]]]) -> None:
+        if self._last:
+            self.records.clear()
+        for offset, top in enumerate(tops):
+            self.records[lo + offset] = top
+
     def hook(self) -> LayerHook:
+        """The read hook (one per reader: its callback and the batched ``read_rows``)."""
+        if self._hook is not None:
+            return self._hook
         order = ORDER_READ_POST_STEERING if self.request.read_point == "post_steering" else ORDER_READ_PRE_STEERING
-        return LayerHook(self.attachment.layer, self.attachment.point, self.read, order, owner="steering")
+        self._hook = LayerHook(
+            self.attachment.layer,
+            self.attachment.point,
+            self.read,
+            order,
+            owner="steering",
+            batched=read_rows,
+            state=self,
+        )
+        return self._hook
 
     def payload(self, token_ids: list[int], read_point: str | None = None) -> dict[str, Any]:
         """The ``millm`` object of the response; ``token_ids`` is prompt then generated.
@@ -221,3 +237,54 @@ class ActivationReader:
                 "note": NOTES[read_point],
             }
         }
+
+
+def read_rows(hidden: Any, rows: Sequence[HookRow]) -> None:
+    """Every reading row of a pass into its reader: ``LayerHook.batched``.
+
+    ``hidden`` is ``[batch, seq, d]``; each row reads the columns of its window
+    (``hidden[row.index, row.skip:]`` from position ``row.start`` on). Rows reading one
+    SAE with the same features and ``top_k`` are encoded and ranked together (one
+    matrix product, one ``topk``); then the values and indices of every row come to
+    the host in one copy, not one per row.
+    """
+    import torch
+
+    groups: dict[tuple[int, tuple[int, ...] | None, int], list[tuple[ActivationReader, int, Any]]] = {}
+    for row in rows:
+        reader: ActivationReader = row.hook.state
+        length = hidden.shape[1] - row.skip
+        lo, hi = reader._window(row.start, row.start + length)
+        if lo >= hi:
+            continue
+        first = row.skip + lo - row.start
+        key = (id(reader.attachment.sae), reader.request.features, reader.request.top_k)
+        groups.setdefault(key, []).append((reader, lo, hidden[row.index, first : first + hi - lo]))
+    if not groups:
+        return None
+    ranked = []  # per group: its members, and [positions, k] values and feature indices on the device
+    for members in groups.values():
+        reader = members[0][0]
+        parts = [part for _, _, part in members]
+        values, indices = reader.attachment.sae.rank(
+            parts[0] if len(parts) == 1 else torch.cat(parts), reader._candidates, reader.request.top_k
+        )
+        ranked.append((members, values, indices))
+    # One copy: float64 holds the float32 values and the feature indices exactly.
+    packed = torch.cat([torch.cat([v.double().flatten(), i.double().flatten()]) for _, v, i in ranked]).tolist()
+    at = 0
+    for members, values, _ in ranked:
+        count, k = values.shape
+        group_values = packed[at : at + count * k]
+        group_indices = packed[at + count * k : at + 2 * count * k]
+        at += 2 * count * k
+        offset = 0
+        for reader, lo, part in members:
+            tops = []
+            for position in range(part.shape[0]):
+                base = (offset + position) * k
+                pairs = zip(group_indices[base : base + k], group_values[base : base + k], strict=True)
+                tops.append([(int(i), v) for i, v in pairs if v != 0.0])
+            reader._record(lo, tops)
+            offset += part.shape[0]
+    return None

@@ -23,19 +23,23 @@ class LoadedSAE(SAE):
         super().__init__(cfg, dict(tensors))
         self.sae_id = sae_id
 
-    def top_features(
-        self, rows: torch.Tensor, candidates: torch.Tensor | None, k: int
-    ) -> list[list[tuple[int, float]]]:
-        """Per row, the ``k`` largest activations among ``candidates`` (all features when None),
-        as ``(index, value)`` pairs in descending order, inactive (zero) features left out."""
+    def rank(self, rows: torch.Tensor, candidates: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row, the ``k`` largest activations among ``candidates`` (all features when None):
+        ``(values, feature indices)``, each ``[rows, k]`` in descending order, on the device."""
         acts = self.encode(rows)
         if candidates is not None:
             acts = acts.index_select(-1, candidates)
         top = torch.topk(acts, min(k, acts.shape[-1]), dim=-1)
-        indices = candidates[top.indices] if candidates is not None else top.indices
+        return top.values, candidates[top.indices] if candidates is not None else top.indices
+
+    def top_features(
+        self, rows: torch.Tensor, candidates: torch.Tensor | None, k: int
+    ) -> list[list[tuple[int, float]]]:
+        """``rank`` on the host: per row, ``(index, value)`` pairs, inactive (zero) features left out."""
+        values, indices = self.rank(rows, candidates, k)
         return [
             [(i, v) for i, v in zip(row_indices, row_values, strict=False) if v != 0.0]
-            for row_indices, row_values in zip(indices.tolist(), top.values.tolist(), strict=False)
+            for row_indices, row_values in zip(indices.tolist(), values.tolist(), strict=False)
         ]
 
     def candidates(self, features: list[int] | tuple[int, ...] | None) -> torch.Tensor | None:

@@ -127,3 +127,73 @@ def test_one_batched_add_steers_each_row_with_its_own_vector_and_leaves_the_othe
     assert steer_rows(hidden, [HookRow(1, 0, 0, hook(None))]) is None  # nothing to add: no new tensor
     again = steer_rows(hidden, rows)  # the same rows and vectors: the stack is reused
     assert torch.equal(again, out)
+
+
+#: What each concurrent request reads through the 256-feature SAE: every positions kind, a
+#: feature restriction, both read points.
+READS = [
+    {"sae_id": "steer", "top_k": 6, "positions": "all"},
+    {"sae_id": "steer", "positions": "last"},
+    {"sae_id": "steer", "features": [1, 2, 3, 50, 100, 201], "top_k": 3, "positions": "completion",
+     "read_point": "pre_steering"},
+    {"sae_id": "steer", "top_k": 4, "positions": {"start": 2, "end": 9}},
+]  # fmt: skip
+
+
+def activations(response):
+    assert response.status_code == 200, response.text
+    return response.json()["millm"]["sae_activations"]
+
+
+def test_batched_sae_activations_equal_serial_ones(steering_server, batching_server, sae_dir, monkeypatch):
+    """``return_sae_activations`` read in the batch (``read_rows``, one call per pass) equals serial within 1e-5."""
+    from millm_steering import activations as reader_module
+
+    prepare(steering_server, sae_dir)
+    prepare(batching_server, sae_dir)
+    widths = []  # how many rows each batched read got (the apps run in this process)
+    read_rows = reader_module.read_rows
+
+    def counted(hidden, rows):
+        widths.append(len(rows))
+        return read_rows(hidden, rows)
+
+    monkeypatch.setattr(reader_module, "read_rows", counted)
+
+    def request(model, index):
+        return {**body(model, PROMPTS[index], FEATURES[index]), "return_sae_activations": READS[index]}
+
+    with steering_server.http() as client:
+        model = client.get("/api/health").json()["model"]
+        want = [activations(client.post("/v1/chat/completions", json=request(model, i))) for i in range(len(READS))]
+    got: list = [None] * len(READS)
+    barrier = threading.Barrier(len(READS))
+
+    def work(index):
+        with batching_server.http() as client:
+            barrier.wait()
+            got[index] = activations(client.post("/v1/chat/completions", json=request(model, index)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(READS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for batched, alone in zip(got, want, strict=True):
+        assert batched["read_point"] == alone["read_point"]
+        assert [(p["position"], p["token_id"]) for p in batched["positions"]] == [
+            (p["position"], p["token_id"]) for p in alone["positions"]
+        ]
+        assert alone["positions"]
+        for mine, theirs in zip(batched["positions"], alone["positions"], strict=True):
+            assert [f["index"] for f in mine["features"]] == [f["index"] for f in theirs["features"]]
+            np.testing.assert_allclose(
+                [f["value"] for f in mine["features"]], [f["value"] for f in theirs["features"]], atol=1e-5, rtol=0
+            )
+    with batching_server.http() as client:
+        report = client.get("/api/health/inference").json()
+        reset(client)
+    with steering_server.http() as client:
+        reset(client)
+    assert report["serial_reasons"] == {}
+    assert max(widths) > 1  # some passes read several requests' rows in one call
