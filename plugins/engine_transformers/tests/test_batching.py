@@ -30,13 +30,6 @@ def load(model_dir, *declared: Setting, **env):
 
 
 @pytest.fixture(scope="module")
-def serial(tiny_model_dir):
-    engine = load(tiny_model_dir)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def batched(tiny_model_dir):
     # A small chunk: the longer prompts prefill over several steps while others decode.
     engine = load(tiny_model_dir, MILLM_BATCHING="continuous", MILLM_PREFILL_CHUNK="7", MILLM_BATCH_MAX_ROWS="6")

@@ -22,13 +22,6 @@ CHUNK = 7
 
 
 @pytest.fixture(scope="module")
-def serial(tiny_model_dir):
-    engine = load(tiny_model_dir)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
 def batched(tiny_model_dir):
     engine = load(tiny_model_dir, MILLM_BATCHING="continuous", MILLM_PREFILL_CHUNK=str(CHUNK))
     yield engine
