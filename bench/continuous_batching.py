@@ -1,8 +1,8 @@
 """Aggregate tokens/s with 1, 4 and 8 concurrent clients: serial against continuous batching.
 
 Two ``millm serve`` processes on the default model (transformers engine, float32
-CPU): one with ``MILLM_BATCHING=serial`` (the default), one with
-``MILLM_BATCHING=continuous``. Each client streams one greedy chat completion
+CPU): one with ``MILLM_BATCHING=serial``, one with
+``MILLM_BATCHING=continuous`` (the default). Each client streams one greedy chat completion
 (a prompt of its own, ``--max-tokens``); the aggregate is every client's
 completion tokens over the wall time from the first request to the last answer.
 The baseline for the batch is transformers' own batched ``model.generate`` on the

@@ -36,8 +36,8 @@ SETTINGS = (
     Setting(
         "MILLM_BATCHING",
         str,
-        "serial",
-        "Generation backend: serial (one at a time) or continuous (generations share decode steps)",
+        "continuous",
+        "Generation backend: continuous (generations share decode steps) or serial (one at a time)",
     ),
     Setting("MILLM_BATCH_MAX_ROWS", int, 8, "Continuous batching: the most generations decoding at once"),
     Setting(

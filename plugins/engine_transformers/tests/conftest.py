@@ -10,6 +10,6 @@ from .test_batching import load
 @pytest.fixture(scope="module")
 def serial(tiny_model_dir):
     """The tiny random Llama on the serial path: what a batched row is compared against."""
-    engine = load(tiny_model_dir)
+    engine = load(tiny_model_dir, MILLM_BATCHING="serial")
     yield engine
     engine.close()

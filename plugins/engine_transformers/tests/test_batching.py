@@ -72,7 +72,12 @@ def concurrently(engine, jobs) -> list:
     return results
 
 
-def test_serial_is_the_default(serial):
+def test_continuous_is_the_default_and_serial_can_be_chosen(tiny_model_dir, serial):
+    engine = load(tiny_model_dir)
+    try:
+        assert engine.concurrent_generation is True and engine.inference()["backend"] == "continuous"
+    finally:
+        engine.close()
     assert serial.concurrent_generation is False
     assert serial.inference()["backend"] == "serial"
 

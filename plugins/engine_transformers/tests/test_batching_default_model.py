@@ -63,7 +63,7 @@ def load(**env):
 
 @pytest.fixture(scope="module")
 def engines():
-    serial = load()
+    serial = load(MILLM_BATCHING="serial")
     batched = load(MILLM_BATCHING="continuous", MILLM_PREFILL_CHUNK="16", MILLM_BATCH_MAX_ROWS="16")
     yield serial, batched
     serial.close()

@@ -20,6 +20,12 @@ def batching_server(server_factory, tiny_model_dir):
     return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "continuous", "MILLM_PREFILL_CHUNK": "16"})
 
 
+@pytest.fixture(scope="module")
+def serial_server(server_factory, tiny_model_dir):
+    """What each batched answer is compared against."""
+    return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "serial"})
+
+
 def completion(server, prompt, max_tokens, stream=False) -> str:
     client = server.openai()
     body = {"model": server.model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
@@ -52,13 +58,14 @@ def inference(server) -> dict:
     return response.json()
 
 
-def test_the_serial_server_reports_serial(tiny_server):
-    report = inference(tiny_server)
-    assert report["backend"] == "serial" and report["model"] == tiny_server.model_id
+def test_the_default_server_batches_and_a_serial_one_says_so(tiny_server, serial_server):
+    assert inference(tiny_server)["backend"] == "continuous"
+    report = inference(serial_server)
+    assert report["backend"] == "serial" and report["model"] == serial_server.model_id
 
 
-def test_concurrent_clients_get_their_serial_answers(tiny_server, batching_server):
-    want = [completion(tiny_server, p, 24) for p in PROMPTS]
+def test_concurrent_clients_get_their_serial_answers(serial_server, batching_server):
+    want = [completion(serial_server, p, 24) for p in PROMPTS]
     before = inference(batching_server)["batched"]
     got = together(
         [lambda p=p, i=i: completion(batching_server, p, 24, stream=bool(i % 2)) for i, p in enumerate(PROMPTS)]
@@ -70,9 +77,9 @@ def test_concurrent_clients_get_their_serial_answers(tiny_server, batching_serve
     assert report["serial_reasons"] == {}
 
 
-def test_a_request_joins_streams_already_running(tiny_server, batching_server):
-    long_want = completion(tiny_server, PROMPTS[1], 200)
-    short_want = completion(tiny_server, PROMPTS[0], 10)
+def test_a_request_joins_streams_already_running(serial_server, batching_server):
+    long_want = completion(serial_server, PROMPTS[1], 200)
+    short_want = completion(serial_server, PROMPTS[0], 10)
     client = batching_server.openai()
     body = {"model": batching_server.model_id, "max_tokens": 200, "temperature": 0, "stream": True}
     stream = client.completions.create(prompt=PROMPTS[1], **body)
@@ -83,8 +90,8 @@ def test_a_request_joins_streams_already_running(tiny_server, batching_server):
     assert "".join(parts) == long_want
 
 
-def test_a_client_that_leaves_mid_stream_leaves_the_batch(tiny_server, batching_server):
-    want = completion(tiny_server, PROMPTS[2], 24)
+def test_a_client_that_leaves_mid_stream_leaves_the_batch(serial_server, batching_server):
+    want = completion(serial_server, PROMPTS[2], 24)
     with batching_server.http() as http:
         body = {"model": batching_server.model_id, "prompt": PROMPTS[3], "max_tokens": 400, "stream": True}
         with http.stream("POST", "/v1/completions", json=body) as response:
@@ -97,7 +104,7 @@ def test_a_client_that_leaves_mid_stream_leaves_the_batch(tiny_server, batching_
     assert completion(batching_server, PROMPTS[2], 24) == want  # and goes on serving
 
 
-def test_n_choices_run_as_rows_and_draw_their_serial_seeds(tiny_server, batching_server):
+def test_n_choices_run_as_rows_and_draw_their_serial_seeds(serial_server, batching_server):
     def choices(server):
         body = {
             "model": server.model_id,
@@ -109,7 +116,7 @@ def test_n_choices_run_as_rows_and_draw_their_serial_seeds(tiny_server, batching
         }
         return [c.message.content for c in server.openai().chat.completions.create(**body).choices]
 
-    want = choices(tiny_server)
+    want = choices(serial_server)
     assert len(set(want)) > 1  # each choice its own seed
     before = inference(batching_server)["batched"]
     assert choices(batching_server) == want
