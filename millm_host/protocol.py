@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
@@ -421,27 +422,41 @@ def _encodable(text: str) -> bool:
 
 
 def refuse_long_chat(body: dict[str, Any], limit: int, parts_limit: int | None = None) -> None:
-    """A 400 for more than ``limit`` messages, or content parts in one message, or ``parts_limit``
-    content parts in all (``MILLM_MAX_CONTENT_PARTS``), before any is built."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return
-    if len(messages) > limit:
-        raise InvalidParameter(f"messages: at most {limit} messages (MILLM_MAX_MESSAGES)", param="messages")
-    parts = 0
-    for i, message in enumerate(messages):
-        if not (isinstance(message, dict) and isinstance(message.get("content"), list)):
-            continue
-        where = f"messages[{i}].content"
-        if len(message["content"]) > limit:
-            raise InvalidParameter(f"{where}: at most {limit} content parts (MILLM_MAX_MESSAGES)", param=where)
-        parts += len(message["content"])
-        if parts_limit is not None and parts > parts_limit:
+    """A 400 for more than ``limit`` messages (over ``messages`` and every ``extra_messages``
+    conversation), or content parts in one message, or ``parts_limit`` content parts in all
+    (``MILLM_MAX_CONTENT_PARTS``), before any is built."""
+    seen = parts = 0
+    for name, messages in _conversations(body):
+        seen += len(messages)
+        if seen > limit:
             raise InvalidParameter(
-                f"{where}: the chat holds more than {parts_limit} content parts in all, counted up to this "
-                "message (MILLM_MAX_CONTENT_PARTS)",
-                param=where,
+                f"{name}: at most {limit} messages in all, counted over messages and extra_messages "
+                "(MILLM_MAX_MESSAGES)",
+                param=name,
             )
+        for i, message in enumerate(messages):
+            if not (isinstance(message, dict) and isinstance(message.get("content"), list)):
+                continue
+            where = f"{name}[{i}].content"
+            if len(message["content"]) > limit:
+                raise InvalidParameter(f"{where}: at most {limit} content parts (MILLM_MAX_MESSAGES)", param=where)
+            parts += len(message["content"])
+            if parts_limit is not None and parts > parts_limit:
+                raise InvalidParameter(
+                    f"{where}: the chat holds more than {parts_limit} content parts in all, counted up to this "
+                    "message (MILLM_MAX_CONTENT_PARTS)",
+                    param=where,
+                )
+
+
+def _conversations(body: dict[str, Any]) -> Iterator[tuple[str, list[Any]]]:
+    """``messages`` and each conversation of ``extra_messages`` that is a list, with its parameter name."""
+    if isinstance(body.get("messages"), list):
+        yield "messages", body["messages"]
+    extra = body.get("extra_messages")
+    for index, messages in enumerate(extra if isinstance(extra, list) else ()):
+        if isinstance(messages, list):
+            yield f"extra_messages[{index}]", messages
 
 
 def validate(model: type[BaseModel], body: dict[str, Any]) -> Any:

@@ -577,6 +577,27 @@ def test_content_parts_over_all_messages_are_bounded(echo_app):
         assert "more than 8192 content parts" in error["message"] and "MILLM_MAX_CONTENT_PARTS" in error["message"]
 
 
+def test_extra_messages_count_toward_the_message_and_part_bounds(echo_app):
+    """``extra_messages`` conversations are built a message (and a part) at a time like ``messages``:
+    they count toward MILLM_MAX_MESSAGES and MILLM_MAX_CONTENT_PARTS, refused before any is built."""
+    model = echo_app.model_id
+    tiny = [{"role": "user", "content": "a"}]
+    with echo_app.http() as http:
+        many = {"model": model, "max_tokens": 1, "messages": tiny, "extra_messages": [tiny * 4000, tiny * 96]}
+        error = assert_error(
+            http.post("/v1/chat/completions", json=many), 400, "invalid_parameter", "extra_messages[1]"
+        )
+        assert "at most 4096 messages in all" in error["message"] and "MILLM_MAX_MESSAGES" in error["message"]
+        parts = [{"role": "user", "content": [{"type": "text", "text": "a"}] * 4000}]
+        wide = {"model": model, "max_tokens": 1, "messages": parts, "extra_messages": [parts, parts]}
+        error = assert_error(
+            http.post("/v1/chat/completions", json=wide), 400, "invalid_parameter", "extra_messages[1][0].content"
+        )
+        assert "MILLM_MAX_CONTENT_PARTS" in error["message"]
+        within = {"model": model, "max_tokens": 1, "messages": tiny, "extra_messages": [tiny * 2]}
+        assert http.post("/v1/chat/completions", json=within).status_code == 200
+
+
 def test_the_chat_bound_is_taken_on_the_rendered_text(echo_app, monkeypatch):
     """A template may drop what a message holds (earlier turns' reasoning): the lower bound on a chat's
     tokens is taken on the rendered text, so a chat whose render fits is served, not refused from its
