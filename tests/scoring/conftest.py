@@ -79,7 +79,9 @@ def gate_env(tmp_path_factory) -> dict[str, str]:
     (info / "entry_points.txt").write_text("[millm]\ntest_gate = millm_test_gate\n")
     # Prepended, not replacing: a checkout run through PYTHONPATH keeps its own host and plugins.
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path, "TEST_GATE_FILE": str(root / "open")}
+    # The gate holds a generation in before_forward; only on the serial backend is that the engine thread
+    # (continuous batching runs each generation on a thread of its own), so later requests queue behind it.
+    return {"PYTHONPATH": path, "TEST_GATE_FILE": str(root / "open"), "MILLM_BATCHING": "serial"}
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """A test-only plugin: holds a request on the engine thread, and reports the hooks a request saw.
 
 - A chat request with ``"user": "hold"`` waits in ``before_forward`` (on the engine
-  thread, so every later request queues behind it) until ``TEST_GATE_FILE``
+  thread with ``MILLM_BATCHING=serial``, so every later request queues behind it) until ``TEST_GATE_FILE``
   exists, after writing ``TEST_GATE_FILE + ".held"`` to say it is holding.
 - A request with ``"user": "report"`` gets an ``X-Test-Hooks`` header and a
   ``test_hooks`` body field saying which request hooks ran for it, and what
