@@ -66,6 +66,8 @@ class Host:
         self.fields = FieldRegistry(self.engines)
         hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
+        #: Generations under way (``serving.run.Flight``): the end of the shutdown grace stops them all at once.
+        self.flights: set[Any] = set()
         #: Prometheus metrics (``/metrics``); plugins record through its methods (see ``millm_host.api``).
         self.metrics = Metrics()
         #: OpenTelemetry spans, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``tracing.enabled``).

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any, TypeVar
 
 from .errors import GenerationStalled, MillmError, QueueFull, RequestCancelled, ShuttingDown
@@ -127,6 +127,8 @@ class Scheduler:
         self.watch: Callable[[int, int], None] | None = None
         self._background = 0  # of which background work (batch lines)
         self._beat: float | None = None  # last progress of the running generations; None while none runs
+        #: Generations running on threads of their own (``submit_beside``): a drain waits for them too.
+        self._beside: set[Future] = set()
         self._generations = 0  # running (several at once when the engine batches)
         #: Set when shutdown begins: new requests are refused (``503 shutting_down``).
         self.closing = False
@@ -257,16 +259,22 @@ class Scheduler:
         """
         future: Future[T] = Future()
         run = contextvars.copy_context().run  # the request's log context and observation go along
+        with self._lock:
+            self._beside.add(future)
 
         def body() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
             try:
-                result = run(fn, *args)
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+                if not future.set_running_or_notify_cancel():
+                    return
+                try:
+                    result = run(fn, *args)
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            finally:
+                with self._lock:
+                    self._beside.discard(future)
 
         threading.Thread(target=body, name="millm-generation", daemon=True).start()
         return future
@@ -314,11 +322,22 @@ class Scheduler:
         return self._engine.submit(fn, *args, priority=priority).result(timeout)
 
     def drain(self, timeout: float) -> bool:
-        """Wait until the engine thread has run what was queued before now; False if it did not in time."""
+        """Wait until the engine thread has run what was queued before now, and the generations
+        running beside it have ended (their ``after_generate`` included); False if not in time."""
+        deadline = time.monotonic() + timeout
         try:
             self.run_sync(lambda: None, timeout=timeout, priority=LOW)  # behind background calls too
         except TimeoutError:
             return False
+        with self._lock:
+            beside = list(self._beside)
+        for future in beside:
+            try:
+                future.exception(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return False
+            except CancelledError:
+                pass
         return True
 
     def shutdown(self) -> None:

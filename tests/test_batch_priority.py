@@ -108,6 +108,24 @@ def test_drain_and_stop_wait_for_queued_batch_calls():
     assert scheduler._engine.join(60)
 
 
+def test_drain_waits_for_generations_running_beside_the_engine_thread():
+    """A batching engine's generations run on threads of their own: a stop that did not wait for them
+    would lose what their plugins write as they end (a cancelled request's probe results)."""
+    scheduler = Scheduler(queue_max=4)
+    gate, ended = threading.Event(), []
+    scheduler.submit_beside(lambda: (gate.wait(), ended.append("generation")))
+    drained = concurrent.futures.ThreadPoolExecutor(1).submit(scheduler.drain, 60)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        drained.result(0.3)
+    gate.set()
+    assert drained.result(60) is True and ended == ["generation"]
+    held = threading.Event()
+    scheduler.submit_beside(held.wait)
+    assert scheduler.drain(0.2) is False  # one that does not end in time: the stop goes on without it
+    held.set()
+    scheduler.shutdown()
+
+
 def test_the_running_batch_size_counts_every_generation_of_a_batching_engine():
     """``millm_running_batch_size`` follows the generations running at once, not only whether one runs."""
     scheduler = Scheduler(queue_max=4)

@@ -195,6 +195,7 @@ class Flight:
         concurrent = ctx.engine is not None and ctx.engine.concurrent_generation
         self.future = (host.scheduler.submit_beside if concurrent else host.scheduler.submit)(self.job)
         self.future.add_done_callback(lambda _: self._emit(FINISHED))
+        host.flights.add(self)
         if gone is not None:
             gone.add_done_callback(self._on_gone)
         if ctx.cancel_event.is_set():  # the client left while the request was prepared
@@ -214,6 +215,7 @@ class Flight:
         """The answer is over: free the queue place and the model lease."""
         if not self.ended:
             self.ended = True
+            self.host.flights.discard(self)
             self.admission.release()
             if self.gone is not None:
                 self.gone.cancel()
@@ -235,7 +237,11 @@ class Flight:
         if self.ended or self.future.done():
             return
         if scheduler.expired():
-            self.stop("cancelled", scheduler.why_not_started())
+            # All at once: a batched generation let go by one cancellation must not finish
+            # the others before their own next look.
+            for flight in list(self.host.flights):
+                if not flight.future.done():
+                    flight.stop("cancelled", scheduler.why_not_started())
         elif scheduler.stalled():
             if self.future.running():  # this generation is the one that stalled
                 self.stop(
