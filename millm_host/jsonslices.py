@@ -361,3 +361,87 @@ class _Parser:
         if end > MAX_NUMBER_CHARS:
             raise JSONDecodeError(f"Number longer than {MAX_NUMBER_CHARS} characters", self.text, pos)
         return value, pos + end
+
+
+#: ``top_level_strings`` gives up after this many strings and escaped quotes (its only Python-speed steps).
+TOP_LEVEL_STEPS = 100_000
+
+
+def top_level_strings(text: str, keys: frozenset[str]) -> dict[str, str]:
+    """The string members named in ``keys`` of the object that ``text`` opens, found without parsing
+    the rest: what a refused body (too deep, too many containers) can still say about itself, such
+    as a batch line's ``custom_id`` after its ``body``.
+
+    It hops from one quote to the next (``str.find``) and counts the brackets between two strings
+    (``str.count``), so its Python-speed steps are the strings and escaped quotes in ``text``: after
+    ``TOP_LEVEL_STEPS`` of them it gives up with what it found.
+    """
+    found: dict[str, str] = {}
+    start = _run_end(_WHITESPACE, text, 0, len(text))
+    if not text.startswith("{", start):
+        return found
+    depth, pos, steps = 0, start, 0
+    while steps < TOP_LEVEL_STEPS:
+        quote = text.find('"', pos)
+        segment_end = len(text) if quote < 0 else quote
+        depth, steps = _depth_after(text, pos, segment_end, depth, steps)
+        if quote < 0 or depth <= 0:  # the text ended, or the top-level object did
+            return found
+        end, steps = _string_end(text, quote, steps)
+        if end < 0:
+            return found
+        if depth == 1 and end - quote <= 2 + max(map(len, keys), default=0):  # a short string at the top: a key?
+            colon = _run_end(_WHITESPACE, text, end, len(text))
+            value = _run_end(_WHITESPACE, text, colon + 1, len(text)) if text.startswith(":", colon) else -1
+            if value >= 0 and text.startswith('"', value):
+                value_end, steps = _string_end(text, value, steps)
+                if value_end < 0:
+                    return found
+                key = _decoded(text[quote:end])
+                if key in keys:  # a repeated key: its last value, as json.loads keeps
+                    decoded = _decoded(text[value:value_end])
+                    if decoded is not None:
+                        found[key] = decoded
+                end = value_end
+        pos = end
+    return found
+
+
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _depth_after(text: str, start: int, end: int, depth: int, steps: int) -> tuple[int, int]:
+    """The nesting after ``text[start:end]`` (no strings in it) from ``depth``, or 0 where it reaches 0
+    on the way; (depth, steps). Counted, unless enough closing brackets to reach 0 are there: walked."""
+    closes = text.count("}", start, end) + text.count("]", start, end)
+    if depth - closes > 0:
+        return depth + text.count("{", start, end) + text.count("[", start, end) - closes, steps
+    for bracket in _BRACKET.finditer(text, start, end):
+        steps += 1
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth <= 0 or steps >= TOP_LEVEL_STEPS:
+            return 0, steps
+    return depth, steps
+
+
+def _string_end(text: str, quote: int, steps: int) -> tuple[int, int]:
+    """(the index after the string that opens at ``quote``, or -1 when it is not closed; steps taken)."""
+    pos = quote + 1
+    while steps < TOP_LEVEL_STEPS:
+        steps += 1
+        close = text.find('"', pos)
+        if close < 0:
+            return -1, steps
+        inside = text[pos:close]  # each character is sliced once: the pieces do not overlap
+        if (len(inside) - len(inside.rstrip("\\"))) % 2 == 0:  # an even run of backslashes escapes itself
+            return close + 1, steps
+        pos = close + 1
+    return -1, steps
+
+
+def _decoded(literal: str) -> str | None:
+    try:
+        value = json.loads(literal)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None

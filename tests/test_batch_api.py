@@ -214,3 +214,14 @@ def test_each_line_is_parsed_within_the_container_limit(app_factory):
     body = error["response"]["body"]["error"]
     assert body["code"] == "invalid_parameter" and "MILLM_MAX_JSON_CONTAINERS" in body["message"]
     assert set(body) >= {"message", "type", "param", "code"}
+
+
+def test_a_refused_line_keeps_a_custom_id_that_follows_its_body(app_factory):
+    """The parser stops at the refusal; the custom_id after the body is still found, and the error line has it."""
+    client = app_factory(env={"MILLM_MAX_JSON_CONTAINERS": "40"}).openai()
+    over = {"body": {**chat_line("x")["body"], "x": [[]] * 40}, "method": "POST", "url": CHAT, "custom_id": "late"}
+    source = client.files.create(file=("in.jsonl", jsonl([chat_line("ok"), over])), purpose="batch")
+    done = wait_for(client, client.batches.create(input_file_id=source.id, endpoint=CHAT, completion_window="24h").id)
+    assert done.status == "completed", done
+    [error] = read_jsonl(client, done.error_file_id)
+    assert error["custom_id"] == "late" and error["response"]["status_code"] == 400

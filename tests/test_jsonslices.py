@@ -146,3 +146,35 @@ def test_a_refused_parse_leaves_its_partial_lists_empty(monkeypatch):
         held += [v for v in tb.tb_frame.f_locals.values() if isinstance(v, list) and len(v) > 8]
         tb = tb.tb_next
     assert held == []
+
+
+KEYS = st.sampled_from(["custom_id", "body", "x", 'c"q', "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.dictionaries(KEYS, JSON, max_size=6),
+    ascii_only=st.booleans(),
+    indent=st.sampled_from([None, 0, 1]),
+)
+def test_top_level_strings_are_the_string_members_json_loads_gives(value, ascii_only, indent):
+    """What a refused batch line can still say (its custom_id after its body): the object's own string
+    members, never a nested one, whatever the strings and brackets around them hold."""
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
+    keys = frozenset(["custom_id", 'c"q', "é"])
+    expected = {k: v for k, v in json.loads(text).items() if k in keys and isinstance(v, str)}
+    assert jsonslices.top_level_strings(text, keys) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a":"' + '\\"' * 2_000_000,  # one unterminated string of escaped quotes
+        '{"a":[' + "[]" * 2_000_000 + '], "custom_id": "late"}',  # brackets to walk
+        "{" + '"",' * 1_300_000 + '"custom_id": "late"}',  # strings to hop
+        '{"a":"' + "\\" * 4_000_000 + '"',
+    ],
+)
+def test_top_level_strings_give_up_within_a_bound_of_steps(text):
+    """Its Python-speed steps are bounded (``TOP_LEVEL_STEPS``): past them it gives up with what it found."""
+    assert jsonslices.top_level_strings(text, frozenset(["custom_id"])) == {}

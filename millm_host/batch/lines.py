@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidParameter, MillmError
+from ..jsonslices import top_level_strings
 from ..protocol import BodyRefused, parse_json_body
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def read_lines(
 
     Each line is parsed as a live body is, within ``max_depth`` and ``max_containers``
     (``MILLM_MAX_JSON_CONTAINERS``): a line past them is refused, with its ``custom_id``
-    when that came before what was refused, and is never built.
+    (before or after what was refused: ``top_level_strings``), and is never built.
     """
     try:
         text = raw.decode("utf-8")
@@ -100,11 +101,16 @@ def read_lines(
     return lines
 
 
+_CUSTOM_ID = frozenset({"custom_id"})
+
+
 def _read_line(number: int, text: str, url: str, max_depth: int, max_containers: int | None) -> InputLine:
     try:
         record = parse_json_body(text.encode("utf-8"), max_depth, max_containers)
     except MillmError as exc:
-        custom_id = exc.top_strings.get("custom_id") if isinstance(exc, BodyRefused) else None
+        custom_id = None
+        if isinstance(exc, BodyRefused):  # read before the refusal, or else looked for after it
+            custom_id = exc.top_strings.get("custom_id") or top_level_strings(text, _CUSTOM_ID).get("custom_id")
         return InputLine(
             number,
             custom_id or None,
