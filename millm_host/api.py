@@ -31,7 +31,8 @@ What is here:
   ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``), ``ModelDescriptor``,
   ``ModelInfo``,
   ``HookPoint``, ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
-  ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types.
+  ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types; ``generation_cancel()``
+  (the running request's cancellation, for an engine that queues generations).
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
 - Results beside the probes': ``MonitoredRequest``, ``WindowText`` and
@@ -86,6 +87,7 @@ from .engine import (
     NoChatTemplate,
     SamplingParams,
     fallback_chat_render,
+    generation_cancel,
 )
 from .errors import (
     INVALID_REQUEST,
@@ -189,6 +191,7 @@ __all__ = [
     "RequestContext",
     "ResponseExtra",
     "SamplingParams",
+    "generation_cancel",
     "ScoringParams",
     "ScoringPrecisionUnavailable",
     "SequenceOutput",

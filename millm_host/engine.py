@@ -11,8 +11,10 @@ called from the event loop.
 from __future__ import annotations
 
 import abc
+import contextvars
 import hashlib
 import importlib
+import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -112,6 +114,22 @@ class HookRow:
     start: int
     skip: int
     hook: LayerHook
+
+
+#: The cancellation of the request whose ``Engine.generate`` runs in this context (set by the host).
+GENERATION_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "millm_generation_cancel", default=None
+)
+
+
+def generation_cancel() -> threading.Event | None:
+    """Set once the request of the ``generate`` call made in this context no longer wants tokens.
+
+    The caller stops reading at its next token anyway; an engine that queues work (a batch
+    that rows wait to join, a long prefill) may look at it to drop that work sooner.
+    None outside a request's generation.
+    """
+    return GENERATION_CANCEL.get()
 
 
 @dataclass

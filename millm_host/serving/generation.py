@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
-from ..engine import LayerHook, LogitsProcessorFactory
+from ..engine import GENERATION_CANCEL, LayerHook, LogitsProcessorFactory
 from ..errors import InternalError, MillmError, RequestCancelled, ShuttingDown
 from ..output import OutputFilter, OutputFilterFactory
 from .logprobs import SequenceLogprobs, prompt_chars
@@ -72,6 +72,7 @@ class GenerationJob:
         ctx, scheduler = self.ctx, self.host.scheduler
         ctx.timing.start()
         scheduler.begin()
+        GENERATION_CANCEL.set(ctx.cancel_event)  # this thread's own context (a copy): no reset needed
         try:
             if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
                 raise RequestCancelled()
@@ -202,6 +203,9 @@ class GenerationJob:
                     break
                 if len(out.token_ids) >= params.max_tokens:
                     break
+            else:  # the engine ended the tokens: at its window, or because the request was cancelled
+                if ctx.cancel_event.is_set():
+                    raise RequestCancelled()
         finally:
             tokens.close()
         tail = assembler.finish()

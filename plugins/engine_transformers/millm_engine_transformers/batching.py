@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import transformers
 
-from millm_host.api import LayerHook, SamplingParams
+from millm_host.api import LayerHook, SamplingParams, generation_cancel
 
 from . import hooks as layer_hooks
 from .kvcache import RoomyCache
@@ -133,8 +133,16 @@ class Row:
     out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     generated: list[int] = field(default_factory=list)
     gone: bool = False  # its consumer closed the stream: drop it at the next step
+    #: Its request's cancellation (``generation_cancel``): once set, it leaves at the next step,
+    #: waiting, prefilling or decoding, without its consumer having to read another token first.
+    cancel: threading.Event | None = None
     position: int = 0  # the position of its next input token
     arrived: float = 0.0  # time.monotonic() when it began to wait
+
+    @property
+    def left(self) -> bool:
+        """Its consumer closed the stream, or its request was cancelled."""
+        return self.gone or (self.cancel is not None and self.cancel.is_set())
 
     @property
     def plain_greedy(self) -> bool:
@@ -210,6 +218,7 @@ class BatchScheduler:
             penalties=Penalties(params, self.vocab_size, self.device),
             bias=LogitBias(params, self.device),
             position=len(prompt_ids),
+            cancel=generation_cancel(),
         )
         return self._stream(row)
 
@@ -282,8 +291,15 @@ class BatchScheduler:
 
     def _step(self) -> None:
         """Drop the rows that left, one chunk of every prefill, then one decode step of the batch."""
-        self._drop([row for row in self.rows if row.gone])
-        self._prefilling = [group for group in self._prefilling if not all(row.gone for row in group.rows)]
+        self._drop([row for row in self.rows if row.left])
+        for group in [group for group in self._prefilling if all(row.left for row in group.rows)]:
+            self._prefilling.remove(group)
+            self._end(group.rows)
+        with self._cond:
+            cancelled = [row for row in self._waiting if row.left]
+            for row in cancelled:
+                self._waiting.remove(row)
+        self._end(cancelled)
         self._admit()
         self._prefill_chunks()
         if self.rows:
@@ -342,6 +358,7 @@ class BatchScheduler:
             return
         self._prefilling.remove(group)
         going_on = self._sample(rows, output.logits[:, -1].float())
+        self._end([row for row, on in zip(rows, going_on, strict=True) if not on and row.left])
         joining = [index for index, on in enumerate(going_on) if on]
         if joining:
             self._join([rows[i] for i in joining], group.cache, group.mask, joining)
@@ -409,7 +426,7 @@ class BatchScheduler:
         chosen: dict[int, tuple[int, torch.Tensor]] = {}  # row -> (token, the logits it came from)
         plain, prepared = [], []
         for index, row in enumerate(rows):
-            if row.gone:
+            if row.left:  # its consumer hears of it where it is dropped (``_end``)
                 continue
             if row.error is not None:  # one of its hooks raised during the pass
                 self._outbox.append((row, row.error))
@@ -485,10 +502,20 @@ class BatchScheduler:
         self.rows.extend(rows)
         self._padded = bool((self._mask == 0).any())
 
+    def _end(self, rows: list[Row]) -> None:
+        """Tell the consumers of ``rows`` (which left without taking their last token) that nothing follows."""
+        for row in rows:
+            if not row.gone:
+                row.out.put(_END)
+
     def _drop(self, leaving: list[Row]) -> None:
-        """Cut ``leaving`` out of the batch and trim the padding no remaining row needs."""
-        if not leaving:
-            return
+        """Cut ``leaving`` out of the batch and trim the padding no remaining row needs; then tell
+        the consumers of the cancelled ones (as finished rows' last tokens, once they are out)."""
+        if leaving:
+            self._cut(leaving)
+            self._end([row for row in leaving if row.left])
+
+    def _cut(self, leaving: list[Row]) -> None:
         keep = [index for index, row in enumerate(self.rows) if row not in leaving]
         self.rows = [self.rows[index] for index in keep]
         if not keep:

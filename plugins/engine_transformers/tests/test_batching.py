@@ -9,11 +9,13 @@ the serial one within 1e-5, and a hook that raises fails its own row only.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import pytest
 
 from millm_host.api import LayerHook, ModelDescriptor, SamplingParams, Setting, Settings
+from millm_host.engine import GENERATION_CANCEL  # what the host sets around a request's generate
 
 #: Prompt lengths from one token to past several prefill chunks.
 WORDS = (0, 1, 3, 8, 20, 40, 2, 15, 60, 5, 33, 11)
@@ -178,6 +180,42 @@ def test_a_closed_stream_leaves_the_batch(serial, batched):
         assert together == (alone[:3] if i % 2 else alone)
     report = batched.inference()
     assert report["running"] == 0 and report["waiting"] == 0
+
+
+def test_a_cancelled_request_leaves_the_batch_at_the_next_step_waiting_or_decoding(tiny_model_dir, serial):
+    """A cancelled request (``generation_cancel``, set by the host when its client leaves) leaves without
+    its consumer reading another token: one waiting for a full batch is never prefilled, and a decoding
+    one ends its stream at the next step. The rows that stay finish unchanged."""
+    engine = load(tiny_model_dir, MILLM_BATCHING="continuous", MILLM_BATCH_MAX_ROWS="1")
+    try:
+        ids = prompts(serial)
+        long = SamplingParams(
+            max_tokens=400, temperature=0, logit_bias={eos: -100.0 for eos in serial.info.eos_token_ids}
+        )
+        want = run(serial, ids[0], long)
+        running_cancel, waiting_cancel = threading.Event(), threading.Event()
+
+        def submitted(prompt, cancel):
+            return contextvars.copy_context().run(
+                lambda: (GENERATION_CANCEL.set(cancel), engine.generate(prompt, long))[1]
+            )
+
+        running = submitted(ids[0], running_cancel)
+        first = next(running)  # it decodes; the batch (one row) is full
+        waiting = submitted(ids[1], waiting_cancel)
+        ended: list = []
+        reader = threading.Thread(target=lambda: ended.extend(waiting))  # blocked until it joins, or leaves
+        reader.start()
+        waiting_cancel.set()
+        reader.join(30)
+        assert not reader.is_alive() and ended == []  # it left without a token: never prefilled
+        assert engine.inference()["waiting"] == 0 and engine.batch.prefills == 1
+        assert [first, *(next(running) for _ in range(9))] == want[:10]
+        running_cancel.set()  # no more reading: its stream ends at the next step
+        rest = list(running)
+        assert len(rest) <= 1 and engine.inference()["running"] == 0
+    finally:
+        engine.close()
 
 
 def test_a_logits_processor_is_applied_to_its_row_only(serial, batched):
