@@ -31,7 +31,8 @@ What is here:
   ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``), ``ModelDescriptor``,
   ``ModelInfo``,
   ``HookPoint``, ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
-  ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types; ``generation_cancel()``
+  ``LogitsProcessorFactory``, ``SamplingParams``, ``TokenIterator`` (what ``generate``
+  returns), the scoring types; ``generation_cancel()``
   (the running request's cancellation, for an engine that queues generations).
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
@@ -86,6 +87,7 @@ from .engine import (
     ModelInfo,
     NoChatTemplate,
     SamplingParams,
+    TokenIterator,
     fallback_chat_render,
     generation_cancel,
 )
@@ -198,6 +200,7 @@ __all__ = [
     "Setting",
     "Settings",
     "Token",
+    "TokenIterator",
     "TokenLogprob",
     "WindowText",
     "available_memory",
