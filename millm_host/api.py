@@ -30,8 +30,10 @@ What is here:
 - Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
   ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``), ``ModelDescriptor``,
   ``ModelInfo``,
-  ``HookPoint``, ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
-  ``LogitsProcessorFactory``, ``SamplingParams``, the scoring types; ``generation_cancel()``
+  ``HookPoint`` (its ``HookPointName``: ``resid_pre`` or ``resid_post``),
+  ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
+  ``LogitsProcessorFactory``, ``SamplingParams``, ``TokenIterator`` (what ``generate``
+  returns), the scoring types; ``generation_cancel()``
   (the running request's cancellation, for an engine that queues generations).
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
@@ -44,7 +46,7 @@ What is here:
   route (``POST /api/probes/score``), with ``ctx=None``.
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
-- Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item``,
+- Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item`` (an ``Item``),
   ``serialize_item``, ``serialize_list``, ``serialize_string_list``, ``parse_list``.
 - ``JsonResource``: the base of a plugin's JSON route (bodies read and checked
   the host's way); ``read_json``, ``read_body`` and ``lower_headers`` for a
@@ -79,6 +81,7 @@ from .engine import (
     EngineSpec,
     GeneratedToken,
     HookPoint,
+    HookPointName,
     HookRow,
     LayerHook,
     LogitsProcessorFactory,
@@ -86,6 +89,7 @@ from .engine import (
     ModelInfo,
     NoChatTemplate,
     SamplingParams,
+    TokenIterator,
     fallback_chat_render,
     generation_cancel,
 )
@@ -102,7 +106,16 @@ from .errors import (
     ModelNotLoaded,
 )
 from .files import save_atomically
-from .headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list, serialize_string_list
+from .headers import (
+    Item,
+    Token,
+    item,
+    parse_list,
+    percent_encode,
+    serialize_item,
+    serialize_list,
+    serialize_string_list,
+)
 from .hookspecs import hookimpl
 from .monitoring import (
     MonitoredRequest,
@@ -170,10 +183,12 @@ __all__ = [
     "FilterResult",
     "GeneratedToken",
     "HookPoint",
+    "HookPointName",
     "HookRow",
     "Host",
     "InsufficientMemory",
     "InvalidParameter",
+    "Item",
     "JsonResource",
     "LayerHook",
     "LogitsProcessorFactory",
@@ -198,6 +213,7 @@ __all__ = [
     "Setting",
     "Settings",
     "Token",
+    "TokenIterator",
     "TokenLogprob",
     "WindowText",
     "available_memory",

@@ -15,9 +15,9 @@ import contextvars
 import hashlib
 import importlib
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .errors import FieldNotHonoured, InvalidParameter, MillmError
 from .scoring.engine import NextTokenScores, ScoringParams, TokenLogprob
@@ -187,6 +187,20 @@ class GeneratedToken(int):
 
     def __reduce__(self) -> Any:
         return (GeneratedToken, (int(self), self.logprob, self.top))
+
+
+class TokenIterator(Protocol):
+    """What ``Engine.generate`` returns: token ids one at a time, and ``close`` to stop early.
+
+    A generator is one; an engine whose tokens come from elsewhere (another process,
+    a batch) may return its own iterator class, as long as it has ``close``.
+    """
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def __next__(self) -> int: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -379,7 +393,7 @@ class Engine(abc.ABC):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Generator[int, None, None]:
+    ) -> TokenIterator:
         """Yield generated token ids one at a time, EOS included, until closed.
 
         The caller decides when to stop (EOS, ``max_tokens``, a stop string) and

@@ -16,6 +16,7 @@ from typing import Any
 import http_sfv
 
 Token = http_sfv.Token
+Item = http_sfv.Item  # what ``item`` returns and ``serialize_list`` takes
 
 _KEEP = frozenset(range(0x20, 0x7F)) - {ord("%"), ord('"'), ord("\\")}
 _KEEP_CHARS = frozenset(map(chr, _KEEP))
@@ -36,7 +37,7 @@ def _encoded(value: Any) -> Any:
     return percent_encode(value) if isinstance(value, str) and not isinstance(value, Token) else value
 
 
-def item(value: Any, params: Mapping[str, Any] | None = None) -> http_sfv.Item:
+def item(value: Any, params: Mapping[str, Any] | None = None) -> Item:
     """An RFC 8941 Item; Strings percent-encoded, a ``Token`` stays a token, ``True`` params serialise bare."""
     it = http_sfv.Item(_encoded(value))
     for key, param in (params or {}).items():
@@ -49,7 +50,7 @@ def serialize_item(value: Any, params: Mapping[str, Any] | None = None) -> str:
     return str(item(value, params))
 
 
-def serialize_list(items: Iterable[http_sfv.Item]) -> str:
+def serialize_list(items: Iterable[Item]) -> str:
     structured = http_sfv.List()
     structured.extend(items)
     return str(structured)

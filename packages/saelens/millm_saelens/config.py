@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from millm_host.api import MillmError
 
@@ -21,7 +21,7 @@ ARCHITECTURES = ("standard", "jumprelu", "topk")
 HOOK_NAME = re.compile(r"^blocks\.(?P<layer>0|[1-9]\d*)\.hook_resid_(?P<point>pre|post)$")
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -69,8 +69,7 @@ def read_config(directory: Path) -> SAEConfig:
         raise SAEUnreadable(f"{path} must hold a JSON object", param="path")
     d_in, d_sae = _positive_int(cfg, "d_in"), _positive_int(cfg, "d_sae")
     hook_name = cfg.get("hook_name")
-    match = HOOK_NAME.match(hook_name) if isinstance(hook_name, str) else None
-    if match is None:
+    if not isinstance(hook_name, str) or (match := HOOK_NAME.match(hook_name)) is None:
         raise SAEUnreadable(
             f"{CONFIG_FILE}: hook_name {hook_name!r} is not blocks.<N>.hook_resid_post or blocks.<N>.hook_resid_pre",
             param="path",

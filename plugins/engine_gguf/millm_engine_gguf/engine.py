@@ -14,7 +14,7 @@ prefix reuse), so a greedy chat here is the chat llama-cpp-python gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import llama_cpp
@@ -113,17 +113,21 @@ class GGUFEngine(GGUFTextEngine):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Iterator[int]:
+    ) -> Generator[int, None, None]:
         prompt, vectors = self.check_generation(prompt_ids, hooks, logits_processors)
         return self.generate_checked(prompt, params, vectors)
 
-    def generate_checked(self, prompt: list[int], params: SamplingParams, vectors: LayerVectors) -> Iterator[int]:
+    def generate_checked(
+        self, prompt: list[int], params: SamplingParams, vectors: LayerVectors
+    ) -> Generator[int, None, None]:
         """``generate`` of a request already checked (``check_generation``), steered by ``vectors``."""
         window = self.info.context_window
         assert window is not None  # llama.cpp always has one
         return self._steered(prompt, params, window, vectors)
 
-    def _steered(self, prompt: list[int], params: SamplingParams, window: int, vectors: LayerVectors) -> Iterator[int]:
+    def _steered(
+        self, prompt: list[int], params: SamplingParams, window: int, vectors: LayerVectors
+    ) -> Generator[int, None, None]:
         """The tokens with ``vectors`` set, cleared when the generation ends, fails or is closed."""
         if vectors != self._kv_vectors:  # the cached prefix was computed under other vectors
             self.llm.reset()
@@ -137,7 +141,7 @@ class GGUFEngine(GGUFTextEngine):
         finally:
             self._control.clear()
 
-    def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Iterator[int]:
+    def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Generator[int, None, None]:
         greedy = params.temperature == 0
         # logprobs or logit_bias: the first stage of the chain applies the bias and penalties itself
         distribution = Distribution(params, self.llm.n_vocab(), len(prompt)) if needed(params) else None

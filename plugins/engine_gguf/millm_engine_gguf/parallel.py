@@ -15,10 +15,10 @@ import itertools
 import queue
 import threading
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from millm_host.api import LayerHook, SamplingParams
+from millm_host.api import LayerHook, SamplingParams, TokenIterator
 
 from . import wire
 from .batch import serial_reason
@@ -68,7 +68,7 @@ class ParallelEngine(ProcessEngine):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Iterator[int]:
+    ) -> TokenIterator:
         prompt, vectors = self.check_generation(prompt_ids, hooks, logits_processors)
         reason = serial_reason(params, vectors)
         with self._counting:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,6 +37,7 @@ from millm_host.api import (
     ModelLoadFailed,
     ModelNotLoaded,
     SamplingParams,
+    TokenIterator,
 )
 
 from . import wire
@@ -239,7 +240,7 @@ class ProcessEngine(GGUFTextEngine):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Iterator[int]:
+    ) -> TokenIterator:
         prompt, vectors = self.check_generation(prompt_ids, hooks, logits_processors)
         return TokenStream(self, prompt, params, vectors)
 

@@ -19,7 +19,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -150,7 +150,7 @@ class ParallelWorker:
         self.window = window
         self.stops = set(engine.info.eos_token_ids)
         self.waiting: deque[tuple[int, list[int], Any, Any]] = deque()
-        self.alone: tuple[int, Iterator[int], Any] | None = None  # key, tokens, params
+        self.alone: tuple[int, Generator[int, None, None], Any] | None = None  # key, tokens, params
         self.alone_count = 0
         self.alone_paused = False
         self._poll = select.poll()

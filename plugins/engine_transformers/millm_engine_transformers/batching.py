@@ -46,7 +46,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,7 +207,7 @@ class BatchScheduler:
         params: SamplingParams,
         processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
         hooks: Sequence[LayerHook] = (),
-    ) -> Iterator[Any]:
+    ) -> Generator[int, None, None]:
         """Tokens of one generation, as ``Engine.generate`` yields them; closing it leaves the batch."""
         row = Row(
             hooks=layer_hooks.grouped(hooks, len(self.layers)),
@@ -222,7 +222,7 @@ class BatchScheduler:
         )
         return self._stream(row)
 
-    def _stream(self, row: Row) -> Iterator[Any]:
+    def _stream(self, row: Row) -> Generator[int, None, None]:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")

@@ -7,7 +7,7 @@ import contextlib
 import copy
 import inspect
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,6 +27,7 @@ from millm_host.api import (
     NoChatTemplate,
     SamplingParams,
     ScoringParams,
+    TokenIterator,
 )
 
 from . import hooks as layer_hooks
@@ -121,8 +122,9 @@ class TransformersEngine(Engine):
         self.batch: BatchScheduler | None = None
         self.batching_unavailable = None if mode == "serial" else batchable_model(self.model)
         self.concurrent_generation = mode == "continuous" and self.batching_unavailable is None
-        self._turn: Any = TurnLock() if self.concurrent_generation else contextlib.nullcontext()
-        if self.concurrent_generation:
+        turn = TurnLock() if self.concurrent_generation else None
+        self._turn: TurnLock | contextlib.nullcontext[None] = turn if turn is not None else contextlib.nullcontext()
+        if turn is not None:
             self.batch = BatchScheduler(
                 self.model,
                 self.layers,
@@ -131,7 +133,7 @@ class TransformersEngine(Engine):
                 self.info.eos_token_ids,
                 self.info.context_window,
                 self._cache_arg,
-                self._turn,
+                turn,
                 max_rows=settings["MILLM_BATCH_MAX_ROWS"],
                 prefill_chunk=settings["MILLM_PREFILL_CHUNK"],
                 gather_s=settings["MILLM_BATCH_GATHER_MS"] / 1000,
@@ -248,7 +250,7 @@ class TransformersEngine(Engine):
         *,
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
-    ) -> Iterator[int]:
+    ) -> TokenIterator:
         if self.batch is not None:
             reason = self._serial_reason(hooks)
             if reason is None:
@@ -271,7 +273,7 @@ class TransformersEngine(Engine):
         params: SamplingParams,
         hooks: Sequence[LayerHook],
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
-    ) -> Iterator[int]:
+    ) -> Generator[int, None, None]:
         with self._turn, layer_hooks.installed(self.layers, hooks, self._position):
             yield from self._generate(prompt_ids, params, logits_processors)
 
@@ -302,7 +304,7 @@ class TransformersEngine(Engine):
         prompt_ids: Sequence[int],
         params: SamplingParams,
         processors: Sequence[Callable[[Sequence[int], Any], Any]],
-    ) -> Iterator[int]:
+    ) -> Generator[int, None, None]:
         generator = generator_for(params, self.device)
         penalties = Penalties(params, self.info.vocab_size, self.device)
         bias = LogitBias(params, self.device)

@@ -12,8 +12,12 @@ import torch
 from millm_host.api import HookRow, LayerHook
 
 
-def decoder_layers(model: torch.nn.Module, n_layers: int) -> torch.nn.ModuleList:
-    """The model's list of decoder layers (``model.model.layers`` for Llama-like models)."""
+def decoder_layers(model: torch.nn.Module, n_layers: int | None) -> torch.nn.ModuleList:
+    """The model's list of decoder layers (``model.model.layers`` for Llama-like models).
+
+    Elsewhere, the first ``ModuleList`` of ``n_layers`` modules (None: a config that
+    does not say, so only ``model.model.layers`` is found).
+    """
     inner = getattr(model, "model", None)
     if inner is not None and isinstance(getattr(inner, "layers", None), torch.nn.ModuleList):
         return inner.layers

@@ -24,6 +24,9 @@ ROOM = 64
 class RoomyLayer(DynamicLayer):
     """A ``DynamicLayer`` whose ``keys``/``values`` are views of buffers with spare columns."""
 
+    keys: torch.Tensor  # DynamicLayer's, declared for the type checker (transformers is not analysed)
+    values: torch.Tensor
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -39,7 +42,7 @@ class RoomyLayer(DynamicLayer):
         end = length + key_states.shape[-2]
         buffers, views = self._buffers, self._views
         ours = buffers is not None and views is not None and keys is views[0] and values is views[1]
-        if not ours or end > buffers[0].shape[-2]:  # type: ignore[index]
+        if buffers is None or not ours or end > buffers[0].shape[-2]:
             buffers = self._move(keys, values, key_states, value_states, length, end)
         key_buffer, value_buffer = buffers
         key_buffer[..., length:end, :].copy_(key_states)

@@ -32,12 +32,12 @@ class Penalties:
         self.counts = torch.zeros(vocab, device=device) if self.active else None
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self.active:
+        if self.counts is None:  # not active
             return logits
         return logits - self.frequency * self.counts - self.presence * (self.counts > 0).float()
 
     def record(self, token: int) -> None:
-        if self.active:
+        if self.counts is not None:  # active
             self.counts[token] += 1
 
 

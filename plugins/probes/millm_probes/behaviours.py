@@ -147,6 +147,7 @@ def behaviour_list(runtime: Runtime) -> dict[str, Any]:
     rows = [row for row in store.list_probes(runtime.host.db) if row.behaviour is not None]
     runtime.views(rows)  # the definitions not parsed yet, read in one query
     for row in rows:
+        assert row.behaviour is not None  # rows without one were left out above
         groups.setdefault(row.behaviour, []).append(row)
     data = [_group(runtime, key, rows) for key, rows in sorted(groups.items())]
     return {"object": "list", "data": data, "rearm": [g["key"] for g in data if g["was_armed"]]}

@@ -67,7 +67,7 @@ def read_pairs(
         if problem is not None:
             readings.append(not_scored("failed", problem.reason, interrupted))
             continue
-        if unread:
+        if bank is None or columns is None:  # unread
             per_token, logits = _EMPTY, None
         else:
             per_token, logits = bank.per_token(columns, view.probe_id), bank.logits(columns, view.probe_id)

@@ -99,6 +99,8 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     ctx.state[STATE] = request
     if request.skip is not None:
         return None
+    assert ctx.sampling is not None  # before_forward: a generation, its sampling settled
+    assert snapshot.bank is not None  # built whenever probes are armed
     capacity = len(ctx.prompts[0]) + ctx.sampling.max_tokens
     request.capture = Capture(snapshot.bank.points, capacity)
     hooks = request.capture.hooks()

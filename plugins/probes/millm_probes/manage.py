@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.api import InvalidParameter, ModelBusy, check_display_name, plain_name, validate
+from millm_host.api import Engine, InvalidParameter, ModelBusy, check_display_name, plain_name, validate
 
 from . import capacity, digests, gates, store
 from .definition import Decision, ProbeDefinition, parse
@@ -255,7 +255,7 @@ async def arm_here(runtime: Runtime, row: Probe, acknowledgement: str | None, *,
     return {**probe_json(runtime, row, view), "warnings": warnings, "parity": parity_summary(report)}
 
 
-def _commit_arm(runtime: Runtime, view: ProbeView, compiled: CompiledProbe, engine: Any) -> None:
+def _commit_arm(runtime: Runtime, view: ProbeView, compiled: CompiledProbe, engine: Engine) -> None:
     """Publish the head parity compiled for ``engine`` (engine thread: serialised with unloads)."""
     if engine.info.load_id in runtime.unloaded or runtime.host.registry.engine is not engine:
         raise ModelBusy("the model was unloaded while the probe was being armed; arm it again")

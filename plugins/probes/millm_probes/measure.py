@@ -87,9 +87,9 @@ def _prompt(engine: Any, length: int) -> list[int]:
 
 def _decode(
     engine: Any, prompt: list[int], sync: Callable[[], None], points: list[Point]
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """(wall, this thread's CPU) ms per generated token after the first, with a capture on ``points`` as live
-    requests read; and the ms inside the capture's callbacks per point and generated token's pass."""
+    requests read; and the ms inside the capture's callbacks per point and generated token's pass (wall, CPU)."""
     capture = Capture(points, len(prompt) + DECODE_TOKENS + 1) if points else None
     hooks = capture.hooks() if capture else []
     tokens = engine.generate(prompt, SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0.0), hooks=hooks)
@@ -124,7 +124,7 @@ def _step(engine: Any, sync: Callable[[], None]) -> tuple[dict[str, Any], dict[s
     prompt = _prompt(engine, prompt_len)
     short = prompt[:16]
     points = [(hp.layer, hp.point) for hp in engine.hook_points]  # every point the engine can hook
-    lone = [(info.n_layers // 2, "resid_post")]
+    lone: list[Point] = [(info.n_layers // 2, "resid_post")]
     runs: dict[str, list[tuple[float, float, float, float]]] = {"plain": [], "every": [], "one": []}
     hooked = {"plain": [], "every": points, "one": lone}
     for name in runs:  # warm-up, every way
@@ -302,7 +302,7 @@ def _one_request(host: Any, private: _Private, engine: Any, messages: Any, promp
     return report
 
 
-def _request_work(host: Any, engine: Any, cpu: bool) -> dict[str, Any]:
+def _request_work(host: Any, engine: Any, cpu: bool) -> dict[int, dict[str, Any]]:
     """A request's own probe work (``request_ms`` of its report: session, set-up, scoring, recording;
     not the hooks) with each private set, interleaved; the medians, and the results per request."""
     sets = {count: _private_set(host, engine, count) for count in REQUEST_SETS}

@@ -81,7 +81,7 @@ async def run_parity_many(
             continue
         for (i, _, _), row in zip(items, scored, strict=True):
             rows[i].append(row)
-    out = []
+    out: list[tuple[dict[str, Any], CompiledProbe | None]] = []
     for i, (view, report) in enumerate(zip(views, reports, strict=True)):
         if report["status"] in ("model_changed", "no_test_vectors"):
             out.append((report, None))

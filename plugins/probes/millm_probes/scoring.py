@@ -17,13 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from millm_host.api import HookPointName
+
 from .definition import ProbeDefinition
 from .sae import SaeUnavailable, load_encoder
 
 if TYPE_CHECKING:
     from millm_saelens.weights import FeatureEncoder as Encoder
 
-Point = tuple[int, str]  # (layer, hook point)
+Point = tuple[int, HookPointName]  # (layer, hook point)
 
 
 class ProbeUnusable(Exception):

@@ -211,7 +211,8 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             param="behaviours" if request.behaviours and not request.probe_ids else "probe_ids",
             code="PROBE_MAX_ARMED",
         )
-    views, skipped, refused = [], [], []
+    views, skipped = [], []
+    refused: list[dict[str, Any]] = []
     for view in all_views:
         mismatches, _ = identity_check(view.definition.model, identity)
         if not mismatches:

@@ -65,12 +65,16 @@ def window_span(layout: Layout, window: str, skip_prefix: bool) -> Span | NotSco
             return NotScored("skipped", "template_prefix_unknown")
         start = layout.prefix
     end = layout.positions
+    prompt_len, last_user = layout.prompt_len, layout.last_user  # known where needed: checked above
     if window == "prompt":
-        end = min(end, layout.prompt_len)
+        assert prompt_len is not None
+        end = min(end, prompt_len)
     elif window == "response":
-        start = layout.prompt_len
+        assert prompt_len is not None
+        start = prompt_len
     elif window == "last_user":
-        start, end = max(start, layout.last_user.start), min(end, layout.last_user.end)
+        assert last_user is not None
+        start, end = max(start, last_user.start), min(end, last_user.end)
     if end <= start:
         return NotScored("skipped", "no_scored_tokens")
     return Span(start, end)

@@ -40,7 +40,7 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import wasmtime
 
@@ -113,6 +113,7 @@ class Runner:
         if key in self.cache:
             self.cache.move_to_end(key)
             return self.cache[key]
+        binary: bytes | bytearray
         try:
             if isinstance(source, dict) and isinstance(source.get("wat"), str):
                 binary = wasmtime.wat2wasm(source["wat"])
@@ -120,7 +121,8 @@ class Runner:
                 binary = base64.b64decode(source["wasm"], validate=True)
             else:
                 raise Refused("rule_load_refused", "the source is neither wat nor wasm")
-            module = wasmtime.Module(self.engine, binary)
+            # wasmtime annotates str | bytes, but takes the bytearray its own wat2wasm returns
+            module = wasmtime.Module(self.engine, binary)  # type: ignore[arg-type]
         except (wasmtime.WasmtimeError, ValueError) as exc:
             raise Refused("rule_load_refused", f"the module does not compile: {exc}") from None
         if module.imports:
@@ -153,14 +155,15 @@ class Runner:
         try:
             instance = wasmtime.Instance(store, loaded.module, [])
             exports = instance.exports(store)
-            memory = exports["memory"]
+            # load checked the exports' types: a memory and a function
+            memory = cast(wasmtime.Memory, exports["memory"])
             ptr = memory.size(store) * PAGE
             need = -(-len(data) // PAGE)
             if need and not self._grow(memory, store, need):
                 raise Refused("rule_resource_limit", "no memory left for the text under the page limit")
             if data:
                 memory.write(store, data, ptr)
-            result = exports["count"](store, ptr, len(data))
+            result = cast(wasmtime.Func, exports["count"])(store, ptr, len(data))
             if memory.size(store) >= ceiling:
                 raise Refused("rule_resource_limit", f"memory reached the ceiling of {ceiling} pages")
         except wasmtime.Trap as trap:
@@ -183,7 +186,7 @@ class Runner:
         return result
 
     @staticmethod
-    def _grow(memory: Any, store: wasmtime.Store, pages: int) -> bool:
+    def _grow(memory: wasmtime.Memory, store: wasmtime.Store, pages: int) -> bool:
         try:
             return memory.grow(store, pages) >= 0
         except wasmtime.WasmtimeError:

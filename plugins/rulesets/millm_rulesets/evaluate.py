@@ -43,7 +43,7 @@ import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from .code_runner import UNAVAILABLE, CodeResult
 from .document import Output, RuleSet, Signal
@@ -287,16 +287,27 @@ def evaluate(
     return out
 
 
-def case_failures(rs: RuleSet, code: CodeCall | None = None) -> list[dict[str, object]]:
+class CaseFailure(TypedDict, total=False):
+    """An expectation a case states and this build disagrees with: of a rule (``name``) or of the row (``output``)."""
+
+    case: Required[int]
+    name: str
+    output: str
+    expected: Required[dict[str, object]]
+    got: Required[dict[str, object]]
+
+
+def case_failures(rs: RuleSet, code: CodeCall | None = None) -> list[CaseFailure]:
     """Every expectation of every case this build disagrees with (empty: the set proves itself).
 
     A case naming what operator code decides needs ``code`` (the runner); undecided, it fails
     with the runner's reason."""
-    failures: list[dict[str, object]] = []
+    failures: list[CaseFailure] = []
     for i, case in enumerate(rs.cases):
         run = Run(rs, case["text"], code)
         for name, expected in case["expect"].items():
             got = run.get(name)
+            want: dict[str, object]
             if isinstance(expected, bool):
                 want = {"fires": expected}
             elif isinstance(expected, int):
@@ -306,7 +317,7 @@ def case_failures(rs: RuleSet, code: CodeCall | None = None) -> list[dict[str, o
             if isinstance(got, Undecided):
                 failures.append({"case": i, "name": name, "expected": want, "got": {"reason": got.reason}})
                 continue
-            actual = {"fires": got.fires, "count": got.count}
+            actual: dict[str, object] = {"fires": got.fires, "count": got.count}
             if any(actual[k] != v for k, v in want.items()):
                 failures.append({"case": i, "name": name, "expected": want, "got": actual})
         expected_row = case.get("outputs") or {}

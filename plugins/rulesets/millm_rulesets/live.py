@@ -21,7 +21,7 @@ from millm_host.api import MonitoredRequest
 
 from .evaluate import Undecided, evaluate
 from .rescore import Job
-from .results import rule_result, undecided_result
+from .results import RequestFields, WhyUndecided, rule_result, undecided_result
 from .runtime import Runtime
 
 log = logging.getLogger("millm.rulesets")
@@ -47,7 +47,7 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
         if loaded is None:
             continue
         names = list(loaded.rs.expressions) if loaded.rs is not None else []
-        base = {
+        base: RequestFields = {
             "behaviour": behaviour,
             "request_id": monitored.request_id,
             "trace_id": monitored.trace_id,
@@ -57,6 +57,7 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
         for window in windows:
             text = monitored.window(window)
             if not enabled or not loaded.evaluable or text.text is None:
+                undecided: WhyUndecided
                 if not enabled:
                     undecided = {"reason": "rule_signals_disabled", "result_outcome": "failed"}
                 elif not loaded.evaluable:

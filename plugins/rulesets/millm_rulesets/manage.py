@@ -53,7 +53,7 @@ def check(runtime: Runtime, document: Any) -> RuleSet:
     the compiled set or the first refusal."""
     rs = parse(document)
     failures = case_failures(rs, runtime.code_caller())
-    if failures and all(f["got"].get("reason") == UNAVAILABLE for f in failures):  # type: ignore[union-attr]
+    if failures and all(f["got"].get("reason") == UNAVAILABLE for f in failures):
         raise RunnerUnavailable(
             "the rule runner did not answer for the cases that name operator code; nothing was stored, try again",
             extra={"failures": failures},

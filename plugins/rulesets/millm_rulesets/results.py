@@ -8,7 +8,7 @@ They carry ``fires`` and ``count``, never the matched text. An undecided result
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import uuid6
 
@@ -18,6 +18,24 @@ if TYPE_CHECKING:
     from .runtime import Loaded
 
 SCHEMA = "mi.probe.result/v1"
+
+
+class RequestFields(TypedDict):
+    """``rule_result``'s keywords that every result of one monitored request shares."""
+
+    behaviour: str
+    request_id: str | None
+    trace_id: str
+    span_id: str
+    persistence: str
+
+
+class WhyUndecided(TypedDict, total=False):
+    """``rule_result``'s keywords for a result that was never evaluated."""
+
+    reason: str | None
+    result_outcome: str | None
+    status: str | None
 
 
 def now_iso() -> str:

@@ -167,6 +167,7 @@ def _bounds(positions: str | tuple[int, int], prompt_len: int) -> tuple[int, flo
         return 0, prompt_len
     if positions == "completion":
         return prompt_len, math.inf
+    assert not isinstance(positions, str)  # _positions admits no other name
     return positions
 
 
@@ -186,7 +187,7 @@ class ActivationReader:
         if self._last:
             return hi - 1, hi
         start, end = self._bounds
-        return max(lo, start), min(hi, end)
+        return max(lo, start), int(min(hi, end))  # an int: hi is finite, end an int or math.inf
 
     def read(self, hidden: Any, start: int) -> None:
         """The per-row callback (an engine that does not batch hooks): ``read_rows`` for its one row."""

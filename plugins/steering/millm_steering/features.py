@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from millm_host.api import InvalidParameter
 
@@ -13,7 +13,7 @@ from .errors import InvalidFeatureIndex
 Features = tuple[tuple[int, float], ...]
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

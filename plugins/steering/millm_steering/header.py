@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from millm_host.api import Token, item, serialize_item, serialize_list
+from millm_host.api import Item, Token, item, serialize_item, serialize_list
 
 from .documents import RUNG_LANGUAGE
 from .resolve import Entry
@@ -24,7 +24,7 @@ INTENSITY = "X-miLLM-Steering-Intensity"
 RUNG = "X-miLLM-Circuit-Rung"
 
 
-def _circuit_members(entries: Sequence[Entry], changed: bool) -> list[object]:
+def _circuit_members(entries: Sequence[Entry], changed: bool) -> list[Item]:
     """One member per circuit, by id; ``composed`` when one of its layers carries another circuit too."""
     by_circuit: dict[str, list[Entry]] = {}
     for entry in entries:
@@ -48,7 +48,7 @@ def _circuit_members(entries: Sequence[Entry], changed: bool) -> list[object]:
     return members
 
 
-def _member(entry: Entry, changed: bool) -> object:
+def _member(entry: Entry, changed: bool) -> Item:
     params: dict[str, object] = {}
     if entry.kind == "profile":
         params["name"] = entry.name or ""  # percent-encoded by item(), as every String is

@@ -163,7 +163,11 @@ def recheck(ctx: RequestContext, service: SteeringService) -> None:
         req = ctx.state[STATE_KEY] = RequestSteering(dialing=Dialing(None, service.limits()))  # for the rung
     _check(snap, req)
     if req.activations is not None:
-        generated = 0 if ctx.scoring else ctx.sampling.max_tokens  # scoring generates nothing
+        if ctx.scoring:
+            generated = 0  # scoring generates nothing
+        else:
+            assert ctx.sampling is not None  # a generation's, settled before after_tokenize
+            generated = ctx.sampling.max_tokens
         worst = activations.worst_case_entries(req.activations, len(ctx.prompts[0]), generated)
         limit = ctx.settings["SAE_ACTIVATIONS_MAX_ENTRIES"]
         if worst > limit:
@@ -198,15 +202,17 @@ def _echoed_lam(snap: Snapshot, req: RequestSteering) -> float | None:
 def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | None:
     """Build the request's plan and hooks (``before_forward``, engine thread: generation only)."""
     req = ctx.state.setdefault(STATE_KEY, RequestSteering(dialing=Dialing(None, service.limits())))
+    engine = ctx.engine
+    assert engine is not None  # before_forward runs with the model resident
     snap = service.state.snapshot()
-    if snap.model_load_id != ctx.engine.info.load_id:
+    if snap.model_load_id != engine.info.load_id:
         snap = Snapshot(snap.epoch, {}, {}, snap.active, snap.model_load_id)  # state of another model
     if not snap.attachments and req.inline is None and req.activations is None:
         req.plan = Plan(service.state, snap, Served(), None)  # nothing attached: nothing to steer
         return None
     from .sae import model_dtype
 
-    dtype = model_dtype(ctx.engine.info.dtype)
+    dtype = model_dtype(engine.info.dtype)
     refresh = None
     if req.inline is not None:  # replaces every other steering, circuits included
         served = Served(

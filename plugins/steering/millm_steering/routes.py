@@ -53,6 +53,13 @@ def _string(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
+def _required_string(body: dict[str, Any], key: str) -> str:
+    """``_string`` of a key that ``_body`` has already required (so never None)."""
+    value = _string(body, key)
+    assert value is not None
+    return value
+
+
 def _layer(body: dict[str, Any]) -> int | None:
     value = body.get("layer")
     return None if value is None else non_negative_int(value, "layer")
@@ -111,7 +118,7 @@ class SAEs(_Resource):
     @operation("Register a SAELens directory", request=RegisterSAE, errors=(404, 409))
     async def on_post(self, req, resp) -> None:
         body = _body(await self.json(req), ("path",), ("sae_id",))
-        resp.media = await self.service.register_sae(_string(body, "path"), _string(body, "sae_id"))
+        resp.media = await self.service.register_sae(_required_string(body, "path"), _string(body, "sae_id"))
 
 
 class SAE(_Resource):
@@ -150,7 +157,7 @@ class Steering(_Resource):
     async def on_put(self, req, resp) -> None:
         body = _body(await self.json(req), ("sae_id", "features"), ("layer",))
         features = await _features(body["features"], max_abs=STRENGTH_LIMIT)
-        resp.media = self.service.set_manual(_string(body, "sae_id"), _layer(body), features)
+        resp.media = self.service.set_manual(_required_string(body, "sae_id"), _layer(body), features)
 
     @operation("Clear the live steering values")
     async def on_delete(self, req, resp) -> None:
@@ -188,7 +195,7 @@ class Profiles(_Resource):
         if not features:
             raise InvalidParameter("features must list at least one feature", param="features")
         resp.media = await self.service.create_profile(
-            _profile_name(_string(body, "name")), _string(body, "sae_id"), _layer(body), features
+            _profile_name(_required_string(body, "name")), _required_string(body, "sae_id"), _layer(body), features
         )
 
     @operation("Deactivate the active profile", errors=(409,))

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from millm_host.api import Host
 
     from .converge import Converger
+    from .sae import LoadedSAE
     from .tables import ProfileRecord, SAERecord
 
 log = logging.getLogger("millm.steering")
@@ -185,7 +186,9 @@ class SteeringService:
             )
         layer = record.layer if layer is None else layer
         point = record.hook_point.rsplit("hook_", 1)[1]
-        if HookPoint(layer, point) not in points:  # type: ignore[arg-type]
+        # the engine's own point (so its name is typed), or None where it cannot steer
+        hook_point = next((p for p in points if (p.layer, p.point) == (layer, point)), None)
+        if hook_point is None:
             n_layers = engine.info.n_layers
             if n_layers is not None and 0 <= layer < n_layers:  # the layer exists: the engine cannot steer there
                 raise FieldNotHonoured(
@@ -201,7 +204,7 @@ class SteeringService:
         loaded = next((a.sae for a in snap.attached(sae_id)), None)
         if loaded is None:
 
-            def load() -> Any:  # the weights' shapes are checked as they load
+            def load() -> LoadedSAE:  # the weights' shapes are checked as they load
                 self.check_still_allowed(record)
                 cfg = read_config(Path(record.path))
                 if (cfg.d_in, cfg.d_sae, cfg.hook_name, cfg.architecture) != (
@@ -218,11 +221,11 @@ class SteeringService:
                 return sae_weights.load(sae_id, Path(record.path), cfg, device)
 
             loaded = await asyncio.to_thread(load)
-        snap = self.state.attach(Attachment(loaded, layer, point), engine.info.load_id)
-        if snap is None:
+        attached = self.state.attach(Attachment(loaded, layer, hook_point.point), engine.info.load_id)
+        if attached is None:
             raise ModelBusy(f"model {entry.id!r} was unloaded while SAE {sae_id!r} was attaching; retry")
         log.info("attached SAE %s at layer %d of %s", sae_id, layer, entry.id)
-        return self.attachment_view(snap.attachments[(sae_id, layer)], entry.id, snap)
+        return self.attachment_view(attached.attachments[(sae_id, layer)], entry.id, attached)
 
     def check_still_allowed(self, record: SAERecord) -> None:
         """A registration older than the current ``MILLM_SAE_DIRS`` may not read outside it."""

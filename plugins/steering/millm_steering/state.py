@@ -18,6 +18,8 @@ from .documents import CircuitDoc
 from .features import Features
 
 if TYPE_CHECKING:
+    from millm_host.api import HookPointName
+
     from .sae import LoadedSAE
 
 AttachmentKey = tuple[str, int]  # (sae_id, layer)
@@ -29,7 +31,7 @@ class Attachment:
 
     sae: LoadedSAE
     layer: int
-    point: str  # resid_pre | resid_post
+    point: HookPointName
 
     @property
     def sae_id(self) -> str:

@@ -27,11 +27,13 @@ from .grammar_schema import grammar_schema
 from .response_format import PARAM, ResponseFormat
 
 if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # in the stubs only, not exported at run time
+
     from millm_host.api import Engine
 
 #: One space after ',' and ':' and nowhere else: the layout models are trained on,
 #: and no room for a small model to wander into endless whitespace.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 GRAMMAR_CACHE_SIZE = 256
 MATCHER_CACHE_SIZE = 64
 

@@ -153,16 +153,17 @@ def before_tokenize(ctx) -> None:
         COMPILER.prepare(ctx.engine, plan.response_format)  # a failure refuses the request before it queues
     info = ctx.engine.info
     traits = template_traits(info.chat_template) if info.chat_template else None
-    native = traits is not None and traits.takes_tools and traits.call_format is not None
+    native_format = traits.call_format if traits is not None and traits.takes_tools else None
     tools = plan.tools
     if tools is not None and tools.shown:
-        if native:
-            plan.call_format = traits.call_format
+        if native_format is not None:
+            plan.call_format = native_format
         else:
             plan.generic = _prepare_generic(ctx.engine, tools)
     if plan.history:
         _write_history(ctx, plan, traits)
     if plan.generic is not None:
+        assert tools is not None  # generic is set above, for tools shown
         ctx.chat_tools = None  # the system message shows them, in the shapes the constraint allows
         for conversation in ctx.conversations:
             show_tools(conversation, describe_tools(tools), info.chat_template)
@@ -217,6 +218,7 @@ def before_forward(ctx) -> list[Any] | None:
         installed.append(OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel), owner=NAME))
     if plan.call_format is not None:  # set exactly when the tools are shown natively
         tools, call_format, opening = plan.tools, plan.call_format, plan.opening
+        assert tools is not None
         installed.append(
             OutputFilterFactory(
                 make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening), owner=NAME

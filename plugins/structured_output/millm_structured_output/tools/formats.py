@@ -235,9 +235,10 @@ def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.List):
         return [_literal(e) for e in node.elts]
     if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
+        keys = [k for k in node.keys if k is not None]  # None: a ``**mapping`` unpacked
+        if len(keys) < len(node.keys):
             raise ValueError("dict unpacking")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=False)}
+        return {_literal(k): _literal(v) for k, v in zip(keys, node.values, strict=False)}
     return ast.literal_eval(node)
 
 
