@@ -18,7 +18,7 @@ from millm_host.api import ContextLengthExceeded, Engine, FieldNotHonoured, Hook
 from . import control
 from .chat import ChatTemplate
 from .spec import ENGINE_NAME
-from .token_floor import TokenFloor
+from .token_floor import TokenFloor, WordFloor
 from .vocab import Vocab
 
 
@@ -38,7 +38,7 @@ class GGUFTextEngine(Engine):
         eos_text = self.vocab.piece(eos, special=True).decode("utf-8", "replace") if eos >= 0 else ""
         template = self.metadata.get("tokenizer.chat_template")
         self.template = ChatTemplate(template, self.bos_text or "", eos_text) if template else None
-        self._token_floor: TokenFloor | None = None
+        self._token_floor: TokenFloor | WordFloor | None = None
         self._token_floor_read = False
 
     @property

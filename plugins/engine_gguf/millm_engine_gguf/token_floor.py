@@ -15,13 +15,17 @@ tokenizers, which never shorten a text first, with these exceptions, each allowe
 - a special token with the lstrip or rstrip attribute swallows the whitespace beside it,
   however long: where the vocabulary has one, whitespace is not counted.
 
-WPM (BERT), UGM (T5) and RWKV vocabularies get no bound: an unknown word is one token,
-and UGM normalizes the text first.
+A WPM (BERT) vocabulary gets a bound by words instead (``WordFloor``): an unknown word is
+one token whatever its length. UGM (T5) and RWKV vocabularies get none: UGM normalizes the
+text first.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
+import string
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,9 +51,11 @@ class TokenFloor:
     spm: bool = False
 
     @classmethod
-    def of(cls, vocab: llama_cpp.llama_vocab_p, size: int) -> TokenFloor | None:
+    def of(cls, vocab: llama_cpp.llama_vocab_p, size: int) -> TokenFloor | WordFloor | None:
         """The bound for a llama.cpp vocabulary of ``size`` tokens, or None where none holds."""
         kind = llama_cpp.llama_vocab_type(vocab)
+        if kind == llama_cpp.LLAMA_VOCAB_TYPE_WPM:
+            return WordFloor.of(vocab, size)
         if kind not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE):
             return None
         buffer = ctypes.create_string_buffer(1024)
@@ -82,3 +88,84 @@ class TokenFloor:
                 size -= 2 * text.count(_SPM_SPACE)
             counted += max(size, 0)
         return -(-counted // self.per_token)
+
+
+#: Where llama.cpp's WPM pre-tokenizer always splits: ASCII whitespace (it splits on more; a
+#: character counted here as a separator that it kept inside a word would overcount) ...
+_WPM_SPACES = " \t\n\r"
+#: ... and ASCII punctuation and symbols, each a word of its own (it keeps every one of them).
+_WPM_PUNCTUATION = string.punctuation
+#: A word that counts: from a separator (or the start), through characters that are neither a
+#: separator nor an ASCII letter or digit, to its first ASCII letter or digit (one that
+#: normalizing cannot remove). The classes are disjoint, so each match is found in linear time.
+_WPM_SEPARATOR = re.escape(_WPM_SPACES + _WPM_PUNCTUATION)
+_WPM_WORD = re.compile(f"(?:^|[{_WPM_SEPARATOR}])[^{_WPM_SEPARATOR}A-Za-z0-9]*[A-Za-z0-9]")
+#: A vocabulary with more special tokens than this that span several words gets no bound
+#: (each is looked for in the text, a pass over it each).
+_MOST_MULTIWORD_SPECIALS = 64
+
+
+@dataclass(frozen=True)
+class WordFloor:
+    """A lower bound for a WPM (BERT) vocabulary: every word is one token at least.
+
+    llama.cpp splits the text at whitespace and makes each ASCII punctuation or symbol
+    character a word of its own; a word becomes its word pieces, or one unknown token. So
+    the text has at least as many tokens as it has ASCII punctuation characters plus words
+    that hold an ASCII letter or digit (a word of other characters only may be normalized
+    away). A special token's text, parsed as one token, may span several such words: each
+    occurrence counts one (``str.count`` finds at least as many as llama.cpp matches).
+    """
+
+    #: Special tokens' texts that count as more than one word, and how many more.
+    specials: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, vocab: llama_cpp.llama_vocab_p, size: int) -> WordFloor | None:
+        buffer = ctypes.create_string_buffer(1024)
+        specials = []
+        for token in range(size):
+            if llama_cpp.llama_vocab_get_attr(vocab, token) & llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:
+                continue
+            n = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True)
+            if n < 0:
+                return None  # a special text over a kilobyte: not worth a bound
+            text = buffer.raw[:n].decode("utf-8", "replace")
+            extra = _words(text) - 1
+            if extra > 0:
+                specials.append((text, extra))
+        if len(specials) > _MOST_MULTIWORD_SPECIALS:
+            return None
+        return cls(tuple(specials))
+
+    def tokens(self, texts: Sequence[str]) -> int:
+        """At least this many tokens in any text holding all of ``texts``.
+
+        Where two of them meet, the last word of one and the first of the other may be one
+        word, or a special token's text may span the join: each join counts that much less.
+        """
+        counted = 0
+        for text in texts:
+            words = _words(text) - sum(text.count(special) * extra for special, extra in self.specials)
+            counted += max(words, 0)
+        join = 1 + max((extra for _, extra in self.specials), default=0)
+        return max(counted - join * (len(texts) - 1), 0)
+
+
+#: Characters one regular-expression call reads (a call holds the GIL: about a millisecond here).
+_SLICE = 64 * 1024
+
+
+def _words(text: str) -> int:
+    """Words that count in ``text``, a slice at a time, giving the GIL up between slices.
+
+    A word whose separator and first letter fall on two sides of a cut is not counted: the
+    count may come out a word per slice short, never over.
+    """
+    words = 0
+    for start in range(0, len(text), _SLICE):
+        end = min(start + _SLICE, len(text))
+        words += sum(text.count(c, start, end) for c in _WPM_PUNCTUATION)
+        words += sum(1 for _ in _WPM_WORD.finditer(text, start, end))
+        time.sleep(0)
+    return words
