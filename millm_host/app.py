@@ -43,6 +43,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .openapi import RouteTable
+    from .serving.run import Flight
 
 log = logging.getLogger("millm")
 
@@ -67,7 +68,7 @@ class Host:
         hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
         #: Generations under way (``serving.run.Flight``): the end of the shutdown grace stops them all at once.
-        self.flights: set[Any] = set()
+        self.flights: set[Flight] = set()
         #: Prometheus metrics (``/metrics``); plugins record through its methods (see ``millm_host.api``).
         self.metrics = Metrics()
         #: OpenTelemetry spans, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``tracing.enabled``).

@@ -53,11 +53,6 @@ class TooManyContainers(ValueError):
     """The text holds more objects and arrays than allowed."""
 
 
-#: On ``TooDeep`` or ``TooManyContainers`` from text whose value is an object: its string members read
-#: before the refusal, by key (a batch line's ``custom_id``, which comes before its ``body``).
-TOP_STRINGS = "top_strings"
-
-
 def containers_in(value: Any, most: int) -> int:
     """The objects and arrays in ``value`` (itself included); the count stops once past ``most``."""
     stack = [value] if isinstance(value, (dict, list)) else []
@@ -293,14 +288,6 @@ class _Parser:
 
     def object(self, pos: int, level: int) -> tuple[dict[str, Any], int]:
         out: dict[str, Any] = {}
-        try:
-            return self.fill_object(out, pos, level)
-        except (TooDeep, TooManyContainers) as exc:
-            if level == 1:
-                setattr(exc, TOP_STRINGS, {key: value for key, value in out.items() if isinstance(value, str)})
-            raise
-
-    def fill_object(self, out: dict[str, Any], pos: int, level: int) -> tuple[dict[str, Any], int]:
         pos = self.skip(pos + 1)
         if self.at(pos) == "}":
             return out, pos + 1

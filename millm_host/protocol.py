@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from . import gcpause, graveyard
 from .errors import InvalidParameter, MillmError
-from .jsonslices import SLICE, TOP_STRINGS, TooDeep, TooManyContainers, loads_in_slices
+from .jsonslices import SLICE, TooDeep, TooManyContainers, loads_in_slices
 
 MAX_SEED = 2**32 - 1
 
@@ -301,12 +301,10 @@ def _bounded_int(text: str) -> int:
 
 
 class BodyRefused(InvalidParameter):
-    """A body refused while it was parsed (nesting or containers past their bound)."""
+    """A body refused while it was parsed (nesting or containers past their bound).
 
-    def __init__(self, message: str, *, top_strings: dict[str, str]) -> None:
-        super().__init__(message)
-        #: The body's top-level string members read before the refusal (a batch line's ``custom_id``).
-        self.top_strings = top_strings
+    What it still says of itself (a batch line's ``custom_id``): ``jsonslices.top_level_strings``.
+    """
 
 
 def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = None) -> dict[str, Any]:
@@ -322,7 +320,6 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
     """
     text = _decoded(raw)
     refusal: str | None = None
-    top_strings: dict[str, str] = {}
     try:
         with gcpause.paused():
             body = loads_in_slices(
@@ -330,17 +327,16 @@ def parse_json_body(raw: bytes, max_depth: int, max_containers: int | None = Non
             )
     except json.JSONDecodeError as exc:
         refusal = f"the request body is not valid JSON: {exc.msg} (character {exc.pos})"
-    except (TooDeep, RecursionError) as exc:
-        refusal, top_strings = f"the request body nests deeper than {max_depth} levels", getattr(exc, TOP_STRINGS, {})
-    except TooManyContainers as exc:
+    except (TooDeep, RecursionError):
+        refusal = f"the request body nests deeper than {max_depth} levels"
+    except TooManyContainers:
         refusal = (
             f"the request body holds more than {max_containers} JSON objects and arrays (MILLM_MAX_JSON_CONTAINERS)"
         )
-        top_strings = getattr(exc, TOP_STRINGS, {})
     if refusal is not None:
         # Raised here, not in the handler: the parser's exception (its traceback's frames hold the text and
         # what was parsed of it) is gone by now, freed on this thread, not kept alive by the 400 as its context.
-        raise BodyRefused(refusal, top_strings=top_strings)
+        raise BodyRefused(refusal)
     if not isinstance(body, dict):
         raise InvalidParameter("the request body must be a JSON object")
     if _has_surrogate_escape(raw):

@@ -66,7 +66,7 @@ def read_lines(
 
     Each line is parsed as a live body is, within ``max_depth`` and ``max_containers``
     (``MILLM_MAX_JSON_CONTAINERS``): a line past them is refused, with its ``custom_id``
-    (before or after what was refused: ``top_level_strings``), and is never built.
+    (``top_level_strings``, before or after what was refused), and is never built.
     """
     try:
         text = raw.decode("utf-8")
@@ -108,9 +108,8 @@ def _read_line(number: int, text: str, url: str, max_depth: int, max_containers:
     try:
         record = parse_json_body(text.encode("utf-8"), max_depth, max_containers)
     except MillmError as exc:
-        custom_id = None
-        if isinstance(exc, BodyRefused):  # read before the refusal, or else looked for after it
-            custom_id = exc.top_strings.get("custom_id") or top_level_strings(text, _CUSTOM_ID).get("custom_id")
+        # a line refused for its size still names itself, wherever its custom_id is
+        custom_id = top_level_strings(text, _CUSTOM_ID).get("custom_id") if isinstance(exc, BodyRefused) else None
         return InputLine(
             number,
             custom_id or None,

@@ -295,11 +295,12 @@ class BatchScheduler:
         for group in [group for group in self._prefilling if all(row.left for row in group.rows)]:
             self._prefilling.remove(group)
             self._end(group.rows)
-        with self._cond:
-            cancelled = [row for row in self._waiting if row.left]
-            for row in cancelled:
-                self._waiting.remove(row)
-        self._end(cancelled)
+        if self._waiting:  # the lock only when someone waits: this runs at every step
+            with self._cond:
+                cancelled = [row for row in self._waiting if row.left]
+                for row in cancelled:
+                    self._waiting.remove(row)
+            self._end(cancelled)
         self._admit()
         self._prefill_chunks()
         if self.rows:
