@@ -47,7 +47,9 @@ def test_a_spent_budget_reports_rule_timeout_for_what_did_not_run(docs):
 
 
 def test_within_budget_every_expression_is_final(docs):
-    got = live.results(_runtime(docs), _monitored(windows=("all", "prompt")))
+    # A budget no machine runs out of: what is checked is the outcome within it, not the speed (the default
+    # 20 ms ran out once on a busy 2-core CI machine); running out is test_a_spent_budget_reports_rule_timeout...
+    got = live.results(_runtime(docs, budget_ms=10_000.0), _monitored(windows=("all", "prompt")))
     assert len(got) == 2 * len(docs.PII["expressions"])
     assert all(r["status"] == "final" and r["reason"] is None for r in got)
 
