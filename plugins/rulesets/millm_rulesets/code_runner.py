@@ -254,9 +254,14 @@ class CodeRunner:
         if not self._call.acquire(timeout=max(0.0, timeout)):
             return CodeResult(None, UNAVAILABLE, "the runner is busy")
         try:
-            process = self._start(max(0.0, end - time.monotonic()))
+            # A runner that is starting (the first call, or one after a restart) gets its start-up time
+            # on top of the call's: counted in the call, a first call on a busy machine found it not
+            # ready yet (test_probe_score_waits_for_operator_code failed on CI that way).
+            waited_from = time.monotonic()
+            process = self._start(START_TIMEOUT_S)
             if process is None:
                 return CodeResult(None, UNAVAILABLE, "the runner is not running")
+            end += time.monotonic() - waited_from  # the call's own time starts once the runner is ready
             self._next_id += 1
             rid = self._next_id
             if not process.send({"id": rid, "source": source, "text": text}):
