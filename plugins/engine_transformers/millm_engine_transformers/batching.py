@@ -33,22 +33,25 @@ per-row callback gets its row alone, ``[1, seq, d]`` with its own start position
 ``LayerHook`` promises; a row without hooks costs nothing there, and a point no row
 hooks gets no torch hook. A callback that raises fails its own row only.
 
-The model is shared with the engine thread's work (scoring, embeddings, hooked
-forwards, a generation that runs alone), which takes the engine's ``TurnLock`` for
-as long as it runs; the scheduler takes it for one step at a time, in turn with
-everyone else.
+The scheduler's thread is the only one that runs the model: the engine's other
+model work (scoring, embeddings, hooked forwards, a generation that runs alone) is
+handed to it (``call``, ``call_soon``) and runs between two steps, in arrival order,
+for as long as it takes. One thread means one OpenMP team (``intraop``).
 """
 
 from __future__ import annotations
 
 import collections
+import contextvars
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import transformers
@@ -56,38 +59,33 @@ import transformers
 from millm_host.api import LayerHook, SamplingParams, generation_cancel
 
 from . import hooks as layer_hooks
+from .intraop import IntraOp
 from .kvcache import RoomyCache
 from .sampling import GREEDY_BELOW, LogitBias, Penalties, choose, choose_rows, generator_for, with_logprobs
 
 log = logging.getLogger("millm.batching")
 
 _END = object()
+T = TypeVar("T")
 
 
-class TurnLock:
-    """A lock served in arrival order.
+@dataclass(eq=False)
+class Call:
+    """Model work handed to the scheduler's thread, run in its caller's context."""
 
-    The scheduler re-takes it after every step; a plain lock would let it starve
-    the engine thread's serial work.
-    """
+    fn: Callable[[], Any]
+    future: Future
+    context: contextvars.Context
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._next = 0
-        self._serving = 0
-
-    def __enter__(self) -> TurnLock:
-        with self._cond:
-            ticket = self._next
-            self._next += 1
-            while ticket != self._serving:
-                self._cond.wait()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
+    def run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.context.run(self.fn)
+        except BaseException as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
 
 
 @dataclass(eq=False)
@@ -167,10 +165,10 @@ class BatchScheduler:
         eos_ids: frozenset[int],
         window: int | None,
         cache_arg: str,
-        turn: TurnLock,
         max_rows: int,
         prefill_chunk: int,
         gather_s: float = 0.0,
+        intraop: IntraOp | None = None,
     ) -> None:
         self.model = model
         self.layers = layers
@@ -179,12 +177,13 @@ class BatchScheduler:
         self.eos_ids = eos_ids
         self.window = window
         self.cache_arg = cache_arg
-        self.turn = turn
+        self.intraop = intraop
         self.max_rows = max(1, max_rows)
         self.prefill_chunk = max(1, prefill_chunk)
         self.gather_s = max(0.0, gather_s)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
+        self._calls: collections.deque[Call] = collections.deque()  # model work from other threads
         self._closed = False
         # The batch (scheduler thread only).
         self.rows: list[Row] = []
@@ -257,20 +256,68 @@ class BatchScheduler:
             self._cond.notify()
         self._thread.join(timeout=10)
 
+    # --- other model work, on the scheduler's thread ----------------------------------
+    def call_soon(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the scheduler's thread between two steps (in the caller's context)."""
+        call = Call(fn, Future(), contextvars.copy_context())
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            self._calls.append(call)
+            self._cond.notify()
+        return call.future
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the scheduler's thread (at once when called there); its result or its exception."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self.call_soon(fn).result()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """No step runs inside the block: the scheduler's thread waits in it, as model work would."""
+        started, release = threading.Event(), threading.Event()
+
+        def park() -> None:
+            started.set()
+            release.wait()
+
+        future = self.call_soon(park)
+        while not started.wait(0.05):
+            if future.done():
+                future.result()  # it failed to start: say why
+        try:
+            yield
+        finally:
+            release.set()
+            future.result()
+
     # --- the scheduler thread ----------------------------------------------------------
     def _loop(self) -> None:
+        if self.intraop is not None:
+            self.intraop.enter()  # this thread's OpenMP team is the model's
         while True:
             with self._cond:
-                while not self._closed and not (self.rows or self._prefilling):
+                while not self._closed and not self._calls and not (self.rows or self._prefilling):
                     wait = self._admission_wait()
                     if wait == 0:
                         break
-                    self._cond.wait(wait)  # None: until an arrival or a departure
+                    self._cond.wait(wait)  # None: until an arrival, a departure or a call
                 if self._closed:
+                    calls = list(self._calls)
+                    self._calls.clear()
+                    for call in calls:
+                        call.future.set_exception(RuntimeError("the model was unloaded"))
                     self._fail_all(RuntimeError("the model was unloaded"))
                     return
+                calls = list(self._calls)
+                self._calls.clear()
+            for call in calls:  # between two steps, in arrival order: a step never waits behind more
+                call.run()
+            if not (self.rows or self._prefilling or self._waiting):
+                continue
             try:
-                with self.turn, torch.inference_mode():
+                with torch.inference_mode():
                     self._step()
             except Exception as exc:  # a failed forward fails every row in it; the scheduler goes on
                 log.exception("batched step failed")
@@ -309,7 +356,7 @@ class BatchScheduler:
     def _admit(self) -> None:
         """Everyone waiting (as far as there is room) starts one prefill, together, beside any under way.
 
-        Taken under the turn: requests that arrive while the scheduler waits for it join one prefill.
+        Taken after the model work handed to this thread: requests that arrive while it runs join one prefill.
         """
         with self._cond:
             if self._admission_wait() != 0:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import inspect
+import queue
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 import torch
@@ -28,17 +29,22 @@ from millm_host.api import (
     SamplingParams,
     ScoringParams,
     TokenIterator,
+    generation_cancel,
 )
 
 from . import hooks as layer_hooks
-from .batching import BatchScheduler, TurnLock, batchable_model
+from .batching import BatchScheduler, batchable_model
 from .embedding import pooled_last_hidden
 from .float32 import score_in_float32
+from .intraop import IntraOp, in_passing_thread
 from .loader import load_model
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
 from .scoring import last_logits, next_token_scores
 from .spec import ENGINE_NAME, SETTINGS
 from .token_span import TokenFloor
+
+T = TypeVar("T")
+_DONE = object()  # a generation handed to the batch thread ended
 
 
 class TransformersEngine(Engine):
@@ -105,13 +111,15 @@ class TransformersEngine(Engine):
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._tokenizer_pool.append(copy.deepcopy(tokenizer))  # the first copy, made now
+        self._intraop = IntraOp.confine(device)
         self._start_batching(settings)
 
     def _start_batching(self, settings: Any) -> None:
         """With ``MILLM_BATCHING=continuous``, generations share decode steps (``batching``).
 
-        The model is then used from two threads, the engine thread's serial work and the
-        batch scheduler's steps, which take turns on ``_turn``; serial mode takes no lock.
+        The batch scheduler's thread is then the only one that runs the model: the engine's
+        other model work is handed to it (``_model_work``). In serial mode it runs where it is
+        called, on the engine thread.
         """
         mode = settings["MILLM_BATCHING"]
         if mode not in ("serial", "continuous"):
@@ -122,9 +130,7 @@ class TransformersEngine(Engine):
         self.batch: BatchScheduler | None = None
         self.batching_unavailable = None if mode == "serial" else batchable_model(self.model)
         self.concurrent_generation = mode == "continuous" and self.batching_unavailable is None
-        turn = TurnLock() if self.concurrent_generation else None
-        self._turn: TurnLock | contextlib.nullcontext[None] = turn if turn is not None else contextlib.nullcontext()
-        if turn is not None:
+        if self.concurrent_generation:
             self.batch = BatchScheduler(
                 self.model,
                 self.layers,
@@ -133,10 +139,10 @@ class TransformersEngine(Engine):
                 self.info.eos_token_ids,
                 self.info.context_window,
                 self._cache_arg,
-                turn,
                 max_rows=settings["MILLM_BATCH_MAX_ROWS"],
                 prefill_chunk=settings["MILLM_PREFILL_CHUNK"],
                 gather_s=settings["MILLM_BATCH_GATHER_MS"] / 1000,
+                intraop=self._intraop,
             )
 
     @classmethod
@@ -144,7 +150,7 @@ class TransformersEngine(Engine):
         for setting in SETTINGS:  # loaded outside a host (tests, benches): the engine declares its own
             if setting.name not in settings:
                 settings.declare(setting)
-        model, tokenizer, device, dtype = load_model(descriptor, settings, progress)
+        model, tokenizer, device, dtype = in_passing_thread(lambda: load_model(descriptor, settings, progress))
         return cls(model, tokenizer, descriptor, device, dtype, settings)
 
     def _vocab_size(self, text_config: Any) -> int:
@@ -274,8 +280,72 @@ class TransformersEngine(Engine):
         hooks: Sequence[LayerHook],
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
     ) -> Generator[int, None, None]:
-        with self._turn, layer_hooks.installed(self.layers, hooks, self._position):
+        if self.batch is not None:
+            yield from self._serial_on_batch_thread(prompt_ids, params, hooks, logits_processors)
+            return
+        if self._intraop is not None:
+            self._intraop.enter()
+        with layer_hooks.installed(self.layers, hooks, self._position):
             yield from self._generate(prompt_ids, params, logits_processors)
+
+    def _serial_on_batch_thread(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        hooks: Sequence[LayerHook],
+        logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
+    ) -> Generator[int, None, None]:
+        """A generation that runs alone, on the batch thread (no step runs meanwhile).
+
+        It runs ahead of its reader until its last token (EOS, ``max_tokens``, the window),
+        or until the reader closes it or the request is cancelled.
+        """
+        assert self.batch is not None
+        tokens: queue.SimpleQueue = queue.SimpleQueue()
+        closed = threading.Event()
+        cancel = generation_cancel()
+        eos = self.info.eos_token_ids
+
+        def run() -> None:
+            try:
+                with layer_hooks.installed(self.layers, hooks, self._position):
+                    generated = self._generate(prompt_ids, params, logits_processors)
+                    try:
+                        for count, token in enumerate(generated, start=1):
+                            tokens.put(token)
+                            if int(token) in eos or count >= params.max_tokens:
+                                break
+                            if closed.is_set() or (cancel is not None and cancel.is_set()):
+                                break
+                    finally:
+                        generated.close()
+            except BaseException as exc:
+                tokens.put(exc)
+
+        def ended(future: Future) -> None:  # it ran, or never will (the model was unloaded first)
+            if not future.cancelled() and future.exception() is not None:
+                tokens.put(future.exception())
+            tokens.put(_DONE)
+
+        self.batch.call_soon(run).add_done_callback(ended)
+        try:
+            while True:
+                item = tokens.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            closed.set()
+
+    def _model_work(self, fn: Callable[[], T]) -> T:
+        """``fn()``, on the thread that runs the model: the batch thread, or this one."""
+        if self.batch is not None:
+            return self.batch.call(fn)
+        if self._intraop is not None:
+            self._intraop.enter()
+        return fn()
 
     def _count_serial(self, reason: str) -> None:
         with self._counting:
@@ -327,10 +397,13 @@ class TransformersEngine(Engine):
             output = self._forward(torch.tensor([[token]], device=self.device), cache, position, keep_last=True)
             position += 1
 
-    @torch.inference_mode()
     def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
-        with self._turn, layer_hooks.installed(self.layers, hooks, self._position):
-            self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
+        @torch.inference_mode()
+        def run() -> None:
+            with layer_hooks.installed(self.layers, hooks, self._position):
+                self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
+
+        self._model_work(run)
 
     def score_next_token(
         self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()
@@ -345,18 +418,21 @@ class TransformersEngine(Engine):
             return results
 
         if params.precision != "float32":
-            with (
-                self._turn,
-                layer_hooks.installed(self.layers, hooks, self._position),
-                self._typed_out_of_memory("scoring the input beside the model"),
-            ):
-                return score(self.model, self.device)
+
+            def hooked() -> list[NextTokenScores]:
+                with (
+                    layer_hooks.installed(self.layers, hooks, self._position),
+                    self._typed_out_of_memory("scoring the input beside the model"),
+                ):
+                    return score(self.model, self.device)
+
+            return self._model_work(hooked)
         if hooks:
             raise InvalidParameter(
                 "float32 scoring runs on a copy of the model: it takes no layer hooks", param="scoring_precision"
             )
-        with self._turn:  # the copy is made from the model, or is the model (already float32)
-            return score_in_float32(
+        return self._model_work(  # the copy is made from the model, or is the model (already float32)
+            lambda: score_in_float32(
                 self.model,
                 self.device,
                 self.dtype,
@@ -365,10 +441,14 @@ class TransformersEngine(Engine):
                 self.settings["SCORING_FLOAT32_HEADROOM_MB"],
                 score,
             )
+        )
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
-        with self._turn, self._typed_out_of_memory("embedding the input beside the model"):
-            return pooled_last_hidden(self.model, ids, self.device, pooling)
+        def run() -> list[float]:
+            with self._typed_out_of_memory("embedding the input beside the model"):
+                return pooled_last_hidden(self.model, ids, self.device, pooling)
+
+        return self._model_work(run)
 
     @contextmanager
     def _typed_out_of_memory(self, work: str) -> Iterator[None]:

@@ -115,7 +115,7 @@ def test_requests_that_arrive_together_prefill_together_and_equal_their_serial_o
         results[index] = run(batched, ids[index], params)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(ids))]
-    with batched._turn:
+    with batched.batch.held():
         for thread in threads:
             thread.start()
         while batched.batch.waiting < len(ids):
@@ -149,7 +149,7 @@ def test_a_read_hook_sees_only_its_real_tokens_in_a_padded_prefill(serial, batch
         threading.Thread(target=work, args=(0, short, steer.hooks())),
         threading.Thread(target=work, args=(1, long, [])),
     ]
-    with batched._turn:
+    with batched.batch.held():
         for thread in threads:
             thread.start()
         while batched.batch.waiting < 2:
