@@ -39,7 +39,7 @@ _FULL: int | None = None
 class IntraOp:
     """The intra-op thread count of the model's thread, and how to take it on the current thread."""
 
-    def __init__(self, threads: int, libgomp: ctypes.CDLL | None, libtorch: ctypes.CDLL | None) -> None:
+    def __init__(self, threads: int, libgomp: ctypes.CDLL, libtorch: ctypes.CDLL | None) -> None:
         self.threads = threads
         self._libgomp = libgomp
         self._libtorch = libtorch
@@ -54,9 +54,6 @@ class IntraOp:
         """
         if device.type != "cpu" or not torch.backends.openmp.is_available():
             return None
-        libgomp, libtorch = _library("libgomp.so.1"), _library("libtorch_cpu.so")
-        if libgomp is None or not hasattr(libgomp, "omp_set_num_threads"):
-            return None
         global _FULL
         if _FULL is None:  # what this process would use: OMP_NUM_THREADS, or the cores
             _FULL = torch.get_num_threads()
@@ -64,17 +61,18 @@ class IntraOp:
         if threads <= 1:
             return None
         torch.set_num_threads(1)  # the default of threads yet to start torch work (and this one's)
-        if libtorch is not None and hasattr(libtorch, "mkl_set_num_threads"):
-            one = ctypes.c_int(1)
-            libtorch.mkl_set_num_threads(ctypes.byref(one))  # MKL's own default (Fortran-style: by reference)
-        return cls(threads, libgomp, libtorch)
+        libgomp = _torchs_openmp(threads)
+        if libgomp is None:
+            torch.set_num_threads(threads)
+            log.info("torch's OpenMP runtime not found among those loaded: intra-op threads left as they were")
+            return None
+        return cls(threads, libgomp, _loaded("libtorch_cpu.so"))
 
     def enter(self) -> None:
         """Give the current thread the full count (once per thread): call it where model work starts."""
         if getattr(self._local, "entered", False):
             return
         torch.get_num_threads()  # torch's per-thread start-up first, or it would undo what follows
-        assert self._libgomp is not None
         self._libgomp.omp_set_num_threads(self.threads)
         if self._libtorch is not None and hasattr(self._libtorch, "mkl_set_num_threads_local"):
             count = ctypes.c_int(self.threads)
@@ -103,13 +101,40 @@ def in_passing_thread(fn: Callable[[], T]) -> T:
     return result[0]
 
 
-def _library(name: str) -> ctypes.CDLL | None:
-    """torch's own copy of a shared library (already loaded with torch), or None."""
-    path = os.path.join(os.path.dirname(torch.__file__), "lib", name)
-    if not os.path.exists(path):
-        return None
+def _torchs_openmp(threads: int) -> ctypes.CDLL | None:
+    """The OpenMP runtime torch's kernels use, among the copies of libgomp in this process.
+
+    Usually torch's own (``torch/lib``), but a process that loaded another libgomp first
+    (llama.cpp's) binds torch to that one. The right copy is the one whose setting torch
+    sees; the current thread's count is left at 1 either way.
+    """
+    for library in _loaded_all("libgomp"):
+        if not hasattr(library, "omp_set_num_threads"):
+            continue
+        library.omp_set_num_threads(threads)
+        seen = torch.get_num_threads()
+        library.omp_set_num_threads(1)
+        if seen == threads:
+            return library
+    return None
+
+
+def _loaded(name: str) -> ctypes.CDLL | None:
+    """``name`` (a file name prefix) as this process already maps it, or None."""
+    return next(iter(_loaded_all(name)), None)
+
+
+def _loaded_all(name: str) -> list[ctypes.CDLL]:
+    """Every mapped shared library whose file name starts with ``name``, opened again (no new copy)."""
     try:
-        return ctypes.CDLL(path)
-    except OSError as exc:
-        log.info("cannot open %s (%s): intra-op threads left as torch set them", path, exc)
-        return None
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:  # not Linux: nothing to tune
+        return []
+    libraries = []
+    for path in sorted(p for p in paths if os.path.basename(p).startswith(name)):
+        try:
+            libraries.append(ctypes.CDLL(path))
+        except OSError as exc:
+            log.info("cannot open %s (%s)", path, exc)
+    return libraries
