@@ -303,15 +303,13 @@ class BatchScheduler:
                     if wait == 0:
                         break
                     self._cond.wait(wait)  # None: until an arrival, a departure or a call
+                calls = list(self._calls)
+                self._calls.clear()
                 if self._closed:
-                    calls = list(self._calls)
-                    self._calls.clear()
                     for call in calls:
                         call.future.set_exception(RuntimeError("the model was unloaded"))
                     self._fail_all(RuntimeError("the model was unloaded"))
                     return
-                calls = list(self._calls)
-                self._calls.clear()
             for call in calls:  # between two steps, in arrival order: a step never waits behind more
                 call.run()
             if not (self.rows or self._prefilling or self._waiting):

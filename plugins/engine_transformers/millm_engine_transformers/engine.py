@@ -280,22 +280,18 @@ class TransformersEngine(Engine):
         hooks: Sequence[LayerHook],
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
     ) -> Generator[int, None, None]:
-        if self.batch is not None:
-            yield from self._serial_on_batch_thread(prompt_ids, params, hooks, logits_processors)
-            return
-        if self._intraop is not None:
-            self._intraop.enter()
-        with layer_hooks.installed(self.layers, hooks, self._position):
-            yield from self._generate(prompt_ids, params, logits_processors)
+        def alone() -> Generator[int, None, None]:  # its hooks installed from its first pass to its last
+            with layer_hooks.installed(self.layers, hooks, self._position):
+                yield from self._generate(prompt_ids, params, logits_processors)
 
-    def _serial_on_batch_thread(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams,
-        hooks: Sequence[LayerHook],
-        logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
-    ) -> Generator[int, None, None]:
-        """A generation that runs alone, on the batch thread (no step runs meanwhile).
+        if self.batch is None:
+            self._enter_model_thread()
+            yield from alone()
+        else:
+            yield from self._on_batch_thread(alone(), params.max_tokens)
+
+    def _on_batch_thread(self, generated: Generator[int, None, None], max_tokens: int) -> Generator[int, None, None]:
+        """The tokens of a generation that runs alone, run on the batch thread (no step runs meanwhile).
 
         It runs ahead of its reader until its last token (EOS, ``max_tokens``, the window),
         or until the reader closes it or the request is cancelled.
@@ -308,19 +304,16 @@ class TransformersEngine(Engine):
 
         def run() -> None:
             try:
-                with layer_hooks.installed(self.layers, hooks, self._position):
-                    generated = self._generate(prompt_ids, params, logits_processors)
-                    try:
-                        for count, token in enumerate(generated, start=1):
-                            tokens.put(token)
-                            if int(token) in eos or count >= params.max_tokens:
-                                break
-                            if closed.is_set() or (cancel is not None and cancel.is_set()):
-                                break
-                    finally:
-                        generated.close()
+                for count, token in enumerate(generated, start=1):
+                    tokens.put(token)
+                    if int(token) in eos or count >= max_tokens:
+                        break
+                    if closed.is_set() or (cancel is not None and cancel.is_set()):
+                        break
             except BaseException as exc:
                 tokens.put(exc)
+            finally:
+                generated.close()
 
         def ended(future: Future) -> None:  # it ran, or never will (the model was unloaded first)
             if not future.cancelled() and future.exception() is not None:
@@ -339,12 +332,15 @@ class TransformersEngine(Engine):
         finally:
             closed.set()
 
+    def _enter_model_thread(self) -> None:
+        if self._intraop is not None:
+            self._intraop.enter()
+
     def _model_work(self, fn: Callable[[], T]) -> T:
         """``fn()``, on the thread that runs the model: the batch thread, or this one."""
         if self.batch is not None:
             return self.batch.call(fn)
-        if self._intraop is not None:
-            self._intraop.enter()
+        self._enter_model_thread()
         return fn()
 
     def _count_serial(self, reason: str) -> None:

@@ -61,12 +61,13 @@ class IntraOp:
         if threads <= 1:
             return None
         torch.set_num_threads(1)  # the default of threads yet to start torch work (and this one's)
-        libgomp = _torchs_openmp(threads)
+        mapped = _mapped()
+        libgomp = _torchs_openmp(threads, _opened(mapped, "libgomp"))
         if libgomp is None:
             torch.set_num_threads(threads)
             log.info("torch's OpenMP runtime not found among those loaded: intra-op threads left as they were")
             return None
-        return cls(threads, libgomp, _loaded("libtorch_cpu.so"))
+        return cls(threads, libgomp, next(iter(_opened(mapped, "libtorch_cpu.so")), None))
 
     def enter(self) -> None:
         """Give the current thread the full count (once per thread): call it where model work starts."""
@@ -101,14 +102,14 @@ def in_passing_thread(fn: Callable[[], T]) -> T:
     return result[0]
 
 
-def _torchs_openmp(threads: int) -> ctypes.CDLL | None:
+def _torchs_openmp(threads: int, copies: list[ctypes.CDLL]) -> ctypes.CDLL | None:
     """The OpenMP runtime torch's kernels use, among the copies of libgomp in this process.
 
     Usually torch's own (``torch/lib``), but a process that loaded another libgomp first
     (llama.cpp's) binds torch to that one. The right copy is the one whose setting torch
     sees; the current thread's count is left at 1 either way.
     """
-    for library in _loaded_all("libgomp"):
+    for library in copies:
         if not hasattr(library, "omp_set_num_threads"):
             continue
         library.omp_set_num_threads(threads)
@@ -119,20 +120,19 @@ def _torchs_openmp(threads: int) -> ctypes.CDLL | None:
     return None
 
 
-def _loaded(name: str) -> ctypes.CDLL | None:
-    """``name`` (a file name prefix) as this process already maps it, or None."""
-    return next(iter(_loaded_all(name)), None)
-
-
-def _loaded_all(name: str) -> list[ctypes.CDLL]:
-    """Every mapped shared library whose file name starts with ``name``, opened again (no new copy)."""
+def _mapped() -> set[str]:
+    """The files this process maps (empty where there is no ``/proc``: not Linux, nothing to tune)."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/" in line}
-    except OSError:  # not Linux: nothing to tune
-        return []
+            return {line.split()[-1] for line in maps if "/" in line}
+    except OSError:
+        return set()
+
+
+def _opened(mapped: set[str], name: str) -> list[ctypes.CDLL]:
+    """Every mapped shared library whose file name starts with ``name``, opened again (no new copy)."""
     libraries = []
-    for path in sorted(p for p in paths if os.path.basename(p).startswith(name)):
+    for path in sorted(p for p in mapped if os.path.basename(p).startswith(name)):
         try:
             libraries.append(ctypes.CDLL(path))
         except OSError as exc:
