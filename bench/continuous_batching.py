@@ -17,13 +17,17 @@ this process's own (``time.process_time``). That ratio holds up better on a load
 machine; the 1-minute load average is printed beside each figure and at the end.
 
 With ``--mixed``, the continuous server (``PROBE_FORCE_SERIAL=false``) also runs,
-right after each plain batch, the same batch with half the clients steered (each
-its own 10 features of an SAE at layer 15, in the request) and two probes armed
-(dense, at layers 10 and 20, reading every request): the column ``mixed`` and its
-ratio to the plain batch (target ≥ 0.95). Odd runs measure the plain batch again
-after the mixed one and take the mean, so the order favours neither.
+at each size, the same batch with half the clients steered (each its own 10
+features of an SAE at layer 15, in the request) and two probes armed (dense, at
+layers 10 and 20, reading every request), paired with plain batches: ``--pairs``
+times a plain batch then a mixed one, and a plain one at the end, so each mixed
+batch sits between two plain ones. Its ratio is the mixed rate over the mean of
+its two neighbours' (target ≥ 0.95); the median and quartiles of these ratios are
+printed. The machine's speed drifts by ±10% from one batch to the next on a
+shared VM; pairing neighbours in time, and many pairs, is what makes a 5%
+difference readable.
 
-    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed] [--gather-ms 0]
+    python bench/continuous_batching.py [--runs 3] [--max-tokens 64] [--clients 1,4,8] [--mixed] [--pairs 8] [--gather-ms 0]
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--clients", default="1,4,8")
     parser.add_argument("--mixed", action="store_true", help="also half the clients steered, two probes armed")
+    parser.add_argument("--pairs", type=int, default=8, help="with --mixed: plain/mixed pairs per size")
     parser.add_argument("--gather-ms", type=int, default=0, help="the continuous server's MILLM_BATCH_GATHER_MS")
     args = parser.parse_args()
     sizes = [int(s) for s in args.clients.split(",")]
@@ -214,26 +219,36 @@ def main() -> None:
         per_cpu.setdefault((mode, size), []).append(cpu_rate)
         print(f"  {mode} x{size}: {rate:.1f} tok/s, {cpu_rate:.1f} tok/CPU-s, load {LOADS[-1]:.2f}", flush=True)
 
+    mixed_ratios: dict[int, list[float]] = {}
+
+    def paired(server: ServerProcess, size: int) -> None:
+        """``--pairs`` mixed batches, each between two plain ones; each one's ratio to their mean."""
+        assert arm is not None
+        before = served(server, size, args.max_tokens)
+        for _ in range(args.pairs):
+            arm(True)
+            mixed = served(server, size, args.max_tokens, mixed=True)
+            arm(False)
+            after = served(server, size, args.max_tokens)
+            record("mixed", size, *mixed[:2])
+            record("plain", size, *after[:2])
+            mixed_ratios.setdefault(size, []).append(mixed[0] / ((before[0] + after[0]) / 2))
+            before = after
+
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     ttfts: dict[str, list[float]] = {"serial": [], "continuous": []}
     try:
-        for run in range(args.runs):
+        for _ in range(args.runs):
             for size in sizes:
                 for mode, server in servers.items():
                     rate, cpu_rate, ttft = served(server, size, args.max_tokens)
                     record(mode, size, rate, cpu_rate)  # progress, on a slow machine
                     if size == max(sizes):
                         ttfts[mode].extend(ttft)
-                    if mode == "continuous" and arm is not None:  # the same batch, steered and probed
-                        arm(True)
-                        rate, cpu_rate, _ = served(server, size, args.max_tokens, mixed=True)
-                        arm(False)
-                        record("mixed", size, rate, cpu_rate)
-                        if run % 2:  # odd runs bracket the mixed batch with plain ones (their mean): less order bias
-                            rate, cpu_rate, _ = served(server, size, args.max_tokens)
-                            for table, value in ((results, rate), (per_cpu, cpu_rate)):
-                                table[("continuous", size)][-1] = (table[("continuous", size)][-1] + value) / 2
                 record("generate", size, *generate(size))
+        if arm is not None:
+            for size in sizes:
+                paired(servers["continuous"], size)
         with servers["continuous"].http() as http:  # every request batched: serial_reasons stays empty
             print("continuous /api/health/inference:", http.get("/api/health/inference").json(), flush=True)
     finally:
@@ -252,15 +267,16 @@ def main() -> None:
         for size in sizes:
             s, c, g = median("serial", size), median("continuous", size), median("generate", size)
             print(f"{size:>7} {s:>8.1f} {c:>10.1f} {g:>9.1f} {c / s:>11.2f} {c / g:>13.2f} {c / one:>13.2f}")
-        if arm is not None:
-            print(
-                f"{'clients':>7} {'continuous':>10} {'mixed':>8} {'mixed/continuous':>16}"
-                "  (half steered, 2 probes armed)"
-            )
-            for size in sizes:
-                c, m = median("continuous", size), median("mixed", size)
-                print(f"{size:>7} {c:>10.1f} {m:>8.1f} {m / c:>16.2f}")
     if arm is not None:
+        print(
+            f"mixed (half steered, 2 probes armed) / the plain batches either side, tok/s; {args.pairs} pairs per size:"
+        )
+        print(f"{'clients':>7} {'plain':>8} {'mixed':>8} {'ratio: median':>14} {'quartiles':>14}")
+        for size in sizes:
+            ratios = mixed_ratios[size]
+            low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+            plain, mixed = (statistics.median(results[(mode, size)]) for mode in ("plain", "mixed"))
+            print(f"{size:>7} {plain:>8.1f} {mixed:>8.1f} {statistics.median(ratios):>14.3f} {low:>6.3f}-{high:<6.3f}")
         print("finish-chunk fields in the mixed runs:", dict(MIXED_FIELDS))
     for mode, values in ttfts.items():
         print(

@@ -7,10 +7,30 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 from millm_host.testing import free_port, shared_cache_dir
+
+
+def gunicorn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """gunicorn in a session of its own, its output in ``log`` (a pipe nobody reads could fill up and block
+    the workers' logging), where ``stop`` can show it."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen, log: Path) -> None:
+    """SIGTERM to gunicorn and its workers; their log in the failure if they are not gone within 30 s (CI
+    failed that way once, with nothing to read: the output went to an unread pipe)."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise AssertionError("gunicorn did not stop within 30 s of SIGTERM:\n" + log.read_text()[-4000:]) from None
 
 
 def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
@@ -33,7 +53,7 @@ def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
         f"127.0.0.1:{port}",
         "millm_host.app:create_app()",
     ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = gunicorn(cmd, env, tmp_path / "gunicorn.log")
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -51,8 +71,7 @@ def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
         )
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["role"] == "assistant"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, tmp_path / "gunicorn.log")
 
 
 def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
@@ -85,7 +104,7 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
     ]
     # the schema first: two workers starting at once would both migrate the fresh SQLite file
     subprocess.run([sys.executable, "-m", "millm_host.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = gunicorn(cmd, env, tmp_path / "gunicorn.log")
     try:
         base = f"http://127.0.0.1:{port}"
         ready_in_a_row, model = 0, None
@@ -124,5 +143,4 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
             assert sum(counted) == sent
         assert len(list(metrics_dir.glob("gauge_livesum_*.db"))) >= 2  # a file per worker (and one of db upgrade)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        stop(proc, tmp_path / "gunicorn.log")

@@ -142,6 +142,10 @@ class Bank:
         ``[positions, columns]`` array instead, a set of thousands would take a cache miss per position."""
         import torch
 
+        # torch's per-thread start-up before the first product: on a thread whose first torch call is
+        # a product, MKL starts a team of every core beside the model's, and GNU OpenMP then throttles
+        # both for as long as this thread lives (the transformers engine's intraop.py explains).
+        torch.get_num_threads()
         parts = []
         for point, group in self.groups.items():
             hidden = rows[point].float()
