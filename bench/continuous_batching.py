@@ -8,7 +8,8 @@ completion tokens over the wall time from the first request to the last answer.
 The baseline for the batch is transformers' own batched ``model.generate`` on the
 same checkpoint in this process (left-padded, the same prompts, at the same
 sizes). Time to first token (p50, p95) is measured at the largest size. Sizes are
-run in turn on both servers, ``--runs`` times; each figure is the median.
+run in turn on both servers, ``--runs`` times, after one untimed batch on each; each figure is
+the median.
 
 Wall-clock rates move with whatever else runs on the machine, so each figure also
 comes as tokens per CPU-second: the tokens over the CPU time the server process
@@ -235,6 +236,9 @@ def main() -> None:
             mixed_ratios.setdefault(size, []).append(mixed[0] / ((before[0] + after[0]) / 2))
             before = after
 
+    for server in servers.values():  # untimed: a new server's first batch pays its warm-up (allocations, caches)
+        served(server, max(sizes), min(args.max_tokens, 16))
+    generate(max(sizes))  # and so does generate's
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     ttfts: dict[str, list[float]] = {"serial": [], "continuous": []}
     try:
