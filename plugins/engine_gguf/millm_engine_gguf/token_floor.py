@@ -15,9 +15,14 @@ tokenizers, which never shorten a text first, with these exceptions, each allowe
 - a special token with the lstrip or rstrip attribute swallows the whitespace beside it,
   however long: where the vocabulary has one, whitespace is not counted.
 
+An RWKV vocabulary's tokenizer takes the longest token that matches at each byte, or one
+byte as the unknown token: no token covers more bytes than the longest token's text. Its
+texts are stored escaped (``\\n``, ``\\xNN``): a normal token is matched by its unescaped
+piece, a special one by its stored text, so each counts with the length it is matched by.
+
 A WPM (BERT) vocabulary gets a bound by words instead (``WordFloor``): an unknown word is
-one token whatever its length. UGM (T5) and RWKV vocabularies get none: UGM normalizes the
-text first.
+one token whatever its length. UGM (T5) vocabularies get none: UGM normalizes the text
+first (its character map may drop or merge characters), so no count of the text bounds it.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class TokenFloor:
         kind = llama_cpp.llama_vocab_type(vocab)
         if kind == llama_cpp.LLAMA_VOCAB_TYPE_WPM:
             return WordFloor.of(vocab, size)
+        if kind == llama_cpp.LLAMA_VOCAB_TYPE_RWKV:
+            return cls._rwkv(vocab, size)
         if kind not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE):
             return None
         buffer = ctypes.create_string_buffer(1024)
@@ -77,6 +84,22 @@ class TokenFloor:
         uncounted = "".join(chr(b) for b in sorted(missing) if b < 0x80) + (_WHITESPACE if strips else "")
         by_bytes = not missing & set(_LEAD_BYTES)
         return cls(longest, by_bytes, "".join(dict.fromkeys(uncounted)), kind == llama_cpp.LLAMA_VOCAB_TYPE_SPM)
+
+    @classmethod
+    def _rwkv(cls, vocab: llama_cpp.llama_vocab_p, size: int) -> TokenFloor | None:
+        buffer = ctypes.create_string_buffer(1024)
+        longest, strips = 0, False
+        for token in range(size):
+            attributes = llama_cpp.llama_vocab_get_attr(vocab, token)
+            if attributes & llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:  # matched by its piece
+                n = abs(llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
+            else:  # matched by its stored text
+                n = len(llama_cpp.llama_vocab_get_text(vocab, token) or b"")
+            longest = max(longest, n)
+            strips = strips or bool(
+                attributes & (llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)
+            )
+        return cls(longest, True, _WHITESPACE if strips else "") if longest else None
 
     def tokens(self, texts: Sequence[str]) -> int:
         """At least this many tokens in any text holding all of ``texts``."""
