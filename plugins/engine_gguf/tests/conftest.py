@@ -8,7 +8,7 @@ a repository with a single quantization.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -94,3 +94,44 @@ def reference_embedder(gguf_path: Path) -> Iterator:
     llm = embedding_llama(gguf_path, llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     yield llm
     llm.close()
+
+
+@pytest.fixture(scope="module")
+def vocab_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
+    """``read(arch, tokenizer_model, tokens, types, configure)``: a vocabulary as llama.cpp reads it.
+
+    The GGUF is written with ``gguf``'s writer: one block, the tokens and their types,
+    whatever ``configure(writer)`` adds (the architecture's keys, special token ids), and a
+    zero embedding, the one tensor llama.cpp's loader asks for. It is read back with
+    ``vocab_only``, as a ``Vocab``; each stays open until the module's tests end.
+    """
+    import gguf
+    import numpy as np
+    from llama_cpp import Llama
+
+    from millm_engine_gguf.vocab import Vocab
+
+    opened: list[Llama] = []
+
+    def read(arch: str, tokenizer_model: str, tokens: Sequence[str | bytes], types: Sequence[int], configure) -> Vocab:
+        path = tmp_path_factory.mktemp(arch) / f"{arch}.gguf"
+        writer = gguf.GGUFWriter(str(path), arch=arch)
+        writer.add_block_count(1)
+        writer.add_context_length(128)
+        writer.add_embedding_length(8)
+        writer.add_feed_forward_length(16)
+        configure(writer)
+        writer.add_tokenizer_model(tokenizer_model)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        opened.append(Llama(str(path), vocab_only=True, verbose=False))
+        return Vocab(opened[-1].model)
+
+    yield read
+    for llama in opened:
+        llama.close()

@@ -8,15 +8,11 @@ text of ASCII punctuation, whitespace, control characters and non-ASCII letters.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import gguf
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from millm_engine_gguf.token_floor import TokenFloor, WordFloor
-from millm_engine_gguf.vocab import Vocab
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PIECES = [
@@ -36,42 +32,22 @@ PIECES = [
 
 
 @pytest.fixture(scope="module")
-def vocab(tmp_path_factory: pytest.TempPathFactory):
-    from llama_cpp import Llama
-
-    path = tmp_path_factory.mktemp("wpm") / "wpm.gguf"
-    write_wpm(path)
-    llama = Llama(str(path), vocab_only=True, verbose=False)
-    yield Vocab(llama.model)
-    llama.close()
-
-
-def write_wpm(path: Path) -> None:
-    """A BERT-architecture GGUF whose only tensor is a zero embedding: enough for ``vocab_only``."""
-    tokens = SPECIALS + PIECES
-    writer = gguf.GGUFWriter(str(path), arch="bert")
-    writer.add_block_count(1)
-    writer.add_context_length(128)
-    writer.add_embedding_length(8)
-    writer.add_feed_forward_length(16)
-    writer.add_head_count(2)
-    writer.add_layer_norm_eps(1e-12)
-    writer.add_causal_attention(False)
-    writer.add_tokenizer_model("bert")
-    writer.add_token_list(tokens)
+def vocab(vocab_only):
+    """A BERT-architecture vocabulary: word pieces, and BERT's special tokens."""
     control, normal = gguf.TokenType.CONTROL, gguf.TokenType.NORMAL
-    writer.add_token_types([control] * len(SPECIALS) + [normal] * len(PIECES))
-    writer.add_pad_token_id(0)
-    writer.add_unk_token_id(1)
-    writer.add_bos_token_id(2)
-    writer.add_eos_token_id(3)
-    writer.add_sep_token_id(3)  # llama.cpp asserts on it when it adds BERT's [CLS] ... [SEP]
-    writer.add_mask_token_id(4)
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+
+    def bert(writer: gguf.GGUFWriter) -> None:
+        writer.add_head_count(2)
+        writer.add_layer_norm_eps(1e-12)
+        writer.add_causal_attention(False)
+        writer.add_pad_token_id(0)
+        writer.add_unk_token_id(1)
+        writer.add_bos_token_id(2)
+        writer.add_eos_token_id(3)
+        writer.add_sep_token_id(3)  # llama.cpp asserts on it when it adds BERT's [CLS] ... [SEP]
+        writer.add_mask_token_id(4)
+
+    return vocab_only("bert", "bert", SPECIALS + PIECES, [control] * len(SPECIALS) + [normal] * len(PIECES), bert)
 
 
 PIECE = st.sampled_from(
