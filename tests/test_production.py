@@ -16,7 +16,10 @@ from millm_host.testing import free_port, shared_cache_dir
 
 def gunicorn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """gunicorn in a session of its own, its output in ``log`` (a pipe nobody reads could fill up and block
-    the workers' logging), where ``stop`` can show it."""
+    the workers' logging), where ``stop`` can show it. Its control socket is beside the log: gunicorn's
+    default (``~/.gunicorn/gunicorn.ctl``) is one per user, and each master unlinks it at start and stop,
+    whoever made it."""
+    cmd = [*cmd[:3], "--control-socket", str(log.with_suffix(".ctl")), *cmd[3:]]
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
