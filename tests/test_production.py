@@ -14,12 +14,12 @@ import httpx
 from millm_host.testing import free_port, shared_cache_dir
 
 
-def gunicorn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """gunicorn in a session of its own, its output in ``log`` (a pipe nobody reads could fill up and block
-    the workers' logging), where ``stop`` can show it. Its control socket is beside the log: gunicorn's
-    default (``~/.gunicorn/gunicorn.ctl``) is one per user, and each master unlinks it at start and stop,
-    whoever made it."""
-    cmd = [*cmd[:3], "--control-socket", str(log.with_suffix(".ctl")), *cmd[3:]]
+def gunicorn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``gunicorn ARGS`` in a session of its own, its output in ``log`` (a pipe nobody reads could fill up
+    and block the workers' logging), where ``stop`` can show it. Its control socket is beside the log:
+    gunicorn's default (``~/.gunicorn/gunicorn.ctl``) is one per user, and each master unlinks it at start
+    and stop, whoever made it."""
+    cmd = [sys.executable, "-m", "gunicorn", "--control-socket", str(log.with_suffix(".ctl")), *args]
     with open(log, "wb") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -44,10 +44,7 @@ def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
         "MILLM_MODEL": str(tiny_model_dir),
         "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "gunicorn",
+    args = [
         "-k",
         "uvicorn_worker.UvicornWorker",
         "-w",
@@ -56,7 +53,7 @@ def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
         f"127.0.0.1:{port}",
         "millm_host.app:create_app()",
     ]
-    proc = gunicorn(cmd, env, tmp_path / "gunicorn.log")
+    proc = gunicorn(args, env, tmp_path / "gunicorn.log")
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -91,10 +88,7 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
         "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache"),
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "gunicorn",
+    args = [
         "-c",
         "python:millm_host.observability.gunicorn",
         "-k",
@@ -107,7 +101,7 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
     ]
     # the schema first: two workers starting at once would both migrate the fresh SQLite file
     subprocess.run([sys.executable, "-m", "millm_host.cli", "db", "upgrade"], env=env, check=True, capture_output=True)
-    proc = gunicorn(cmd, env, tmp_path / "gunicorn.log")
+    proc = gunicorn(args, env, tmp_path / "gunicorn.log")
     try:
         base = f"http://127.0.0.1:{port}"
         ready_in_a_row, model = 0, None

@@ -61,45 +61,29 @@ class TokenFloor:
         kind = llama_cpp.llama_vocab_type(vocab)
         if kind == llama_cpp.LLAMA_VOCAB_TYPE_WPM:
             return WordFloor.of(vocab, size)
-        if kind == llama_cpp.LLAMA_VOCAB_TYPE_RWKV:
-            return cls._rwkv(vocab, size)
-        if kind not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE):
+        rwkv = kind == llama_cpp.LLAMA_VOCAB_TYPE_RWKV
+        if kind not in (llama_cpp.LLAMA_VOCAB_TYPE_SPM, llama_cpp.LLAMA_VOCAB_TYPE_BPE) and not rwkv:
             return None
         buffer = ctypes.create_string_buffer(1024)
         longest, single_bytes, strips = 0, set(), False
         for token in range(size):
-            n = llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True)
-            if n < 0:  # longer than the buffer: llama.cpp says how long
-                n = -n
+            attributes = llama_cpp.llama_vocab_get_attr(vocab, token)
+            if rwkv and not attributes & llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:  # matched by its stored text
+                n = len(llama_cpp.llama_vocab_get_text(vocab, token) or b"")
+            else:  # matched by its piece (negative: longer than the buffer, llama.cpp says how long)
+                n = abs(llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
+                if n == 1:
+                    single_bytes.add(buffer.raw[0])
             longest = max(longest, n)
-            if n == 1:
-                single_bytes.add(buffer.raw[0])
             strips = strips or bool(
-                llama_cpp.llama_vocab_get_attr(vocab, token)
-                & (llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)
+                attributes & (llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)
             )
-        missing = set(range(256)) - single_bytes
+        missing = set() if rwkv else set(range(256)) - single_bytes  # RWKV: a byte without a token is one
         if longest == 0 or missing & set(_CONTINUATION_BYTES):
             return None
         uncounted = "".join(chr(b) for b in sorted(missing) if b < 0x80) + (_WHITESPACE if strips else "")
         by_bytes = not missing & set(_LEAD_BYTES)
         return cls(longest, by_bytes, "".join(dict.fromkeys(uncounted)), kind == llama_cpp.LLAMA_VOCAB_TYPE_SPM)
-
-    @classmethod
-    def _rwkv(cls, vocab: llama_cpp.llama_vocab_p, size: int) -> TokenFloor | None:
-        buffer = ctypes.create_string_buffer(1024)
-        longest, strips = 0, False
-        for token in range(size):
-            attributes = llama_cpp.llama_vocab_get_attr(vocab, token)
-            if attributes & llama_cpp.LLAMA_TOKEN_ATTR_NORMAL:  # matched by its piece
-                n = abs(llama_cpp.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
-            else:  # matched by its stored text
-                n = len(llama_cpp.llama_vocab_get_text(vocab, token) or b"")
-            longest = max(longest, n)
-            strips = strips or bool(
-                attributes & (llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP)
-            )
-        return cls(longest, True, _WHITESPACE if strips else "") if longest else None
 
     def tokens(self, texts: Sequence[str]) -> int:
         """At least this many tokens in any text holding all of ``texts``."""
