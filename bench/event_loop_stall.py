@@ -9,7 +9,11 @@ median of the slowest answers is printed, and its ratio to the baseline. Beside 
 machine's load (``os.getloadavg``, 1-minute) at the start and end, and its median over each
 shape's runs, taken as each run ends: on a shared machine the figures follow the load.
 
-    python bench/event_loop_stall.py [--runs 5] [--shapes many-messages,long-messages,...]
+``--engine gguf`` serves a tiny GGUF model with a UGM vocabulary instead (``tiny_ugm_gguf``): a
+UGM text has no cheap token bound, so a 4 MiB prompt or embedding input is tokenized whole
+(4 million ids) before it is refused, and its small baseline is a one-token completion.
+
+    python bench/event_loop_stall.py [--runs 5] [--shapes many-messages,long-messages,...] [--engine gguf]
 """
 
 from __future__ import annotations
@@ -25,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from millm_host.testing import ServerProcess  # noqa: E402
-from millm_host.testing.tiny_models import tiny_llama  # noqa: E402
-from tests.test_hostile_input import BODY_LIMIT, health_while, just_under_the_limit  # noqa: E402
+from millm_host.testing import BODY_LIMIT, ServerProcess, health_while, just_under_the_limit  # noqa: E402
+from millm_host.testing.tiny_models import tiny_llama, tiny_ugm_gguf  # noqa: E402
 
 
 def shapes(model: str) -> dict[str, tuple[str, bytes]]:
@@ -61,14 +64,33 @@ def shapes(model: str) -> dict[str, tuple[str, bytes]]:
     }
 
 
+def ugm_shapes(model: str) -> dict[str, tuple[str, bytes]]:
+    text = "ab" * ((BODY_LIMIT - 200) // 2)  # one id per character: "ab" is no piece of the tiny vocabulary
+    return {
+        "small": ("/v1/completions", json.dumps({"model": model, "prompt": "hello", "max_tokens": 1}).encode()),
+        "ugm-prompt": ("/v1/completions", json.dumps({"model": model, "prompt": text, "max_tokens": 1}).encode()),
+        "ugm-embedding": ("/v1/embeddings", json.dumps({"model": model, "input": text}).encode()),
+    }
+
+
+def start_server(engine: str) -> ServerProcess:
+    folder = Path(tempfile.mkdtemp())
+    if engine == "gguf":
+        model = tiny_ugm_gguf(folder / "models")
+        env = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
+        return ServerProcess(folder, model=str(model), args=["--engine", "gguf"], env=env).start()
+    return ServerProcess(folder, model=str(tiny_llama())).start()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--shapes", default="")
+    parser.add_argument("--engine", choices=("transformers", "gguf"), default="transformers")
     args = parser.parse_args()
-    server = ServerProcess(Path(tempfile.mkdtemp()), model=str(tiny_llama())).start()
+    server = start_server(args.engine)
     try:
-        bodies = shapes(server.model_id)
+        bodies = (ugm_shapes if args.engine == "gguf" else shapes)(server.model_id)
         # This process imported torch and transformers (to write the tiny model): a full collection here
         # took 100-170 ms and delayed the health poller as if the server had stalled. Frozen, it has none.
         gc.collect()

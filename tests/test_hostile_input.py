@@ -10,9 +10,6 @@
 from __future__ import annotations
 
 import json
-import math
-import threading
-import time
 from urllib.parse import unquote
 
 import httpx
@@ -22,7 +19,14 @@ from hypothesis import given, settings, strategies as st
 from millm_host.errors import InvalidParameter
 from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
 from millm_host.protocol import ChatCompletionRequest, validate
-from millm_host.testing import assert_error, chat_body
+from millm_host.testing import (
+    BODY_LIMIT,
+    HEALTH_BOUND_S,
+    assert_error,
+    chat_body,
+    health_while,
+    just_under_the_limit,
+)
 
 HOSTILE = [
     'q"uote',
@@ -41,52 +45,11 @@ HOSTILE = [
 
 # --- §0: no body freezes the server -------------------------------------------------
 
-BODY_LIMIT = 4 * 1024 * 1024  # MILLM_MAX_BODY_BYTES' default
-#: Generous: a blocked event loop answered after 19.5 s at 64 KB, and hours at 4 MiB.
-HEALTH_BOUND_S = 1.0
-
-
-def just_under_the_limit(prefix: bytes, unit: bytes, suffix: bytes = b"") -> bytes:
-    count = (BODY_LIMIT - 64 - len(prefix) - len(suffix)) // len(unit)
-    return prefix + unit * count + suffix
-
 
 @pytest.fixture(scope="module")
 def own_server(server_factory, tiny_model_dir):
     """A server of this module's own: before the fix, the first body below blocked it for hours."""
     return server_factory(tiny_model_dir)
-
-
-def health_while(server, method: str, path: str, body: bytes) -> tuple[httpx.Response, float]:
-    """Send one request while ``/api/health`` is asked again and again; (its response, the slowest health answer)."""
-    slowest = [0.0]
-    polled = threading.Event()
-    done = threading.Event()
-
-    def poll() -> None:
-        with httpx.Client(base_url=server.base_url, timeout=10) as http:
-            while not done.is_set():
-                started = time.monotonic()
-                try:
-                    http.get("/api/health").raise_for_status()
-                except httpx.HTTPError:
-                    slowest[0] = math.inf
-                    return
-                slowest[0] = max(slowest[0], time.monotonic() - started)
-                polled.set()
-                time.sleep(0.005)
-
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        assert polled.wait(30), "health never answered"
-        with httpx.Client(base_url=server.base_url, timeout=60) as http:
-            response = http.request(method, path, content=body, headers={"content-type": "application/json"})
-        time.sleep(0.05)
-    finally:
-        done.set()
-        poller.join(30)
-    return response, slowest[0]
 
 
 def test_the_unterminated_string_reproducer_at_4_mib(own_server):

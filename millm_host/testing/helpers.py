@@ -6,7 +6,9 @@ Each works with a real server (``ServerProcess``) or an in-process app
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +16,17 @@ import httpx
 
 from .sse import sse_events, stream_post
 
-__all__ = ["assert_error", "chat", "chat_body", "sse_events", "stream_post"]
+__all__ = [
+    "BODY_LIMIT",
+    "HEALTH_BOUND_S",
+    "assert_error",
+    "chat",
+    "chat_body",
+    "health_while",
+    "just_under_the_limit",
+    "sse_events",
+    "stream_post",
+]
 
 _ANY: Any = ...
 
@@ -69,3 +81,47 @@ def run_together(work: Callable[[int], Any], count: int) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+# --- issue 11 §0: the event loop while one large body is handled ---------------------
+
+BODY_LIMIT = 4 * 1024 * 1024  # MILLM_MAX_BODY_BYTES' default
+#: Generous: a blocked event loop answered after 19.5 s at 64 KB, and hours at 4 MiB.
+HEALTH_BOUND_S = 1.0
+
+
+def just_under_the_limit(prefix: bytes, unit: bytes, suffix: bytes = b"") -> bytes:
+    count = (BODY_LIMIT - 64 - len(prefix) - len(suffix)) // len(unit)
+    return prefix + unit * count + suffix
+
+
+def health_while(server, method: str, path: str, body: bytes) -> tuple[httpx.Response, float]:
+    """Send one request while ``/api/health`` is asked again and again; (its response, the slowest health answer)."""
+    slowest = [0.0]
+    polled = threading.Event()
+    done = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=10) as http:
+            while not done.is_set():
+                started = time.monotonic()
+                try:
+                    http.get("/api/health").raise_for_status()
+                except httpx.HTTPError:
+                    slowest[0] = math.inf
+                    return
+                slowest[0] = max(slowest[0], time.monotonic() - started)
+                polled.set()
+                time.sleep(0.005)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        assert polled.wait(30), "health never answered"
+        with httpx.Client(base_url=server.base_url, timeout=60) as http:
+            response = http.request(method, path, content=body, headers={"content-type": "application/json"})
+        time.sleep(0.05)
+    finally:
+        done.set()
+        poller.join(30)
+    return response, slowest[0]

@@ -7,6 +7,7 @@ engine use this module.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,64 @@ def tiny_llama(
 
     save_atomically(target, save)
     return target
+
+
+#: The pieces of ``tiny_ugm_gguf``'s vocabulary after its pad, end and unknown tokens; "▁" stands for a space.
+UGM_PIECES = ("▁", "a", "b", "c", "d", "e", "▁hello", "▁world", *("▁" + "ab" * n for n in range(1, 20)))
+
+
+def tiny_ugm_gguf(folder: Path, name: str = "Tiny-UGM-F32.gguf") -> Path:
+    """A random one-layer llama GGUF whose vocabulary is UGM (T5's unigram: ``tokenizer.ggml.model`` "t5").
+
+    The XLM-RoBERTa embedders (bge-m3, multilingual-e5) convert to this vocabulary. llama.cpp
+    merges a run of unknown characters into one token, so no count of a text bounds its tokens
+    (``millm_engine_gguf.token_floor``): this model is how tests reach that path. No chat template.
+    """
+    import gguf
+    import numpy as np
+
+    path = folder / name
+    if path.is_file():
+        return path
+    tokens = ["<pad>", "</s>", "<unk>", *UGM_PIECES]
+    embed, ffn, rng = 16, 32, np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{name}.{os.getpid()}")
+    writer = gguf.GGUFWriter(str(staging), arch="llama")
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(embed)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_rope_dimension_count(embed // 2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("t5")
+    writer.add_token_list(tokens)
+    control, unknown, normal = gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN, gguf.TokenType.NORMAL
+    writer.add_token_types([control, control, unknown] + [normal] * len(UGM_PIECES))
+    writer.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(len(UGM_PIECES))])
+    writer.add_pad_token_id(0)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(2)
+    shapes = {
+        "token_embd.weight": (len(tokens), embed),
+        "output.weight": (len(tokens), embed),
+        "blk.0.attn_q.weight": (embed, embed),
+        "blk.0.attn_k.weight": (embed, embed),
+        "blk.0.attn_v.weight": (embed, embed),
+        "blk.0.attn_output.weight": (embed, embed),
+        "blk.0.ffn_gate.weight": (ffn, embed),
+        "blk.0.ffn_up.weight": (ffn, embed),
+        "blk.0.ffn_down.weight": (embed, ffn),
+    }
+    for tensor, shape in shapes.items():
+        writer.add_tensor(tensor, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    for norm in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"):
+        writer.add_tensor(norm, np.ones(embed, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(staging, path)
+    return path

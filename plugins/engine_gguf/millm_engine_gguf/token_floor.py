@@ -22,7 +22,9 @@ piece, a special one by its stored text, so each counts with the length it is ma
 
 A WPM (BERT) vocabulary gets a bound by words instead (``WordFloor``): an unknown word is
 one token whatever its length. UGM (T5) vocabularies get none: UGM normalizes the text
-first (its character map may drop or merge characters), so no count of the text bounds it.
+first (its character map may drop or merge characters), and makes a run of unknown
+characters one token (200,000 characters of "zq" are one), so no count of the text bounds
+it. Such a text is tokenized whole; ``vocab`` copies its ids out a slice at a time.
 """
 
 from __future__ import annotations
