@@ -55,7 +55,9 @@ What is here:
   request fields by capability (``register(..., requires=LAYER_HOOKS)``), never by
   engine name.
 - Small helpers engines share: ``split_gguf_name``, ``save_atomically``,
-  ``available_memory``, ``fallback_chat_render``.
+  ``available_memory``, ``fallback_chat_render``; ``free_later(obj)``, which frees a
+  long list (a long text's token ids) a slice at a time on a thread of its own once
+  nothing else holds it (``millm_host.graveyard``), not in one call that holds the GIL.
 - ``testing``: ``millm_host.testing`` (a real server, tiny models, SSE reading, the
   engine conformance suite), imported on first use so that plugins never load it.
 """
@@ -106,6 +108,7 @@ from .errors import (
     ModelNotLoaded,
 )
 from .files import save_atomically
+from .graveyard import keep_if_long as free_later
 from .headers import (
     Item,
     Token,
@@ -151,6 +154,7 @@ from .scoring.engine import (
 from .settings import Setting, Settings
 
 __all__ = [
+    "free_later",
     "list_page",
     "ModelLoadFailed",
     "percent_encode",

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import llama_cpp
 
-from millm_host import graveyard
-from millm_host.api import InvalidParameter
+from millm_host.api import InvalidParameter, free_later
 
 #: Ids one C call copies out of llama.cpp's buffer (about a quarter of a millisecond).
 COPY_SLICE = 16384
@@ -83,5 +82,5 @@ def _copied(buffer: ctypes.Array, n: int) -> list[int]:
         if start:
             time.sleep(0)  # the GIL to the event loop between slices, without its waiting to be handed it
         ids += buffer[start : min(n, start + COPY_SLICE)]
-    graveyard.keep_if_long(ids)
+    free_later(ids)
     return ids
