@@ -9,11 +9,13 @@ median of the slowest answers is printed, and its ratio to the baseline. Beside 
 machine's load (``os.getloadavg``, 1-minute) at the start and end, and its median over each
 shape's runs, taken as each run ends: on a shared machine the figures follow the load.
 
+``--nfc`` serves a tiny model whose tokenizer NFC-normalizes every text first, as Qwen's and
+GPT-NeoX's do (its token bound counts only the characters NFC keeps).
 ``--engine gguf`` serves a tiny GGUF model with a UGM vocabulary instead (``tiny_ugm_gguf``): a
 UGM text has no cheap token bound, so a 4 MiB prompt or embedding input is tokenized whole
 (4 million ids) before it is refused, and its small baseline is a one-token completion.
 
-    python bench/event_loop_stall.py [--runs 5] [--shapes many-messages,long-messages,...] [--engine gguf]
+    python bench/event_loop_stall.py [--runs 5] [--shapes many-messages,long-messages,...] [--nfc | --engine gguf]
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def shapes(model: str) -> dict[str, tuple[str, bytes]]:
                 {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "a " * 450}] * 4096}
             ).encode(),
         ),
+        "composing": (  # one 4 MiB string of characters NFC composes, decomposed, and CJK
+            "/v1/completions",
+            json.dumps(
+                {"model": model, "max_tokens": 1, "prompt": "e\u0301 日本 " * ((BODY_LIMIT - 200) // 11)},
+                ensure_ascii=False,
+            ).encode(),
+        ),
         "one-string": (  # one 4 MiB string
             "/v1/chat/completions",
             chat + b'{"role":"user","content":"' + b"a " * ((BODY_LIMIT - 200 - len(chat)) // 2) + b'"}]}',
@@ -73,13 +82,13 @@ def ugm_shapes(model: str) -> dict[str, tuple[str, bytes]]:
     }
 
 
-def start_server(engine: str) -> ServerProcess:
+def start_server(engine: str, nfc: bool) -> ServerProcess:
     folder = Path(tempfile.mkdtemp())
     if engine == "gguf":
         model = tiny_ugm_gguf(folder / "models")
         env = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
         return ServerProcess(folder, model=str(model), args=["--engine", "gguf"], env=env).start()
-    return ServerProcess(folder, model=str(tiny_llama())).start()
+    return ServerProcess(folder, model=str(tiny_llama(nfc=nfc))).start()
 
 
 def main() -> None:
@@ -87,8 +96,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--shapes", default="")
     parser.add_argument("--engine", choices=("transformers", "gguf"), default="transformers")
+    parser.add_argument("--nfc", action="store_true", help="the tiny model's tokenizer NFC-normalizes first")
     args = parser.parse_args()
-    server = start_server(args.engine)
+    server = start_server(args.engine, args.nfc)
     try:
         bodies = (ugm_shapes if args.engine == "gguf" else shapes)(server.model_id)
         # This process imported torch and transformers (to write the tiny model): a full collection here

@@ -49,6 +49,7 @@ def tiny_llama(
     chat_template: bool | str = True,
     initializer_range: float = 0.1,
     add_bos: bool = False,
+    nfc: bool = False,
     parent: Path | None = None,
     **config_overrides: Any,
 ) -> Path:
@@ -56,7 +57,8 @@ def tiny_llama(
 
     ``chat_template=False`` removes the template; a string replaces it.
     ``add_bos=True`` makes the tokenizer add its BOS (``<|im_start|>``) to every text,
-    as TinyLlama-style tokenizers do.
+    as TinyLlama-style tokenizers do. ``nfc=True`` makes it NFC-normalize every text
+    first, as Qwen's and GPT-NeoX's tokenizers do.
     """
     key = json.dumps(
         [
@@ -71,6 +73,7 @@ def tiny_llama(
             chat_template,
             initializer_range,
             add_bos,
+            *(["nfc"] if nfc else []),  # the key of every checkpoint made before the option stays as it was
             sorted(config_overrides.items()),
         ],
         sort_keys=True,
@@ -98,6 +101,10 @@ def tiny_llama(
         backend.post_processor = TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.bos_token_id)]
         )
+    if nfc:
+        from tokenizers.normalizers import NFC
+
+        tokenizer.backend_tokenizer.normalizer = NFC()
     config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
