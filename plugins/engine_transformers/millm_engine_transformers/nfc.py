@@ -9,7 +9,7 @@ Unicode database does not have, which a newer Unicode in the tokenizer may) may 
 ``mergeable(text)`` counts the latter, so what is left is a true lower bound.
 
 Characters past the third plane (``PLANES_READ``: mostly unassigned) all count as
-mergeable: reading every code point took 0.8 s, the first three planes 0.2 s, once.
+mergeable: reading every code point took 0.8 s, the first three planes 0.08 s, once.
 """
 
 from __future__ import annotations
