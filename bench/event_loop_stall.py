@@ -95,8 +95,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--shapes", default="")
-    parser.add_argument("--engine", choices=("transformers", "gguf"), default="transformers")
-    parser.add_argument("--nfc", action="store_true", help="the tiny model's tokenizer NFC-normalizes first")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--engine", choices=("transformers", "gguf"), default="transformers")
+    model.add_argument("--nfc", action="store_true", help="the tiny model's tokenizer NFC-normalizes first")
     args = parser.parse_args()
     server = start_server(args.engine, args.nfc)
     try:

@@ -68,6 +68,12 @@ def pending() -> int:
         return len(_graves)
 
 
+def keeps(obj: Any) -> bool:
+    """Whether ``obj`` itself is kept, waiting to be freed (for tests)."""
+    with _lock:
+        return any(grave.obj is obj for grave in _graves)
+
+
 def _run() -> None:
     wait: float | None = None  # nothing kept: until the next keep
     while True:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,46 @@ def tiny_llama(
 UGM_PIECES = ("▁", "a", "b", "c", "d", "e", "▁hello", "▁world", *("▁" + "ab" * n for n in range(1, 20)))
 
 
+def write_gguf(
+    path: Path,
+    arch: str,
+    tokenizer_model: str,
+    tokens: Sequence[str] | Sequence[bytes],
+    types: Sequence[int],
+    configure: Callable[[Any], None],
+    tensors: Mapping[str, Any],
+    *,
+    embed: int = 8,
+    ffn: int = 16,
+) -> Path:
+    """A one-block GGUF file, written with ``gguf``'s writer and renamed into place.
+
+    It has the block's sizes, the vocabulary (``tokens`` and their ``types``), whatever
+    ``configure(writer)`` adds (the architecture's keys, scores, special token ids) and
+    ``tensors`` (name → numpy array).
+    """
+    import gguf
+
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    writer = gguf.GGUFWriter(str(staging), arch=arch)
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(embed)
+    writer.add_feed_forward_length(ffn)
+    configure(writer)
+    writer.add_tokenizer_model(tokenizer_model)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(staging, path)
+    return path
+
+
 def tiny_ugm_gguf(folder: Path, name: str = "Tiny-UGM-F32.gguf") -> Path:
     """A random one-layer llama GGUF whose vocabulary is UGM (T5's unigram: ``tokenizer.ggml.model`` "t5").
 
@@ -152,27 +193,20 @@ def tiny_ugm_gguf(folder: Path, name: str = "Tiny-UGM-F32.gguf") -> Path:
     path = folder / name
     if path.is_file():
         return path
+    folder.mkdir(parents=True, exist_ok=True)
     tokens = ["<pad>", "</s>", "<unk>", *UGM_PIECES]
     embed, ffn, rng = 16, 32, np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{name}.{os.getpid()}")
-    writer = gguf.GGUFWriter(str(staging), arch="llama")
-    writer.add_block_count(1)
-    writer.add_context_length(256)
-    writer.add_embedding_length(embed)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_rope_dimension_count(embed // 2)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_tokenizer_model("t5")
-    writer.add_token_list(tokens)
-    control, unknown, normal = gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN, gguf.TokenType.NORMAL
-    writer.add_token_types([control, control, unknown] + [normal] * len(UGM_PIECES))
-    writer.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(len(UGM_PIECES))])
-    writer.add_pad_token_id(0)
-    writer.add_eos_token_id(1)
-    writer.add_unk_token_id(2)
+
+    def llama_with_ugm(writer: gguf.GGUFWriter) -> None:
+        writer.add_head_count(2)
+        writer.add_head_count_kv(2)
+        writer.add_rope_dimension_count(embed // 2)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(len(UGM_PIECES))])
+        writer.add_pad_token_id(0)
+        writer.add_eos_token_id(1)
+        writer.add_unk_token_id(2)
+
     shapes = {
         "token_embd.weight": (len(tokens), embed),
         "output.weight": (len(tokens), embed),
@@ -184,13 +218,9 @@ def tiny_ugm_gguf(folder: Path, name: str = "Tiny-UGM-F32.gguf") -> Path:
         "blk.0.ffn_up.weight": (ffn, embed),
         "blk.0.ffn_down.weight": (embed, ffn),
     }
-    for tensor, shape in shapes.items():
-        writer.add_tensor(tensor, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    tensors = {tensor: (rng.standard_normal(shape) * 0.1).astype(np.float32) for tensor, shape in shapes.items()}
     for norm in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"):
-        writer.add_tensor(norm, np.ones(embed, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(staging, path)
-    return path
+        tensors[norm] = np.ones(embed, dtype=np.float32)
+    control, unknown, normal = gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN, gguf.TokenType.NORMAL
+    types = [control, control, unknown] + [normal] * len(UGM_PIECES)
+    return write_gguf(path, "llama", "t5", tokens, types, llama_with_ugm, tensors, embed=embed, ffn=ffn)

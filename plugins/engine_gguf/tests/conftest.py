@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from millm_engine_gguf.vocab import Vocab
 from millm_host.default_model import default_model_path
+from millm_host.testing.tiny_models import write_gguf
 
 N_CTX = 512
 THREADS = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
@@ -97,41 +99,37 @@ def reference_embedder(gguf_path: Path) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def vocab_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
-    """``read(arch, tokenizer_model, tokens, types, configure)``: a vocabulary as llama.cpp reads it.
-
-    The GGUF is written with ``gguf``'s writer: one block, the tokens and their types,
-    whatever ``configure(writer)`` adds (the architecture's keys, special token ids), and a
-    zero embedding, the one tensor llama.cpp's loader asks for. It is read back with
-    ``vocab_only``, as a ``Vocab``; each stays open until the module's tests end.
-    """
-    import gguf
-    import numpy as np
+def open_vocab() -> Iterator[Callable[[Path], Vocab]]:
+    """``open_vocab(path)``: a GGUF file's vocabulary as llama.cpp reads it (``vocab_only``), as a ``Vocab``;
+    each stays open until the module's tests end."""
     from llama_cpp import Llama
-
-    from millm_engine_gguf.vocab import Vocab
 
     opened: list[Llama] = []
 
-    def read(arch: str, tokenizer_model: str, tokens: Sequence[str | bytes], types: Sequence[int], configure) -> Vocab:
-        path = tmp_path_factory.mktemp(arch) / f"{arch}.gguf"
-        writer = gguf.GGUFWriter(str(path), arch=arch)
-        writer.add_block_count(1)
-        writer.add_context_length(128)
-        writer.add_embedding_length(8)
-        writer.add_feed_forward_length(16)
-        configure(writer)
-        writer.add_tokenizer_model(tokenizer_model)
-        writer.add_token_list(tokens)
-        writer.add_token_types(types)
-        writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+    def read(path: Path) -> Vocab:
         opened.append(Llama(str(path), vocab_only=True, verbose=False))
         return Vocab(opened[-1].model)
 
     yield read
     for llama in opened:
         llama.close()
+
+
+@pytest.fixture(scope="module")
+def vocab_only(tmp_path_factory: pytest.TempPathFactory, open_vocab) -> Callable[..., Vocab]:
+    """``read(arch, tokenizer_model, tokens, types, configure)``: a vocabulary as llama.cpp reads it.
+
+    The GGUF (``write_gguf``) has one block, the tokens and their types, whatever
+    ``configure(writer)`` adds (the architecture's keys, special token ids), and a zero
+    embedding, the one tensor llama.cpp's loader asks for.
+    """
+    import numpy as np
+
+    def read(
+        arch: str, tokenizer_model: str, tokens: Sequence[str] | Sequence[bytes], types: Sequence[int], configure
+    ) -> Vocab:
+        path = tmp_path_factory.mktemp(arch) / f"{arch}.gguf"
+        embedding = {"token_embd.weight": np.zeros((len(tokens), 8), dtype=np.float32)}
+        return open_vocab(write_gguf(path, arch, tokenizer_model, tokens, types, configure, embedding))
+
+    return read

@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from millm_engine_gguf.token_floor import TokenFloor
-from millm_engine_gguf.vocab import Vocab
 from millm_host import graveyard
 from millm_host.testing import BODY_LIMIT, HEALTH_BOUND_S, assert_error, health_while
 from millm_host.testing.tiny_models import tiny_ugm_gguf
@@ -32,12 +31,8 @@ def ugm_path(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def vocab(ugm_path):
-    from llama_cpp import Llama
-
-    llama = Llama(str(ugm_path), vocab_only=True, verbose=False)
-    yield Vocab(llama.model)
-    llama.close()
+def vocab(open_vocab, ugm_path):
+    return open_vocab(ugm_path)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +48,7 @@ def test_a_ugm_vocabulary_has_no_bound_as_unknown_runs_are_one_token(vocab):
 def test_a_long_text_s_ids_are_copied_whole_and_freed_by_the_graveyard(vocab):
     ids = vocab.tokenize(LONG_TEXT.encode(), False)
     assert len(ids) == len(LONG_TEXT) and ids[:2] == ids[-2:] == [4, 5]  # "a", "b"
-    assert graveyard.pending() >= 1  # it holds the list, to free it in slices once the caller drops it
+    assert graveyard.keeps(ids)  # to free it in slices once the caller drops it
 
 
 @pytest.mark.parametrize(
