@@ -1,13 +1,16 @@
-"""The in-process harness itself: the echo engine keeps the engine contract, the app serves through the conductor."""
+"""The in-process harness itself: the echo engine keeps the engine contract, the app serves on a loopback socket."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from millm_host.hookspecs import hookimpl
-from millm_host.testing import AppServer, assert_error, chat, stream_post
+from millm_host.testing import AppServer, assert_error, chat, chat_body, stream_post
 from millm_host.testing.conformance import EngineConformance
 from millm_host.testing.echo import SPEC, describe, echo_model_dir
 
@@ -125,3 +128,59 @@ def test_a_registered_plugin_object_sees_the_request_path_in_order(app_factory):
         "millm-engine"
     )
     assert threads["render_headers"] == "millm-test-loop"  # the event loop
+
+
+class HeldEngine:
+    """A plugin whose ``before_forward`` (on the engine thread) waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    @hookimpl
+    def before_forward(self, ctx):
+        self.entered.set()
+        assert self.release.wait(60)
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """The CPU time (user + system) a thread of this process has used, from /proc."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_requests_waiting_on_the_engine_leave_the_event_loop_idle(app_factory):
+    """Concurrent requests (streamed and not) that wait for the engine cost the app's event loop nothing.
+
+    The old harness (falcon's ASGIConductor) polled each one's response start with
+    ``await asyncio.sleep(0)``: the loop thread ran flat out and held the GIL from the engine's
+    thread, and on some machines concurrent tests timed out. A socket read waits without it.
+    """
+    held = HeldEngine()
+    app = app_factory(register=[held])
+    results: list[int] = []
+
+    def send(stream: bool) -> None:
+        with app.http() as http:
+            if stream:
+                with http.stream("POST", "/v1/chat/completions", json=chat_body("echo", stream=True)) as r:
+                    r.read()
+                    results.append(r.status_code)
+            else:
+                results.append(chat(http, "echo").status_code)
+
+    threads = [threading.Thread(target=send, args=(i % 2 == 0,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert held.entered.wait(30)
+        time.sleep(0.2)  # the other three reach the queue
+        loop_thread = app._thread.native_id
+        before = thread_cpu_s(loop_thread)
+        time.sleep(1.0)
+        spent = thread_cpu_s(loop_thread) - before
+    finally:
+        held.release.set()
+        for thread in threads:
+            thread.join(60)
+    assert results == [200] * 4
+    assert spent < 0.2, f"the event loop thread used {spent:.2f} s of CPU in 1 s while every request waited"

@@ -111,7 +111,7 @@ def test_a_restart_imports_no_library_that_only_some_requests_need(tmp_path):
 
 
 def test_the_setup_does_not_install_test_only_plugins():
-    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.in").read_text().splitlines()]
     assert not [line for line in lines if "tests/plugins" in line]
     for name in TEST_PLUGINS:
         assert (REPO / "tests" / "plugins" / name / f"millm_{name}").is_dir()

@@ -1,11 +1,15 @@
-"""The app in this process, for logic tests: no subprocess, no port, no torch.
+"""The app in this process, for logic tests: no subprocess, no torch.
 
 ``AppServer`` builds the app (``millm_host.app.build``) with its own settings, data
-directory and plugin manager, and drives it through ``falcon.testing.ASGIConductor``
-(lifespan included) on an event loop in a background thread. It offers what
-``ServerProcess`` offers (``http()``, ``openai()``, ``model_id``, ``log()``), so a
-test runs against either with the same code: the httpx and openai clients it
-hands out send their requests through the conductor instead of a socket.
+directory and plugin manager, and serves it with uvicorn on an event loop in a
+background thread, on a socket bound to 127.0.0.1 (lifespan included). It offers what
+``ServerProcess`` offers (``http()``, ``openai()``, ``model_id``, ``log()``), so a test
+runs against either with the same code, and both send real HTTP over loopback.
+
+Real sockets, not an ASGI conductor: falcon's ``ASGIConductor`` waits for a streamed
+response's start with ``while not status: await asyncio.sleep(0)``, so each request in
+flight spun the app's event loop, and a few concurrent ones held the GIL from the
+engine's thread until they timed out. A socket read blocks without the GIL.
 
 By default it serves the echo engine (``millm_host.testing.echo``) from a models
 directory of its own, with no installed plugin: ``plugins=["detector_example"]``
@@ -20,14 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Mapping
+import time
+from collections.abc import Coroutine, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
-from falcon.testing import ASGIConductor
-
 from . import databases, echo, extra_plugins
+from .clients import LoopbackClients
 
 T = TypeVar("T")
 
@@ -46,74 +49,10 @@ class _LogLines(logging.Handler):
         self.lines.append(self.format(record))
 
 
-class ConductorTransport(httpx.BaseTransport):
-    """An httpx transport that sends each request through the app's ASGI conductor.
-
-    The response body streams: a chunk reaches the client as soon as the app sends
-    it, and closing the response early disconnects the simulated client.
-    """
-
-    def __init__(self, server: AppServer) -> None:
-        self.server = server
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-        headers = [(name, value) for name, value in request.headers.multi_items() if name.lower() != "host"]
-        result = self.server.call(
-            self.server.conductor.simulate_request(
-                # The path as sent (percent-encoded): falcon decodes it, as a server would.
-                request.method,
-                request.url.raw_path.split(b"?")[0].decode("ascii"),
-                query_string=request.url.query.decode() or None,
-                headers=headers,
-                body=body,
-                host=request.url.host,
-                _stream_result=True,
-            )
-        )
-        response_headers = [(k, v) for k, v in result.headers.items() if k.lower() != "content-length"]
-        return httpx.Response(
-            result.status_code, headers=response_headers, stream=_BodyStream(self.server, result), request=request
-        )
-
-
-class _BodyStream(httpx.SyncByteStream):
-    """A streamed result's body, read on the app's loop as the app writes it."""
-
-    POLL_S = 0.005
-
-    def __init__(self, server: AppServer, result: Any) -> None:
-        self.server, self.result = server, result
-        self._closed = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        while True:
-            chunk = self.server.call(self._next())
-            if chunk is None:
-                return
-            yield chunk
-
-    async def _next(self) -> bytes | None:
-        """The next bytes the app sent; None once it finished."""
-        while True:
-            done = self.result._task.done()  # falcon's StreamedResult exposes no "finished" flag
-            data = await self.result.stream.read()
-            if data:
-                return data
-            if done:
-                return None
-            await asyncio.sleep(self.POLL_S)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.server.call(self.result.finalize())
-
-
-class AppServer:
+class AppServer(LoopbackClients):
     """The app served in-process; ``start()`` returns once the start model is resident."""
 
-    base_url = "http://localhost"  # a loopback name: the Host check (MILLM_ALLOWED_HOSTS) lets it in
+    base_url = ""  # http://127.0.0.1:<port> once started
 
     def __init__(
         self,
@@ -155,10 +94,11 @@ class AppServer:
         self.extra_plugins = list(register)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._server: Any = None  # uvicorn.Server
+        self._serving: Any = None  # the Future of its serve()
         self._log = _LogLines()
         self.host: Any = None
         self.app: Any = None
-        self.conductor: Any = None
 
     # --- lifecycle ------------------------------------------------------------------
     def start(self, timeout: float = 60) -> AppServer:
@@ -178,14 +118,45 @@ class AppServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="millm-test-loop", daemon=True)
         self._thread.start()
-        self.conductor = ASGIConductor(self.app)
-        self.call(self.conductor.__aenter__(), timeout)
-        self.call(self._loaded(), timeout)
+        try:
+            self._serve(settings, timeout)
+            self.call(self._loaded(), timeout)
+        except BaseException:
+            self.stop()
+            raise
         status = self.health()["status"]
         if self.wait_for is not None and status != self.wait_for:
             self.stop()
             raise RuntimeError(f"the in-process app is {status!r}, not {self.wait_for!r}:\n{self.log()}")
         return self
+
+    def _serve(self, settings: Any, timeout: float) -> None:
+        """Start uvicorn on the loop, on a socket bound to a free loopback port; wait for its lifespan startup."""
+        import uvicorn
+
+        from ..cli import _bind
+
+        sock = _bind("127.0.0.1", 0)  # as ``millm serve`` listens: TCP_NODELAY, or each reply waits ~40 ms
+        self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(
+            self.app,
+            lifespan="on",
+            log_config=None,  # the test's logging stays as pytest set it
+            access_log=False,
+            # As ``millm serve``: uvicorn cancels what still runs a little after the host's own grace.
+            timeout_graceful_shutdown=settings["MILLM_SHUTDOWN_GRACE_S"] + 5,
+        )
+        self._server = uvicorn.Server(config)
+        assert self._loop is not None
+        self._serving = asyncio.run_coroutine_threadsafe(self._server.serve(sockets=[sock]), self._loop)
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if self._serving.done():
+                self._serving.result()  # raises what failed, if anything did
+                raise RuntimeError(f"the in-process app did not start:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the in-process app did not start in {timeout} s:\n{self.log()}")
+            time.sleep(0.01)
 
     async def _loaded(self) -> None:
         task = self.host._load_task
@@ -198,17 +169,21 @@ class AppServer:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def stop(self) -> None:
-        """Run the lifespan shutdown (plugins' ``shutdown``, the model closed) and stop the loop."""
+        """Stop uvicorn (the lifespan shutdown: plugins' ``shutdown``, the model closed) and the loop."""
         if self._loop is None:
             return
         try:
-            self.call(self.conductor.__aexit__(None, None, None), 60)
+            if self._serving is not None:
+                self.host.begin_shutdown()  # as SIGTERM does to ``millm serve``
+                self._server.should_exit = True
+                self._serving.result(self._server.config.timeout_graceful_shutdown + 30)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             assert self._thread is not None
             self._thread.join(10)
             self._loop.close()
             self._loop = None
+            self._serving = None
             logging.getLogger("millm").removeHandler(self._log)
 
     def __enter__(self) -> AppServer:
@@ -230,19 +205,3 @@ class AppServer:
     def model_id(self) -> str:
         """The id of the resident model."""
         return self.health()["model"]
-
-    @property
-    def v1(self) -> str:
-        return f"{self.base_url}/v1"
-
-    def http(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.base_url, transport=ConductorTransport(self), timeout=kwargs.pop("timeout", 120), **kwargs
-        )
-
-    def openai(self, **kwargs: Any) -> Any:
-        import openai
-
-        # openai 3 types its client as httpx2's; httpx's works alike (and openai 1 and 2 want it).
-        client: Any = httpx.Client(transport=ConductorTransport(self))
-        return openai.OpenAI(base_url=self.v1, api_key="not-needed", max_retries=0, http_client=client, **kwargs)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from . import databases
+from .clients import LoopbackClients
 from .extra_plugins import with_test_plugins
 
 
@@ -30,7 +31,7 @@ def shared_cache_dir() -> Path:
     return root
 
 
-class ServerProcess:
+class ServerProcess(LoopbackClients):
     """``millm serve`` in a subprocess; ``start()`` waits until the model is loaded."""
 
     def __init__(
@@ -130,16 +131,3 @@ class ServerProcess:
     def model_id(self) -> str:
         """The id of the resident model (``/v1/models`` also lists the others on disk)."""
         return httpx.get(f"{self.base_url}/api/health", timeout=10).json()["model"]
-
-    # --- clients --------------------------------------------------------------------
-    @property
-    def v1(self) -> str:
-        return f"{self.base_url}/v1"
-
-    def openai(self, **kwargs):
-        import openai
-
-        return openai.OpenAI(base_url=self.v1, api_key="not-needed", max_retries=0, **kwargs)
-
-    def http(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=kwargs.pop("timeout", 120), **kwargs)
