@@ -16,7 +16,7 @@ for heavy in torch transformers; do
     exit 1
   fi
 done
-# The test tools, not the light setup's: pytest and its timeout plugin, hypothesis, and gguf (the
-# tests write tiny GGUF files), each at its locked version.
-pip install -c requirements.lock pytest pytest-timeout hypothesis gguf
+# The test tools, not the light setup's: pytest and its timeout plugin, hypothesis, gguf (the tests
+# write tiny GGUF files) and jsonschema (replies checked against OpenAI's schemas), each locked.
+pip install -c requirements.lock pytest pytest-timeout hypothesis gguf jsonschema
 pytest plugins/engine_gguf/tests "$@"

@@ -7,10 +7,13 @@ import pytest
 
 from millm_host.api import parse_list
 from millm_host.testing import assert_error
-from millm_saelens.testing import write_sae
-from millm_steering.hashing import steering_hash
 
 from .conftest import DEFAULT_ID, N_CTX, THREADS
+
+# The light setup (requirements-gguf.txt, scripts/test-gguf-only.sh) has no steering: it needs torch.
+NO_STEERING = "the steering plugin is not installed (the light GGUF-only setup has no torch)"
+write_sae = pytest.importorskip("millm_saelens.testing", reason=NO_STEERING).write_sae
+steering_hash = pytest.importorskip("millm_steering.hashing", reason=NO_STEERING).steering_hash
 
 D_MODEL = 576
 FEATURES = [{"index": i, "strength": 12.0} for i in range(4)]
