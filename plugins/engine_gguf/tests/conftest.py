@@ -8,6 +8,7 @@ a repository with a single quantization.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -21,6 +22,12 @@ N_CTX = 512
 THREADS = {"GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"}
 
 DEFAULT_ID = "SmolLM2-135M-Instruct:Q4_1"
+
+#: Whether the steering plugin is installed: the light GGUF-only setup (requirements-gguf.txt,
+#: scripts/test-gguf-only.sh) has none, as it needs torch; there steering fields are not honoured.
+STEERING = importlib.util.find_spec("millm_steering") is not None
+NO_STEERING = "the steering plugin is not installed (the light GGUF-only setup has no torch)"
+needs_steering = pytest.mark.skipif(not STEERING, reason=NO_STEERING)
 SECOND_QUANT_ID = "SmolLM2-135M-Instruct:Q8_0"
 SOLO_ID = "Solo-Model:Q4_K_M"
 

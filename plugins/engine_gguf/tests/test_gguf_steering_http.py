@@ -8,10 +8,8 @@ import pytest
 from millm_host.api import parse_list
 from millm_host.testing import assert_error
 
-from .conftest import DEFAULT_ID, N_CTX, THREADS
+from .conftest import DEFAULT_ID, N_CTX, NO_STEERING, THREADS
 
-# The light setup (requirements-gguf.txt, scripts/test-gguf-only.sh) has no steering: it needs torch.
-NO_STEERING = "the steering plugin is not installed (the light GGUF-only setup has no torch)"
 write_sae = pytest.importorskip("millm_saelens.testing", reason=NO_STEERING).write_sae
 steering_hash = pytest.importorskip("millm_steering.hashing", reason=NO_STEERING).steering_hash
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
-from .conftest import DEFAULT_ID
+from .conftest import DEFAULT_ID, needs_steering
 
 CHAT = {"model": DEFAULT_ID, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
 
 
+@needs_steering
 def test_every_completion_says_it_was_not_steered(gguf_server):
     with gguf_server.http() as http:
         chat = http.post("/v1/chat/completions", json=CHAT)
