@@ -89,6 +89,25 @@ def test_uploads_are_refused_in_openais_error_shape(app):
     assert not [p for p in (app.data_dir / "files").iterdir() if p.name.startswith(".upload")]
 
 
+@pytest.mark.parametrize("after", [False, True], ids=["file-first", "purpose-first"])
+def test_a_part_header_that_is_not_utf8_is_a_400_and_keeps_nothing(app, after):
+    """A multipart file name in raw bytes that are not UTF-8 (``\\xff\\xfe.jsonl``) was a 500 from falcon's
+    header decoding; now a 400 in OpenAI's shape, nothing stored, and the next upload works."""
+    purpose = b'--XyZ\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    upload = b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="\xff\xfe.jsonl"\r\n\r\n{}\n\r\n'
+    body = (purpose + upload if after else upload + purpose) + b"--XyZ--\r\n"
+    with app.http() as http:
+        before = http.get("/v1/files").json()["data"]
+        refused = http.post("/v1/files", content=body, headers={"Content-Type": "multipart/form-data; boundary=XyZ"})
+        assert_error(refused, 400, "invalid_parameter", "file")
+        assert "not UTF-8" in refused.json()["error"]["message"]
+        assert http.get("/v1/files").json()["data"] == before
+        fine = http.post("/v1/files", files={"file": ("\u00e9t\u00e9.jsonl", b"{}\n")}, data={"purpose": "batch"})
+        assert fine.status_code == 200 and fine.json()["filename"] == "\u00e9t\u00e9.jsonl"
+        http.delete(f"/v1/files/{fine.json()['id']}")
+    assert not [p for p in (app.data_dir / "files").iterdir() if p.name.startswith(".upload")]
+
+
 # --- /v1/batches ------------------------------------------------------------------------------
 def test_a_batch_runs_every_valid_line_and_files_the_refused_ones(app):
     client = app.openai()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import falcon
 import falcon.asgi
@@ -23,6 +23,18 @@ if TYPE_CHECKING:
 FORM_OVERHEAD = 64 * 1024
 LIMIT = Param("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "How many to list")
 AFTER = Param("after", description="The id the previous page ended with")
+
+
+def _disposition(part: Any) -> tuple[str | None, str | None]:
+    """A form part's name and file name; a 400 when its ``Content-Disposition`` is not UTF-8
+    (falcon decodes the header as UTF-8 when either is first read, and raised a 500)."""
+    try:
+        return part.name, part.filename
+    except UnicodeDecodeError as exc:
+        raise InvalidParameter(
+            f"a form part's Content-Disposition is not UTF-8 (byte {exc.start}); send the file name as UTF-8",
+            param="file",
+        ) from None
 
 
 class Files(JsonResource):
@@ -49,11 +61,12 @@ class Files(JsonResource):
         saved: tuple[str, str, int] | None = None
         try:
             async for part in form:
-                if part.name == "file" and saved is None:
-                    filename = shown_filename(part.filename)
+                name, raw_filename = _disposition(part)
+                if name == "file" and saved is None:
+                    filename = shown_filename(raw_filename)
                     file_id, size = await self.store.save_stream(part.stream, limit=limit)
                     saved = (file_id, filename, size)
-                elif part.name == "purpose":
+                elif name == "purpose":
                     purpose = (await part.get_data()).decode("utf-8", "replace").strip()
             if saved is None:
                 raise InvalidParameter("the form has no file part", param="file")
