@@ -108,12 +108,15 @@ class HookRow:
     left padding come first (padding its batch needs in a prefill; 0 in a decode step
     and alone), and its first real column sits at absolute position ``start``. ``hook``
     is the request's own hook there (``hook.state``: what its plugin attached).
+    ``continuous`` is True when the pass is a continuous batch's (other requests' rows may
+    share it: ``hidden.shape[0]`` sequences), False on the serial path (a batch of one).
     """
 
     index: int
     start: int
     skip: int
     hook: LayerHook
+    continuous: bool = False
 
 
 #: The cancellation of the request whose ``Engine.generate`` runs in this context (set by the host).

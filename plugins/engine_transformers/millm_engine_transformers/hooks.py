@@ -65,15 +65,16 @@ class _Stage:
         self.single: dict[int, tuple[list[LayerHook], int, int]] = {}  # row -> (callbacks, start, skip)
 
 
-def _stages(entries: Sequence[Entry]) -> list[_Stage]:
-    """``entries`` (in row order, each row's hooks in call order) as stages in ascending ``order``."""
+def _stages(entries: Sequence[Entry], continuous: bool) -> list[_Stage]:
+    """``entries`` (in row order, each row's hooks in call order) as stages in ascending ``order``;
+    ``continuous``: the passes are a continuous batch's (``HookRow.continuous``)."""
     by_order: dict[int, _Stage] = {}
     for index, start, skip, hook in entries:
         stage = by_order.get(hook.order)
         if stage is None:
             stage = by_order[hook.order] = _Stage()
         if hook.batched is not None:
-            stage.batched.setdefault(hook.batched, []).append(HookRow(index, start, skip, hook))
+            stage.batched.setdefault(hook.batched, []).append(HookRow(index, start, skip, hook, continuous))
         else:
             stage.single.setdefault(index, ([], start, skip))[0].append(hook)
     return [by_order[order] for order in sorted(by_order)]
@@ -156,7 +157,7 @@ def _serial_batched(group: Sequence[LayerHook], position: Position) -> Callable[
     def run(hidden: torch.Tensor) -> torch.Tensor | None:
         start = position.start
         entries = [(index, start, 0, hook) for index in range(hidden.shape[0]) for hook in group]
-        return _run_stages(hidden, _stages(entries), None)
+        return _run_stages(hidden, _stages(entries, continuous=False), None)
 
     return run
 
@@ -184,7 +185,9 @@ def install_rows(
             groups, start, skip = row
             for point, group in groups.items():
                 at[point].extend((index, start, skip, hook) for hook in group)
-    return [_register(layers, point, _batch_run(_stages(entries), failed)) for point, entries in at.items()]
+    return [
+        _register(layers, point, _batch_run(_stages(entries, continuous=True), failed)) for point, entries in at.items()
+    ]
 
 
 def _batch_run(

@@ -39,6 +39,9 @@ class Capture:
         self.capacity = max(1, capacity)
         self._slots = {point: _Point() for point in self.points}
         self.passes = 0
+        # The most sequences one pass of a continuous batch held (this one included); 0 when no pass
+        # was a continuous batch's (served alone: the serial path, ``HookRow.continuous`` False).
+        self.batch_rows = 0
         self.seconds = 0.0  # time spent inside the callbacks
         self.prompt_seconds = 0.0  # of which in the first pass (the prompt's)
         self.cpu_seconds = 0.0  # the same on the CPU: what another process's load does not inflate
@@ -122,8 +125,11 @@ def capture_rows(hidden: Any, rows: Sequence[HookRow]) -> None:
     """
     began, began_cpu = time.perf_counter(), time.thread_time()
     captures = []
+    sequences = hidden.shape[0]
     for row in rows:
         capture, slot, first = row.hook.state
+        if row.continuous:
+            capture.batch_rows = max(capture.batch_rows, sequences)
         part = hidden[row.index, row.skip :]
         if part.shape[0]:
             capture._store(slot, part, row.start, first)

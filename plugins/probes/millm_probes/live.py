@@ -109,6 +109,19 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     return hooks
 
 
+def _served_as(request: LiveRequest) -> tuple[str, int | None]:
+    """How a request's passes really ran, as its capture saw them: ``continuous`` with the most
+    sequences one pass held when they were a continuous batch's, ``serial`` (batch size 1) when
+    they ran alone. A request with no capture keeps what ``begin`` knew (``serial``, or
+    ``batched`` for several prompts or choices), with no batch size."""
+    capture = request.capture
+    if capture is None or not capture.passes:
+        return request.execution_mode, None
+    if capture.batch_rows:
+        return "continuous", capture.batch_rows
+    return "serial", 1
+
+
 def finish(runtime: Runtime, ctx: RequestContext) -> None:
     """Score, store and keep the results of a monitored request (also an interrupted one)."""
     request = ctx.state.get(STATE, _UNSEEN)
@@ -151,7 +164,7 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             copies = 1
         readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
     scored_at, scored_cpu = time.perf_counter(), time.thread_time()
-    served = Served.of(ctx.engine, request.execution_mode)
+    served = Served.of(ctx.engine, *_served_as(request))
     results = [
         result_object(
             view, window, reading, served, request.trace, ctx.request_id, "persisted", snapshot.sets.get(view.probe_id)

@@ -57,7 +57,8 @@ class Served:
     """How the request was actually served."""
 
     engine: str | None
-    execution_mode: str  # serial, batched, stateless
+    execution_mode: str  # serial, continuous, batched, stateless
+    batch_size: int | None  # the most sequences a forward pass held beside it (itself included)
     precision: str | None
     served_model: str | None
     model_revision: str | None
@@ -65,11 +66,12 @@ class Served:
     template_sha256: str | None
 
     @classmethod
-    def of(cls, engine: Any, execution_mode: str) -> Served:
+    def of(cls, engine: Any, execution_mode: str, batch_size: int | None = None) -> Served:
         info = engine.info if engine is not None else None
         return cls(
             engine=getattr(engine, "name", None) or None,
             execution_mode=execution_mode,
+            batch_size=batch_size,
             precision=info.dtype if info else None,
             served_model=info.id if info else None,
             model_revision=info.revision if info else None,
@@ -195,6 +197,7 @@ def result_object(
         "threshold_revision": view.threshold_revision,
         "engine": served.engine,
         "execution_mode": served.execution_mode,
+        "batch_size": served.batch_size,
         "precision": served.precision,
         "served_model": served.served_model,
         "model_revision": served.model_revision,

@@ -3,7 +3,8 @@
 Concurrent chats, each read by two armed probes at different layers while it
 shares decode steps with the others (and its prompt is prefilled in chunks), score
 what the independent reference computes for that chat alone (1e-4), and were
-served in the batch, not on the serial fallback.
+served in the batch, not on the serial fallback, and their results say so
+(``execution_mode: continuous`` and the batch size).
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def test_probes_score_each_row_of_a_batch_as_alone(batching_server, lab, helpers
             http.delete(f"/api/probes/{probe_id}")
     assert report["backend"] == "continuous"
     assert report["serial_reasons"] == {} and report["batched"] >= len(CHATS)
+    # Each result says it was served in the batch, and how many sequences its fullest pass held.
+    sizes = [r["batch_size"] for body in bodies for r in body["millm_probe_verdicts"]]
+    assert {r["execution_mode"] for body in bodies for r in body["millm_probe_verdicts"]} == {"continuous"}
+    assert all(1 <= size <= len(CHATS) for size in sizes) and max(sizes) >= 2
     for chat, body in zip(CHATS, bodies, strict=True):
         prompt = lab.chat_ids(chat)
         generated = lab.greedy(prompt, MAX_TOKENS)
@@ -115,8 +120,9 @@ def test_one_batched_read_fills_each_requests_buffer_with_its_rows_only():
     (hook_a,), (hook_b,) = first.hooks(), second.hooks()
     assert hook_a.batched is hook_b.batched is capture_rows  # one function: one call serves both
     hidden = torch.arange(3 * 4 * 2, dtype=torch.float32).reshape(3, 4, 2)  # rows: a (1 pad), none, b
-    capture_rows(hidden, [HookRow(0, 0, 1, hook_a), HookRow(2, 0, 0, hook_b)])
-    capture_rows(hidden[:, -1:], [HookRow(0, 3, 0, hook_a), HookRow(2, 4, 0, hook_b)])  # a decode step
+    capture_rows(hidden, [HookRow(0, 0, 1, hook_a, True), HookRow(2, 0, 0, hook_b, True)])
+    capture_rows(hidden[:, -1:], [HookRow(0, 3, 0, hook_a, True), HookRow(2, 4, 0, hook_b, True)])  # a decode step
     assert torch.equal(first.rows()[point], torch.cat([hidden[0, 1:], hidden[0, -1:]]))
     assert torch.equal(second.rows()[point], torch.cat([hidden[2], hidden[2, -1:]]))
     assert (first.passes, second.passes, first.positions, second.positions) == (2, 2, 4, 5)
+    assert first.batch_rows == second.batch_rows == 3  # the batch's sequences, the unmonitored one included

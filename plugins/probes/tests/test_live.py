@@ -66,7 +66,8 @@ def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model
         else:  # no threshold: no verdict, which is not a "no"
             assert "verdict" not in params and result["fires"] is None and result["threshold"] is None
         assert "result_id" not in params
-    assert all(r["persistence"] == "persisted" and r["execution_mode"] == "serial" for r in results)
+    # Served alone (armed probes run serially here, PROBE_FORCE_SERIAL): every pass held this request only.
+    assert {(r["persistence"], r["execution_mode"], r["batch_size"]) for r in results} == {("persisted", "serial", 1)}
     assert {r["request_id"] for r in results} == {completion.id.removeprefix("chatcmpl-")}
 
 
@@ -132,8 +133,8 @@ def test_batched_requests_are_recorded_as_skipped(probes_server, armed_pair, mod
             members = list(parse_list(response.headers["x-millm-probe-verdicts"]))
             assert all(m.params["scored"] is False and str(m.params["reason"]) == "batched_request" for m in members)
             results = response.json()["millm_probe_verdicts"]
-            assert {(r["outcome"], r["reason"], r["execution_mode"]) for r in results} == {
-                ("skipped", "batched_request", "batched")
+            assert {(r["outcome"], r["reason"], r["execution_mode"], r["batch_size"]) for r in results} == {
+                ("skipped", "batched_request", "batched", None)
             }
             stored = http.get("/api/probes/events", params={"result_id": results[0]["result_id"]}).json()["data"]
             assert stored == [results[0]]
