@@ -30,8 +30,9 @@ SETTINGS = (
     Setting(
         "PROBE_FORCE_SERIAL",
         bool,
-        True,
-        "While a probe is armed, serve requests serially (takes effect with continuous batching)",
+        False,
+        "Run generations with armed probes alone, outside the continuous batch (default: they score inside it, "
+        "with the scores they get alone; test_batched_equals_serial)",
     ),
     # Browse Hub (hub.py): anonymous, read-only
     Setting(

@@ -221,15 +221,18 @@ class Lab:
         digests: bool = True,
         vector_layer: int | None = None,
         sae: dict[str, Any] | None = None,
+        weight_scale: float = 1.0,
     ) -> dict[str, Any]:
         """A probe for the resident model, its test vectors scored here (``vector_layer``: on another layer).
 
         ``sae`` (``{"sae_id", "feature_indices"}``) makes a k-sparse probe over that SAE's features.
+        ``weight_scale`` scales the head's weights: on a real model's residual (entries in the
+        hundreds) unit weights give scores in the hundreds, where float32 rounding alone is ~1e-3.
         """
         rng = np.random.default_rng(seed)
         d = len(sae["feature_indices"]) if sae else self.d_model
         head: dict[str, Any] = {
-            "weights": [round(float(x), 6) for x in rng.normal(size=d)],
+            "weights": [round(float(x) * weight_scale, 6) for x in rng.normal(size=d)],
             "bias": round(float(rng.normal()), 6),
             "norm_mean": [round(float(x), 6) for x in rng.normal(scale=0.1, size=d)],
             "norm_std": [round(float(x), 6) for x in rng.uniform(0.5, 2.0, size=d)],

@@ -66,8 +66,10 @@ def test_header_and_body_carry_the_same_results(probes_server, armed_pair, model
         else:  # no threshold: no verdict, which is not a "no"
             assert "verdict" not in params and result["fires"] is None and result["threshold"] is None
         assert "result_id" not in params
-    # Served alone (armed probes run serially here, PROBE_FORCE_SERIAL): every pass held this request only.
-    assert {(r["persistence"], r["execution_mode"], r["batch_size"]) for r in results} == {("persisted", "serial", 1)}
+    # Served by the continuous batch (the default: probes score inside it), alone in it.
+    assert {(r["persistence"], r["execution_mode"], r["batch_size"]) for r in results} == {
+        ("persisted", "continuous", 1)
+    }
     assert {r["request_id"] for r in results} == {completion.id.removeprefix("chatcmpl-")}
 
 
