@@ -12,7 +12,7 @@ from .observability.timing import Timing
 
 if TYPE_CHECKING:
     from .app import Host
-    from .engine import Engine, ModelDescriptor, SamplingParams
+    from .engine import Engine, LayerHook, ModelDescriptor, SamplingParams
     from .errors import MillmError
     from .settings import Settings
 
@@ -88,6 +88,9 @@ class RequestContext:
     chat_tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     sampling: SamplingParams | None = None
+    #: Every plugin's layer hooks for this generation, as ``before_forward`` returned them (set by
+    #: the host before the first pass): a monitor reads from them whether anything writes upstream.
+    layer_hooks: list[LayerHook] = field(default_factory=list)
     #: Number of choices per prompt (``n``).
     n: int = 1
     outputs: list[SequenceOutput] = field(default_factory=list)

@@ -80,7 +80,7 @@ class GenerationJob:
                 ctx.interrupted = "cancelled"
                 raise ShuttingDown("the server is shutting down; this request did not finish within the grace period")
             contributions = flatten(hookcalls.request(self.host.pm, "before_forward", ctx=ctx))
-            hooks = [c for c in contributions if isinstance(c, LayerHook)]
+            hooks = ctx.layer_hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
             filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
             sequences = [(index, prompt, choice) for index, prompt in enumerate(ctx.prompts) for choice in range(ctx.n)]

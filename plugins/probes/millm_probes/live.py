@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from millm_host.api import (
     ORDER_PROBE_VERDICTS,
+    ORDER_READ_POST_STEERING,
+    ORDER_READ_PRE_STEERING,
     LayerHook,
     MonitoredRequest,
     RequestContext,
@@ -32,10 +35,11 @@ from millm_host.api import (
 )
 
 from . import header, sessions, store
-from .capture import Capture
-from .evaluate import detail, read_pairs
+from .capture import OWNER, Capture
+from .evaluate import detail, forward_columns, read_pairs
 from .results import Reading, Served, Trace, result_object
 from .runtime import Runtime, Snapshot
+from .scoring import Point
 from .trace import new_trace
 from .windows import Layout, NotScored, measure, window_span
 
@@ -59,6 +63,7 @@ class LiveRequest:
     began_cpu: float = field(default_factory=time.thread_time)
     setup_seconds: float = 0.0
     setup_cpu_seconds: float = 0.0
+    unsteered_seconds: float = 0.0  # the pass that read the unsteered residual, when steering wrote upstream
     results: list[dict[str, Any]] | None = None
     header: str | None = None  # X-miLLM-Probe-Verdicts, rendered with the results
 
@@ -107,6 +112,23 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     request.setup_seconds = time.perf_counter() - request.began
     request.setup_cpu_seconds = time.thread_time() - request.began_cpu
     return hooks
+
+
+def _site(layer: int, point: str) -> int:
+    """Where a hook point sits in the forward pass, in order: a layer's input, then its output."""
+    return 2 * layer + (point == "resid_post")
+
+
+def writes_upstream(hooks: Sequence[LayerHook], points: Iterable[Point]) -> bool:
+    """Whether another plugin's hook writes the residual before one of ``points`` in the pass: at an
+    earlier layer, or at a layer's input under a read of its output. At a read's own point the probes
+    read first (``ORDER_READ_PRE_STEERING``)."""
+    writes = [
+        _site(hook.layer, hook.point)
+        for hook in hooks
+        if hook.owner != OWNER and ORDER_READ_PRE_STEERING < hook.order < ORDER_READ_POST_STEERING
+    ]
+    return bool(writes) and any(_site(layer, point) > min(writes) for layer, point in points)
 
 
 def _served_as(request: LiveRequest) -> tuple[str, int | None]:
@@ -160,7 +182,15 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         )
         columns = None
         if capture.positions:
-            columns = snapshot.bank.columns(capture.rows())
+            if writes_upstream(ctx.layer_hooks, snapshot.bank.points):
+                # Another plugin (steering) wrote the residual before a point the probes read, so the
+                # captured rows are steered: read the same tokens again, unsteered, in one forward pass
+                # with the probes' read hooks alone (the stateless scoring's pass).
+                began = time.perf_counter()
+                columns = forward_columns(engine, snapshot.bank, ids[: capture.positions])
+                request.unsteered_seconds = time.perf_counter() - began
+            else:
+                columns = snapshot.bank.columns(capture.rows())
             copies = 1
         readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
     scored_at, scored_cpu = time.perf_counter(), time.thread_time()
@@ -213,6 +243,8 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             "hooks_cpu_ms": round(hooks_cpu_s * ms, 3),
             "hooks_prompt_cpu_ms": round(prompt_hooks_cpu_s * ms, 3),
             "scoring_ms": round((scored_at - started) * ms, 3),
+            # of which the unsteered pass over the request's tokens (0 unless steering wrote upstream of a read)
+            "unsteered_pass_ms": round(request.unsteered_seconds * ms, 3),
             "scoring_cpu_ms": round((scored_cpu - started_cpu) * ms, 3),
             "recording_ms": round((done - scored_at) * ms, 3),
             "recording_cpu_ms": round((done_cpu - scored_cpu) * ms, 3),

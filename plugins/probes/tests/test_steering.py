@@ -1,4 +1,11 @@
-"""With the steering plugin installed: probes read the pre-steering residual, and stateless scoring is unsteered."""
+"""With the steering plugin installed: steering never changes what a probe reads.
+
+A probe reads the residual before any steering at every layer up to its own: at the steered
+point it reads before the write; downstream of one, the request's tokens are read again,
+unsteered, in one pass with the probes' reads alone (``unsteered_pass_ms`` in the request's
+report), so a live score equals the stateless scoring of the same text. Stateless scoring is
+unsteered.
+"""
 
 from __future__ import annotations
 
@@ -42,9 +49,16 @@ def test_probes_read_the_residual_before_steering(api, model_id, steered):
     pushed = api.post("/v1/chat/completions", json={**body, "steering": inline})
     assert pushed.headers["x-millm-steering"] != "none"
     steered_scores = prompt_scores(pushed)
-    # Read at the steered point, before the write: the same number. One layer on, steering shows.
+    report = api.get("/api/probes/status").json()["last_request"]
+    # Read at the steered point, before the write: the same number. One layer on, steering changed
+    # the residual (by more than 1e-2 before probes read it again), and the probe reads it unsteered.
     assert steered_scores["at-steering"] == pytest.approx(plain["at-steering"], abs=1e-6)
-    assert abs(steered_scores["after-steering"] - plain["after-steering"]) > 1e-2
+    assert steered_scores["after-steering"] == pytest.approx(plain["after-steering"], abs=1e-4)
+    assert report["unsteered_pass_ms"] > 0  # what it cost: one pass over the request's tokens
+    assert (
+        pushed.json()["choices"][0]["message"]
+        != api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    )  # the reply itself is steered
 
 
 def test_stateless_scoring_is_unsteered(api, model_id, steered):
@@ -58,5 +72,25 @@ def test_stateless_scoring_is_unsteered(api, model_id, steered):
     live = prompt_scores(
         api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 2, "temperature": 0})
     )
-    assert abs(live["after-steering"] - before) > 1e-2  # live traffic is steered
-    assert offline()["results"][0]["results"][0]["score"] == before  # scoring stored text is not
+    # Live traffic is steered (at layer 1), but the probe one layer on reads it unsteered: the
+    # stateless scoring of the same prompt, which is unsteered however the operator steers.
+    assert live["after-steering"] == pytest.approx(before, abs=1e-4)
+    assert offline()["results"][0]["results"][0]["score"] == before
+
+
+def test_what_counts_as_a_write_upstream_of_a_read():
+    """Only another plugin's write, and only one before the read point in the pass."""
+    from millm_host.api import ORDER_READ_POST_STEERING, ORDER_WRITE_STEERING, LayerHook
+    from millm_probes.live import writes_upstream
+
+    def write(layer, point, owner="steering", order=ORDER_WRITE_STEERING):
+        return LayerHook(layer, point, lambda hidden, start: None, order, owner)
+
+    reads = [(3, "resid_post")]
+    assert writes_upstream([write(2, "resid_post")], reads)  # an earlier layer
+    assert writes_upstream([write(3, "resid_pre")], reads)  # the layer's input, under a read of its output
+    assert not writes_upstream([write(3, "resid_post")], reads)  # the read's own point: probes read first
+    assert not writes_upstream([write(4, "resid_pre")], reads)  # after the read
+    assert not writes_upstream([write(1, "resid_post", order=ORDER_READ_POST_STEERING)], reads)  # a read
+    assert not writes_upstream([write(1, "resid_post", owner="probes")], reads)  # the probes' own hooks
+    assert not writes_upstream([], reads)
