@@ -94,5 +94,14 @@ def render_headers(ctx: RequestContext) -> dict[str, str]:
         headers["X-miLLM-Ignored-Fields"] = ignored_fields_header(ctx.unused_fields, limit)
     seed = getattr(ctx.params, "seed", None)
     if seed is not None:
-        headers["X-miLLM-Seed"] = serialize_item(seed, {"scope": "request"})
+        headers["X-miLLM-Seed"] = serialize_item(seed, {"scope": seed_scope(ctx)})
     return headers
+
+
+def seed_scope(ctx: RequestContext) -> str:
+    """What a seed promises for this request: ``request`` (the same seed, body and model give the same
+    text) when its generation runs alone; ``batch-shape`` when the engine serves generations in a
+    continuous batch, where the rows beside it (which the client does not choose) can round its
+    logits apart. Scoring never batches. Known before generation, so a stream's header says it too."""
+    batched = not ctx.scoring and ctx.engine is not None and ctx.engine.concurrent_generation
+    return "batch-shape" if batched else "request"

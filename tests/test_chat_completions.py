@@ -144,7 +144,8 @@ def test_seed_is_echoed_and_reproducible(tiny_server, model_id):
     first = client.chat.completions.with_raw_response.create(seed=7, **request)
     second = client.chat.completions.create(seed=7, **request)
     other = client.chat.completions.create(seed=8, **request)
-    assert first.headers["x-millm-seed"] == '7;scope="request"'
+    # The tiny server batches (the default): repeatable for the same batch shape, as here (one row at a time).
+    assert first.headers["x-millm-seed"] == '7;scope="batch-shape"'
     assert first.parse().choices[0].message.content == second.choices[0].message.content
     assert other.choices[0].message.content != second.choices[0].message.content
     unseeded = client.chat.completions.with_raw_response.create(**request)

@@ -121,3 +121,21 @@ def test_n_choices_run_as_rows_and_draw_their_serial_seeds(serial_server, batchi
     before = inference(batching_server)["batched"]
     assert choices(batching_server) == want
     assert inference(batching_server)["batched"] == before + 3
+
+
+def test_the_seed_header_says_a_batched_row_is_repeatable_for_its_batch_shape(serial_server, batching_server):
+    """A seeded row in the continuous batch can round apart with the rows beside it, which the client does
+    not choose: ``scope="batch-shape"``, streamed too (its header goes out before generation). Alone it is
+    ``request``."""
+
+    def seed_headers(server, stream: bool) -> str:
+        body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+        body.update(seed=11, temperature=0.9, stream=stream)
+        with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+            response.read()
+            assert response.status_code == 200
+            return response.headers["x-millm-seed"]
+
+    for stream in (False, True):
+        assert seed_headers(batching_server, stream) == '11;scope="batch-shape"'
+        assert seed_headers(serial_server, stream) == '11;scope="request"'
