@@ -181,18 +181,26 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             need_last_user=plan.last_user,
         )
         columns = None
+        unsteered_failed = False
         if capture.positions:
             if writes_upstream(ctx.layer_hooks, snapshot.bank.points):
                 # Another plugin (steering) wrote the residual before a point the probes read, so the
                 # captured rows are steered: read the same tokens again, unsteered, in one forward pass
                 # with the probes' read hooks alone (the stateless scoring's pass).
                 began = time.perf_counter()
-                columns = forward_columns(engine, snapshot.bank, ids[: capture.positions])
+                try:
+                    columns = forward_columns(engine, snapshot.bank, ids[: capture.positions])
+                except Exception:  # the model went away, memory: no steered score stands in for it
+                    log.exception("the unsteered pass of request %s failed", ctx.request_id)
+                    unsteered_failed = True
                 request.unsteered_seconds = time.perf_counter() - began
             else:
                 columns = snapshot.bank.columns(capture.rows())
             copies = 1
-        readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
+        if unsteered_failed:
+            readings = [Reading("failed", "unsteered_pass_failed", "unavailable") for _ in pairs]
+        else:
+            readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
     scored_at, scored_cpu = time.perf_counter(), time.thread_time()
     served = Served.of(ctx.engine, *_served_as(request))
     results = [

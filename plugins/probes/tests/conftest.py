@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,15 @@ class Lab:
         return self.aggregate(doc, s[start:end], logits[start:end])
 
     # --- documents -------------------------------------------------------------------
+    def definition_of(self, identity: dict[str, Any], spec: tuple, **kwargs: Any) -> dict[str, Any]:
+        """``definition`` from a row ``(name, layer, hook point, rule, k, skip_template_prefix)``, seeded by
+        its name (each probe its own weights)."""
+        name, layer, point, rule, k, skip = spec
+        kwargs.setdefault("seed", zlib.crc32(name.encode()) % 1000)
+        return self.definition(
+            identity, name=name, layer=layer, point=point, rule=rule, k=k, skip_prefix=skip, **kwargs
+        )
+
     def definition(
         self,
         identity: dict[str, Any],
@@ -226,8 +236,9 @@ class Lab:
         """A probe for the resident model, its test vectors scored here (``vector_layer``: on another layer).
 
         ``sae`` (``{"sae_id", "feature_indices"}``) makes a k-sparse probe over that SAE's features.
-        ``weight_scale`` scales the head's weights: on a real model's residual (entries in the
-        hundreds) unit weights give scores in the hundreds, where float32 rounding alone is ~1e-3.
+        ``weight_scale`` scales the head's weights and attention query: on a real model's residual
+        (entries in the hundreds) unit weights give scores in the hundreds and attention logits in
+        the thousands, where float32 rounding alone moves a score by ~1e-3.
         """
         rng = np.random.default_rng(seed)
         d = len(sae["feature_indices"]) if sae else self.d_model
@@ -236,7 +247,7 @@ class Lab:
             "bias": round(float(rng.normal()), 6),
             "norm_mean": [round(float(x), 6) for x in rng.normal(scale=0.1, size=d)],
             "norm_std": [round(float(x), 6) for x in rng.uniform(0.5, 2.0, size=d)],
-            "attention_query": [round(float(x), 6) for x in rng.normal(size=self.d_model)]
+            "attention_query": [round(float(x) * weight_scale, 6) for x in rng.normal(size=self.d_model)]
             if rule == "attention"
             else None,
         }

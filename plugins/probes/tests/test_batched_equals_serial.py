@@ -128,18 +128,11 @@ def arm_everything(server, sae_root: Path, lab: Lab, helpers) -> str:
         identity = http.get(f"/api/models/{model}").json()
         http.post("/api/saes", json={"path": str(sae_root / SAE), "sae_id": SAE}).raise_for_status()
         http.post(f"/api/saes/{SAE}/attach", json={}).raise_for_status()
-        for name, layer, point, rule, k, skip in PROBES:
-            doc = lab.definition(
-                identity,
-                name=name,
-                layer=layer,
-                point=point,
-                rule=rule,
-                k=k,
-                skip_prefix=skip,
-                windows=WINDOWS,
-                weight_scale=0.01,  # scores of a few units, as a trained probe's logits are
-            )
+        # Weights and attention query scaled: scores and attention logits of a few units, as a trained
+        # probe's are. Unscaled, SmolLM2's residual (entries in the hundreds) gives attention logits in
+        # the thousands, whose softmax turns the batched matmuls' float32 rounding into 3e-4.
+        for spec in PROBES:
+            doc = lab.definition_of(identity, spec, windows=WINDOWS, weight_scale=0.01)
             helpers.arm(http, helpers.import_probe(http, doc)["id"])
     return model
 

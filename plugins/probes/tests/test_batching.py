@@ -10,7 +10,6 @@ served in the batch, not on the serial fallback, and their results say so
 from __future__ import annotations
 
 import threading
-import zlib
 
 import pytest
 
@@ -47,18 +46,9 @@ def test_probes_score_each_row_of_a_batch_as_alone(batching_server, lab, helpers
         model = http.get("/api/health").json()["model"]
         identity = http.get(f"/api/models/{model}").json()
         docs = {}
-        for name, layer, point, rule, k, skip in PROBES:
-            doc = lab.definition(
-                identity,
-                name=name,
-                layer=layer,
-                point=point,
-                rule=rule,
-                k=k,
-                skip_prefix=skip,
-                windows=WINDOWS,
-                seed=zlib.crc32(name.encode()) % 1000,
-            )
+        for spec in PROBES:
+            doc = lab.definition_of(identity, spec, windows=WINDOWS)
+            skip = spec[-1]
             probe = helpers.import_probe(http, doc)
             helpers.arm(http, probe["id"])
             docs[probe["id"]] = (doc, skip)

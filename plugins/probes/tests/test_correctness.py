@@ -6,8 +6,6 @@ residual points before and after a layer. Tolerance 1e-4.
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 
 TOLERANCE = 1e-4
@@ -51,18 +49,9 @@ def expected_spans(lab, prompt, fed, skip):
 @pytest.mark.parametrize("batch", range(len(BATCHES)))
 def test_live_and_stateless_scores_match_independent_computation(api, lab, identity, model_id, helpers, batch):
     docs = {}
-    for name, layer, point, rule, k, skip in BATCHES[batch]:
-        doc = lab.definition(
-            identity,
-            name=name,
-            layer=layer,
-            point=point,
-            rule=rule,
-            k=k,
-            skip_prefix=skip,
-            windows=WINDOWS,
-            seed=zlib.crc32(name.encode()) % 1000,
-        )
+    for spec in BATCHES[batch]:
+        doc = lab.definition_of(identity, spec, windows=WINDOWS)
+        skip = spec[-1]
         probe = helpers.import_probe(api, doc)
         helpers.arm(api, probe["id"])
         docs[probe["id"]] = (doc, skip)

@@ -94,3 +94,19 @@ def test_what_counts_as_a_write_upstream_of_a_read():
     assert not writes_upstream([write(1, "resid_post", order=ORDER_READ_POST_STEERING)], reads)  # a read
     assert not writes_upstream([write(1, "resid_post", owner="probes")], reads)  # the probes' own hooks
     assert not writes_upstream([], reads)
+
+
+def test_a_failed_unsteered_pass_fails_the_results_not_the_request(api, model_id, steered, monkeypatch):
+    """No steered score stands in for an unsteered one: if the pass fails, the results say so."""
+    from millm_probes import live
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("out of memory (test)")
+
+    monkeypatch.setattr(live, "forward_columns", fails)
+    inline = {"sae_id": SAE_ID, "features": [{"index": 3, "strength": 120.0}]}
+    body = {"model": model_id, "messages": CHAT, "max_tokens": 2, "temperature": 0, "steering": inline}
+    response = api.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    results = response.json()["millm_probe_verdicts"]
+    assert {(r["outcome"], r["reason"], r["score"]) for r in results} == {("failed", "unsteered_pass_failed", None)}
