@@ -21,9 +21,10 @@ import re, sys
 def pins(path):
     return dict(m.groups() for m in re.finditer(r"^([A-Za-z0-9._-]+)==(\S+)", open(path).read(), re.M))
 old, new = pins(sys.argv[1]), pins(sys.argv[2])
-for name in sorted(old.keys() | new.keys(), key=str.lower):
-    if old.get(name) != new.get(name):
-        print(f"  {name}: {old.get(name, '-')} -> {new.get(name, '-')}")
+changed = [name for name in sorted(old.keys() | new.keys(), key=str.lower) if old.get(name) != new.get(name)]
+for name in changed:
+    print(f"  {name}: {old.get(name, '-')} -> {new.get(name, '-')}")
+print(f"  {len(changed)} of {len(new)} packages differ")
 PY
 
 "$python" -m venv "$scratch/venv"
