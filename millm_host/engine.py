@@ -408,6 +408,19 @@ class Engine(abc.ABC):
         """One forward pass over ``ids`` with ``hooks`` installed, nothing generated."""
         raise FieldNotHonoured(f"the {self.name} engine cannot run hooked forward passes", param=None)
 
+    def replay_in_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[LayerHook]]]) -> None:
+        """Run ``rows`` (prompt ids, given ids, hooks) together through the batch that serves generations.
+
+        Each row's prompt is prefilled beside the others, as requests that arrive together are;
+        then each given id is fed by one decode step in place of a sampled token (EOS among
+        them does not end the row), and one step more, so the hooks read every given id as a
+        reply's. Nothing is returned: the hooks are what reads. For checking that hooks read
+        in a batch what they read alone (probe parity). Called off the event loop, never from
+        the engine's model thread; an engine that serves each generation alone (not
+        ``concurrent_generation``) raises ``FieldNotHonoured``.
+        """
+        raise FieldNotHonoured(f"the {self.name} engine serves each generation alone", param=None)
+
     def score_next_token(
         self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()
     ) -> list[NextTokenScores]:

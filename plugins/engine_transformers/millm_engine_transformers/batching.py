@@ -136,6 +136,8 @@ class Row:
     cancel: threading.Event | None = None
     position: int = 0  # the position of its next input token
     arrived: float = 0.0  # time.monotonic() when it began to wait
+    #: A replay's given tokens (``replay``): fed in order instead of sampled, EOS among them ignored.
+    forced: list[int] = field(default_factory=list)
 
     @property
     def left(self) -> bool:
@@ -240,6 +242,48 @@ class BatchScheduler:
             row.gone = True
             with self._cond:
                 self._cond.notify()
+
+    def replay(self, rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[LayerHook]]]) -> None:
+        """Run ``rows`` (prompt, given tokens, hooks) through the batch as generations that arrive together.
+
+        Each prompt is prefilled (together, left-padded, in chunks, beside whatever runs), then its
+        given tokens are fed one decode step each in place of sampled ones, and one step more, so
+        its hooks read every given token as a generation's hooks read its reply. The shapes are
+        the ones live serving makes: what checks that a hook reads the same in a batch (parity)
+        runs. Returns when every row has ended; raises what failed one.
+        """
+        made = []
+        for prompt, given, hooks in rows:
+            params = SamplingParams(max_tokens=len(given) + 1, temperature=0.0)
+            made.append(
+                Row(
+                    hooks=layer_hooks.grouped(hooks, len(self.layers)),
+                    prompt=list(prompt),
+                    params=params,
+                    processors=[],
+                    generator=generator_for(params, self.device),
+                    penalties=Penalties(params, self.vocab_size, self.device),
+                    bias=LogitBias(params, self.device),
+                    position=len(prompt),
+                    forced=list(given),
+                )
+            )
+        with self._cond:  # enqueued at once, so they share a prefill when there is room
+            if self._closed:
+                raise RuntimeError("the batch scheduler is closed")
+            now = time.monotonic()
+            for row in made:
+                row.arrived = now
+            self._waiting.extend(made)
+            self._cond.notify()
+        failure: BaseException | None = None
+        for row in made:
+            while (item := row.out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    failure = failure or item
+                    break
+        if failure is not None:
+            raise failure
 
     @property
     def running(self) -> int:
@@ -476,6 +520,8 @@ class BatchScheduler:
                 continue
             if row.error is not None:  # one of its hooks raised during the pass
                 self._outbox.append((row, row.error))
+            elif len(row.generated) < len(row.forced):  # a replay: its next token is given
+                chosen[index] = (row.forced[len(row.generated)], logits[index])
             elif row.plain_greedy:
                 plain.append(index)
             else:
@@ -514,7 +560,7 @@ class BatchScheduler:
         row.penalties.record(token)
         self._outbox.append((row, item))
         done = (
-            token in self.eos_ids
+            (token in self.eos_ids and len(row.generated) > len(row.forced))
             or len(row.generated) >= params.max_tokens
             or (self.window is not None and row.position >= self.window)
         )

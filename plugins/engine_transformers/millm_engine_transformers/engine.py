@@ -401,6 +401,13 @@ class TransformersEngine(Engine):
 
         self._model_work(run)
 
+    def replay_in_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[LayerHook]]]) -> None:
+        """Through the continuous batch, as generations that arrive together (``BatchScheduler.replay``)."""
+        if self.batch is None:
+            super().replay_in_batch(rows)
+        else:
+            self.batch.replay(rows)
+
     def score_next_token(
         self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()
     ) -> list[NextTokenScores]:

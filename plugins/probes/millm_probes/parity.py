@@ -7,6 +7,13 @@ same ids share that vector's forward pass, as armed probes share a request's). T
 the definition's tolerance where that is tighter (the document parity checks
 cannot loosen its own check); per-token divergence and whether ``messages``
 re-render to the same ids are reported beside it and never decide.
+
+Where monitored generations are served in a continuous batch (an engine that batches,
+``PROBE_FORCE_SERIAL`` off), each vector is also checked in that shape: fed through
+the serving batch beside two rows of other lengths (one longer, so its prefill is
+left-padded), its prompt prefilled there and its last tokens fed one decode step each
+(``Engine.replay_in_batch``), as a reply's are. A vector passes when every shape
+checked does; the report lists the shapes (``shapes_checked``) and why one was not.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 
 from millm_host.api import NoChatTemplate
 
+from .capture import Capture
 from .definition import TestVector
 from .evaluate import forward_columns, read_pairs
 from .gates import model_identity
@@ -30,6 +38,11 @@ from .windows import common_prefix, measure
 
 #: The spec's bar (probe-monitors.txt, "within 1e-3"): a definition may tighten it, never loosen it.
 MAX_TOLERANCE = 1e-3
+#: A vector's last tokens fed by decode steps in the batch shape (the rest is its prompt's prefill):
+#: enough steps beside other rows to read a reply's shape, few enough that a check stays one prefill's cost.
+DECODED_TOKENS = 8
+#: The longer neighbour's extra tokens: the vector's prefill row is left-padded by this many.
+LONGER_BY = 7
 
 
 def tolerance(definition: Any) -> float:
@@ -55,7 +68,8 @@ async def run_parity_many(
     own place in the queue, so a chat waits at most one forward pass behind a set being checked."""
     host = runtime.host
     identity = model_identity(host, model_id)
-    reports = [_new_report(view, identity) for view in views]
+    batch_shape = _batch_shape_reason(runtime, engine)
+    reports = [_new_report(view, identity, batch_shape) for view in views]
     if not engine.hook_points:
         for report in reports:
             report.update(status="cannot_run", reason="engine_unsupported")
@@ -74,7 +88,9 @@ async def run_parity_many(
             async with host.engine_slot(model_id) as slot:
                 changed = slot.engine is not engine
                 if not changed:
-                    scored = await slot.run(_score_vectors, runtime, views, engine, list(ids), items, heads)
+                    scored = await slot.run(
+                        _score_vectors, runtime, views, engine, list(ids), items, heads, batch_shape is None
+                    )
         if changed:
             for i in {i for i, _, _ in items}:
                 reports[i].update(status="model_changed", reason="the model changed while parity ran")
@@ -93,7 +109,16 @@ async def run_parity_many(
     return out
 
 
-def _new_report(view: ProbeView, identity: dict[str, Any]) -> dict[str, Any]:
+def _batch_shape_reason(runtime: Runtime, engine: Any) -> str | None:
+    """Why monitored generations are not served in a continuous batch here (None: they are)."""
+    if not getattr(engine, "concurrent_generation", False):
+        return "the engine serves each generation alone"
+    if runtime.settings["PROBE_FORCE_SERIAL"]:
+        return "PROBE_FORCE_SERIAL serves monitored generations alone"
+    return None
+
+
+def _new_report(view: ProbeView, identity: dict[str, Any], batch_shape: str | None) -> dict[str, Any]:
     d = view.definition
     return {
         "object": "probe.parity_report",
@@ -104,6 +129,10 @@ def _new_report(view: ProbeView, identity: dict[str, Any]) -> dict[str, Any]:
         "tolerance": tolerance(d),
         "definition_tolerance": d.parity.tolerance,
         "window": d.scope,
+        # The shapes each vector was scored in: alone (one forward pass), and in the serving batch
+        # where monitored generations are served there; why a shape was not checked.
+        "shapes_checked": ["alone"] if batch_shape else ["alone", "continuous_batch"],
+        "shapes_not_checked": {"continuous_batch": batch_shape} if batch_shape else {},
         "vectors": [],
         "model": dict(identity),
         "created_at": now_iso(),
@@ -146,9 +175,11 @@ def _score_vectors(
     ids: list[int],
     items: list[tuple[int, int, TestVector]],
     heads: dict[int, CompiledProbe | ProbeUnusable],
+    in_batch: bool,
 ) -> list[dict[str, Any]]:
     """One vector's ``token_ids`` for every (probe, vector) in ``items``, in one forward pass (engine
-    thread); a row per item, as ``items`` lists them."""
+    thread), and with ``in_batch`` once more in the serving batch's shape; a row per item, as
+    ``items`` lists them."""
     for i in {i for i, _, _ in items}:  # each head compiled once, on its first vector's turn
         if i not in heads:
             view = views[i]
@@ -163,6 +194,7 @@ def _score_vectors(
     usable = {} if invalid else {i: h for i, h in ((i, heads[i]) for i, _, _ in items) if isinstance(h, CompiledProbe)}
     bank = Bank(list(usable.values())) if usable else None
     columns = forward_columns(engine, bank, ids) if bank is not None else None
+    batched = _batch_columns(engine, bank, ids) if in_batch and bank is not None else None
     drifts: dict[str, Any] = {}
     rows = []
     for i, index, vector in items:
@@ -206,12 +238,59 @@ def _score_vectors(
             row["score"] = reading.score
             row["difference"] = abs(reading.score - vector.score)
             row["passed"] = row["difference"] <= tolerance(d)
+        row["shapes"] = {"alone": _shape_row(reading.score, vector.score, d)}
+        if batched is not None:
+            batch_columns, shape = batched
+            in_shape = (
+                read_pairs([(view, d.scope)], bank, batch_columns, layout)[0] if batch_columns is not None else None
+            )
+            shape_row = row["shapes"]["continuous_batch"] = {
+                **_shape_row(None if in_shape is None else in_shape.score, vector.score, d),
+                **shape,
+            }
+            if row["passed"] and not shape_row["passed"]:
+                row["passed"] = False
+                why = shape_row.get("error") or shape_row["reason"]
+                if why is None:
+                    why = f"difference {shape_row['difference']:.6g} > tolerance {tolerance(d):g}"
+                row["reason"] = f"in the continuous batch: {why}"
         row["per_token"] = _per_token_divergence(bank.per_token(columns, view.probe_id), vector.per_token)
         key = json.dumps(vector.messages, sort_keys=True) if vector.messages else ""
         if key not in drifts:  # the same messages render the same ids: once per forward pass
             drifts[key] = _drift(engine, vector)
         row["tokenization_drift"] = drifts[key]
     return rows
+
+
+def _shape_row(score: float | None, recorded: float, d: Any) -> dict[str, Any]:
+    """One shape's score against the recorded one."""
+    if score is None:
+        return {"score": None, "difference": None, "passed": False, "reason": "not_scored"}
+    difference = abs(score - recorded)
+    return {"score": score, "difference": difference, "passed": difference <= tolerance(d), "reason": None}
+
+
+def _batch_columns(engine: Any, bank: Bank, ids: list[int]) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """``ids`` read in the serving batch's shape (``Engine.replay_in_batch``): its prompt prefilled beside a
+    longer and a shorter row, its last ``DECODED_TOKENS`` fed by decode steps beside theirs; the columns
+    (None when a pass failed or fell short) and the shape it ran in."""
+    n = len(ids)
+    split = max(1, n - DECODED_TOKENS)
+    given = ids[split:]
+    longer = (ids * (2 + LONGER_BY // n))[: split + LONGER_BY]
+    shorter = ids[: max(1, split // 2)]
+    capture = Capture(bank.points, n)
+    shape: dict[str, Any] = {"prefilled": split, "decoded": len(given), "beside": [len(longer), len(shorter)]}
+    try:
+        engine.replay_in_batch([(ids[:split], given, capture.hooks()), (longer, given[::-1], ()), (shorter, given, ())])
+    except Exception as exc:  # reported as this shape's failure; the alone shape still stands
+        shape.update(batch_rows=0, error=f"{type(exc).__name__}: {exc}")
+        return None, shape
+    shape.update(batch_rows=capture.batch_rows, passes=capture.passes)
+    if capture.positions < n:
+        shape["error"] = f"the batch read {capture.positions} of {n} positions"
+        return None, shape
+    return bank.columns(capture.rows()), shape
 
 
 def _per_token_divergence(computed: np.ndarray, recorded: list[float] | None) -> dict[str, Any]:

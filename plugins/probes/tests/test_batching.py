@@ -116,3 +116,44 @@ def test_one_batched_read_fills_each_requests_buffer_with_its_rows_only():
     assert torch.equal(second.rows()[point], torch.cat([hidden[2], hidden[2, -1:]]))
     assert (first.passes, second.passes, first.positions, second.positions) == (2, 2, 4, 5)
     assert first.batch_rows == second.batch_rows == 3  # the batch's sequences, the unmonitored one included
+
+
+def test_parity_checks_each_vector_in_the_batch_shape_that_serves_it(batching_server, lab, helpers):
+    """Parity feeds each vector through the serving batch beside a longer and a shorter row (its prompt
+    prefilled left-padded, in chunks of 5 tokens here, its last tokens one decode step each) and gates on it."""
+    with batching_server.http() as http:
+        identity = http.get(f"/api/models/{http.get('/api/health').json()['model']}").json()
+        for rule in ("mean", "max", "attention"):
+            probe = helpers.import_probe(http, lab.definition(identity, name=f"batch-parity-{rule}", rule=rule, layer=2))
+            report = http.post(f"/api/probes/{probe['id']}/parity").json()
+            http.delete(f"/api/probes/{probe['id']}")
+            assert report["status"] == "passed", report
+            assert report["shapes_checked"] == ["alone", "continuous_batch"]
+            for vector in report["vectors"]:
+                batched = vector["shapes"]["continuous_batch"]
+                assert batched["passed"] and batched["difference"] <= 1e-4, batched
+                assert batched["batch_rows"] == 3 and batched["beside"][0] == batched["prefilled"] + 7
+                assert batched["passes"] > batched["decoded"] + 1  # the prompt took several prefill chunks
+                assert abs(batched["score"] - vector["shapes"]["alone"]["score"]) <= 1e-4
+
+
+def test_parity_fails_a_probe_that_reads_otherwise_in_the_batch(batching_server, lab, helpers, monkeypatch):
+    """A batch that fed a vector's last tokens in another order (what a row-map bug would do) fails parity,
+    though the vector scores right alone: the batch shape is checked, not assumed."""
+    engine = batching_server.host.registry.engine
+    real = engine.replay_in_batch
+
+    def misordered(rows):
+        (prompt, given, hooks), *others = rows
+        real([(prompt, given[::-1], hooks), *others])
+
+    monkeypatch.setattr(engine, "replay_in_batch", misordered)
+    with batching_server.http() as http:
+        identity = http.get(f"/api/models/{http.get('/api/health').json()['model']}").json()
+        probe = helpers.import_probe(http, lab.definition(identity, name="batch-misread", rule="mean", layer=2))
+        report = http.post(f"/api/probes/{probe['id']}/parity").json()
+        http.delete(f"/api/probes/{probe['id']}")
+    assert report["status"] == "failed", report
+    for vector in report["vectors"]:
+        assert vector["shapes"]["alone"]["passed"] and not vector["shapes"]["continuous_batch"]["passed"]
+        assert vector["reason"].startswith("in the continuous batch: difference")

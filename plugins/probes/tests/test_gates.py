@@ -21,8 +21,14 @@ def test_parity_passes_for_a_probe_built_on_the_model(api, lab, identity, helper
     report = api.post(f"/api/probes/{probe['id']}/parity").json()
     assert report["status"] == "passed"
     assert report["model"]["load_id"] == identity["load_id"]
+    # Checked as it is served: alone, and in the continuous batch beside a longer and a shorter row.
+    assert report["shapes_checked"] == ["alone", "continuous_batch"] and report["shapes_not_checked"] == {}
     for vector in report["vectors"]:
         assert vector["passed"] and vector["difference"] <= 1e-4
+        batched = vector["shapes"]["continuous_batch"]
+        assert batched["passed"] and batched["difference"] <= 1e-4, batched
+        assert batched["batch_rows"] == 3 and batched["decoded"] == min(8, vector["n_tokens"] - 1)
+        assert abs(batched["score"] - vector["score"]) <= 1e-4
         assert vector["per_token"]["compared"] == vector["n_tokens"]
         assert vector["per_token"]["max_abs_divergence"] < 1e-4
         assert vector["tokenization_drift"]["reproduces"] is True

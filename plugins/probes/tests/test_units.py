@@ -218,3 +218,17 @@ def test_the_recommendation_counts_what_the_gate_accepts(seed):
     assert not capacity.project(budget, dense(fit + 1))["fits"]
     projected = capacity.project(budget, dense(fit))
     assert {h: projected[h]["cost_ms"] for h in capacity.HALVES} == recommendation["dense_cost_ms"]
+
+
+def test_parity_checks_the_batch_shape_only_where_monitored_rows_are_batched():
+    from types import SimpleNamespace
+
+    from millm_probes.parity import _batch_shape_reason
+
+    def runtime(force_serial: bool):
+        return SimpleNamespace(settings={"PROBE_FORCE_SERIAL": force_serial})
+
+    batching, alone = SimpleNamespace(concurrent_generation=True), SimpleNamespace(concurrent_generation=False)
+    assert _batch_shape_reason(runtime(False), batching) is None
+    assert _batch_shape_reason(runtime(True), batching) == "PROBE_FORCE_SERIAL serves monitored generations alone"
+    assert _batch_shape_reason(runtime(False), alone) == "the engine serves each generation alone"
