@@ -46,7 +46,8 @@ def test_real_model_response_matches_openai_schema(tiny_server, model_id):
     assert response.status_code == 200
     body = response.json()
     validate_openai("CreateChatCompletionResponse", body)
-    assert body["system_fingerprint"] == f"millm:{model_id}@unrecorded:float32/F32:transformers"
+    # The tiny server batches (the default): the fingerprint says the reply shared a continuous batch.
+    assert body["system_fingerprint"] == f"millm:{model_id}@unrecorded:float32/F32:transformers+continuous"
     assert 1 <= body["usage"]["completion_tokens"] <= 5
 
 

@@ -19,7 +19,7 @@ def test_greedy_answer_mentions_paris(default_server):
         model="SmolLM2-135M-Instruct", messages=QUESTION, temperature=0, max_tokens=30
     )
     assert "Paris" in reply.choices[0].message.content
-    assert reply.system_fingerprint == "millm:SmolLM2-135M-Instruct@unrecorded:float32/Q4_1:transformers"
+    assert reply.system_fingerprint == "millm:SmolLM2-135M-Instruct@unrecorded:float32/Q4_1:transformers+continuous"
 
 
 def test_streamed_text_equals_non_streamed_text(default_server):

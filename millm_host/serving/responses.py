@@ -5,12 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 from ..context import RequestContext
+from ..default_fields import seed_scope
 from .logprobs import render as render_logprobs
 
 
 def response_id(ctx: RequestContext) -> str:
     prefix = "chatcmpl" if ctx.is_chat else "cmpl"
     return f"{prefix}-{ctx.request_id}"
+
+
+def system_fingerprint(ctx: RequestContext) -> str:
+    """The engine's fingerprint, marked ``+continuous`` when the generation shares a continuous batch:
+    the rows beside it can round its logits apart, so the same seed and body promise the same text
+    only for the same batch's shape (``X-miLLM-Seed``'s ``scope="batch-shape"``)."""
+    assert ctx.engine is not None
+    base = ctx.engine.info.system_fingerprint
+    return base + "+continuous" if seed_scope(ctx) == "batch-shape" else base
 
 
 def usage(ctx: RequestContext) -> dict[str, int]:
@@ -49,7 +59,7 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
         "object": "chat.completion" if ctx.is_chat else "text_completion",
         "created": ctx.created,
         "model": ctx.model.id,
-        "system_fingerprint": ctx.engine.info.system_fingerprint,
+        "system_fingerprint": system_fingerprint(ctx),
         "choices": choices,
         "usage": usage(ctx),
     }
@@ -63,7 +73,7 @@ def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> d
         "object": "chat.completion.chunk" if ctx.is_chat else "text_completion",
         "created": ctx.created,
         "model": ctx.model.id,
-        "system_fingerprint": ctx.engine.info.system_fingerprint,
+        "system_fingerprint": system_fingerprint(ctx),
         "choices": choices,
     }
     if wants_usage(ctx):

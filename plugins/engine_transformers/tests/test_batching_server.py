@@ -7,6 +7,8 @@ server goes on; ``/api/health/inference`` reports it all.
 
 from __future__ import annotations
 
+import json
+
 import threading
 import time
 
@@ -125,17 +127,19 @@ def test_n_choices_run_as_rows_and_draw_their_serial_seeds(serial_server, batchi
 
 def test_the_seed_header_says_a_batched_row_is_repeatable_for_its_batch_shape(serial_server, batching_server):
     """A seeded row in the continuous batch can round apart with the rows beside it, which the client does
-    not choose: ``scope="batch-shape"``, streamed too (its header goes out before generation). Alone it is
-    ``request``."""
+    not choose: ``scope="batch-shape"``, streamed too (its header goes out before generation), and its
+    ``system_fingerprint`` ends in ``+continuous``. Alone it is ``request`` and the plain fingerprint."""
 
-    def seed_headers(server, stream: bool) -> str:
+    def served(server, stream: bool) -> tuple[str, set[str]]:
         body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
         body.update(seed=11, temperature=0.9, stream=stream)
         with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
-            response.read()
+            text = response.read().decode()
             assert response.status_code == 200
-            return response.headers["x-millm-seed"]
+            bodies = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+            return response.headers["x-millm-seed"], {b["system_fingerprint"] for b in bodies or [json.loads(text)]}
 
+    plain = f"millm:{serial_server.model_id}@unrecorded:float32/F32:transformers"
     for stream in (False, True):
-        assert seed_headers(batching_server, stream) == '11;scope="batch-shape"'
-        assert seed_headers(serial_server, stream) == '11;scope="request"'
+        assert served(batching_server, stream) == ('11;scope="batch-shape"', {plain + "+continuous"})
+        assert served(serial_server, stream) == ('11;scope="request"', {plain})
