@@ -3,6 +3,11 @@
 Probes may slow each token by at most ``PROBE_SLOWDOWN_BUDGET_PCT`` of the
 model's own time, and arming fills at most ``PROBE_BUDGET_HEADROOM`` of that.
 The budget has two halves: per generated token and per 1,000 prompt tokens.
+Where generations share a continuous batch, a measurement adds a per-token half
+for each batch size it timed (``per_token_rows_N``): a row there pays its share
+of the model's step (the base of its budget) and of each batched read, so the
+same set is a larger share of a row's time the fuller the batch; a set must fit
+every half.
 Until a model is measured (or when its measurement is stale) the fallback
 budgets ``PROBE_MAX_OVERHEAD_MS_PER_PASS`` and ``PROBE_MAX_PREFILL_MS_PER_1K``
 apply, with the reference unit costs below.
@@ -24,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 HALVES = ("per_token", "per_1k_prompt")
+ROWS_HALF = "per_token_rows_"  # + N: per generated token of a row in a continuous batch of N rows
 KINDS = ("layer", "mean", "max", "attention", "sparse", "request", "result")
 SPARSE_FACTOR = 5.0  # "a k-sparse probe costs about five times a dense one per token" (no SAE to time it with)
 
@@ -110,10 +116,9 @@ def cost(units: dict[str, dict[str, float]], shape: Shape) -> dict[str, float]:
     generated-token half carries what every pass pays.
     """
     if not shape.kinds:
-        return {half: 0.0 for half in HALVES}
+        return {half: 0.0 for half in units}
     out = {}
-    for half in HALVES:
-        u = units[half]
+    for half, u in units.items():
         out[half] = (
             shape.points * u["layer"]
             + sum(u[kind] * count for kind, count in shape.kinds)
@@ -213,8 +218,10 @@ def budget(
     }
     fallback_names = {"per_token": "PROBE_MAX_OVERHEAD_MS_PER_PASS", "per_1k_prompt": "PROBE_MAX_PREFILL_MS_PER_1K"}
     halves: dict[str, Any] = {}
-    for half in HALVES:
-        ms = (limits or {}).get(f"ms_{half}")
+    units = units_of(usable)
+    for half in units:
+        # An override of the per-token half is a row's ms per token, in a batch or alone.
+        ms = (limits or {}).get(f"ms_{half}" if not half.startswith(ROWS_HALF) else "ms_per_token")
         if ms is not None:
             budget_ms, source = ms, "override"
         elif usable is not None:
@@ -226,7 +233,11 @@ def budget(
             "fillable_ms": budget_ms * headroom,
             "source": source,
             "setting": fallback_names[half] if source == "fallback" else None,
+            # the model's own ms on this half (a row's share of the batch's step): what overhead is a share of
+            "step_ms": usable["step"][f"ms_{half}"] if usable is not None else None,
         }
+        if half.startswith(ROWS_HALF):
+            halves[half]["batch_rows"] = int(half.removeprefix(ROWS_HALF))
     measured = usable is not None
     return {
         "measured": measured,
@@ -234,8 +245,9 @@ def budget(
         "slowdown_budget_pct": pct,
         "slowdown_budget_pct_source": pct_source,
         "headroom": headroom,
-        "units": units_of(usable),
+        "units": units,
         "units_source": "measured" if measured else "reference",
+        "halves": list(units),
         **halves,
     }
 
@@ -250,10 +262,25 @@ def project(budget_now: dict[str, Any], views: Iterable[Any] | Shape) -> dict[st
             "budget_ms": round(budget_now[half]["budget_ms"], 6),
             "source": budget_now[half]["source"],
             "fits": spent[half] <= budget_now[half]["fillable_ms"] + 1e-12,
+            "overhead_pct": _pct(spent[half], budget_now[half].get("step_ms")),
         }
-        for half in HALVES
+        for half in budget_now["units"]
     }
     return {"basis": budget_now["basis"], "fits": all(h["fits"] for h in halves.values()), **halves}
+
+
+def _pct(spent: float, step_ms: float | None) -> float | None:
+    """``spent`` as a percentage of the model's own ``step_ms`` (None when not measured)."""
+    return round(100.0 * spent / step_ms, 4) if step_ms else None
+
+
+def half_at_rows(halves: Iterable[str], rows: int) -> str:
+    """The per-token half that prices a row of a batch of ``rows``: the smallest measured batch size at
+    least ``rows`` (the largest measured when the batch is fuller), ``per_token`` for a row alone."""
+    sizes = sorted(int(h.removeprefix(ROWS_HALF)) for h in halves if h.startswith(ROWS_HALF))
+    if rows <= 1 or not sizes:
+        return "per_token"
+    return f"{ROWS_HALF}{next((size for size in sizes if size >= rows), sizes[-1])}"
 
 
 def over_message(projection: dict[str, Any]) -> str:
@@ -261,7 +288,7 @@ def over_message(projection: dict[str, Any]) -> str:
     over = [
         f"{half.replace('_', ' ')} {projection[half]['cost_ms']:.4g} ms > {projection[half]['fillable_ms']:.4g} ms "
         f"({projection[half]['source']})"
-        for half in HALVES
+        for half in HALVES + tuple(h for h in projection if h.startswith(ROWS_HALF))
         if not projection[half]["fits"]
     ]
     return f"the armed set would cost {'; '.join(over)}; the budget is {projection['basis']}"
@@ -273,7 +300,7 @@ def over_message(projection: dict[str, Any]) -> str:
 def fits(units: dict[str, dict[str, float]], fillable: dict[str, float], shape: Shape) -> bool:
     """Whether ``shape`` fits both halves of ``fillable`` (the arming gate's own test)."""
     spent = cost(units, shape)
-    return all(spent[h] <= fillable[h] + 1e-12 for h in HALVES)
+    return all(spent[h] <= fillable[h] + 1e-12 for h in units)
 
 
 def most_that_fit(units: dict[str, dict[str, float]], fillable: dict[str, float], shape: Callable[[int], Shape]) -> int:
@@ -293,8 +320,8 @@ def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[st
         return None
     pct, headroom = settings["PROBE_SLOWDOWN_BUDGET_PCT"], settings["PROBE_BUDGET_HEADROOM"]
     units = measurement["units"]
-    budget_ms = {half: pct / 100.0 * measurement["step"][f"ms_{half}"] for half in HALVES}
-    fillable = {half: budget_ms[half] * headroom for half in HALVES}
+    budget_ms = {half: pct / 100.0 * measurement["step"][f"ms_{half}"] for half in units}
+    fillable = {half: budget_ms[half] * headroom for half in units}
     sets = most_that_fit(units, fillable, Shape.reference_sets)
     dense = most_that_fit(units, fillable, Shape.dense)
     body = {
@@ -316,6 +343,11 @@ def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[st
         f"probes on one layer, costed exactly as arming costs them (per hooked layer, per probe, and per "
         f"request on the prompt half)."
     )
+    rows = [half for half in units if half.startswith(ROWS_HALF)]
+    if rows:
+        body["explanation"] += " In a continuous batch a row pays its share of the batch's step, so the counts fit " + (
+            ", ".join(f"{budget_ms[h]:.4g} ms per token at {h.removeprefix(ROWS_HALF)} rows" for h in rows) + " too."
+        )
     body["digest"] = digest(body)
     return body
 

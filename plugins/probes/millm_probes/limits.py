@@ -10,7 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from millm_host.api import MillmError, ModelBusy, validate
 
 from . import capacity, capacity_store
-from .capacity import HALVES
 from .errors import GateRefused, ProbeArmed
 from .measure import measure
 from .results import now_iso
@@ -77,7 +76,17 @@ def armed_cost(runtime: Runtime) -> dict[str, Any] | None:
         return None
     budget = budget_now(runtime, engine.info.id, engine.info)
     armed = [a.view for a in runtime.snapshot.armed]
-    return {"model_id": engine.info.id, "probes": len(armed), **capacity.project(budget, armed)}
+    projection = capacity.project(budget, armed)
+    rows = int(engine.inference().get("running") or 0)
+    half = capacity.half_at_rows(budget["halves"], rows)
+    running = {  # what each monitored row pays now, at the batch's size
+        "rows": rows,
+        "half": half,
+        "cost_ms_per_row_token": projection[half]["cost_ms"],
+        "model_ms_per_row_token": budget[half]["step_ms"],
+        "overhead_pct": projection[half]["overhead_pct"],
+    }
+    return {"model_id": engine.info.id, "probes": len(armed), **projection, "running_batch": running}
 
 
 def cost_refusal(projection: dict[str, Any]) -> GateRefused:
@@ -105,7 +114,7 @@ def _limits_in_force(settings: Any, budget: dict[str, Any], limits: dict[str, An
         "max_armed": {"value": settings["PROBE_MAX_ARMED"], "source": "setting PROBE_MAX_ARMED"},
         "behaviours": {"value": None, "source": "none: as many probes arm as fit the budget (D83)"},
     }
-    for half in HALVES:
+    for half in budget["halves"]:
         source = budget[half]["source"]
         in_force[f"{half}_ms"] = {
             "value": round(budget[half]["budget_ms"], 6),

@@ -13,6 +13,10 @@ in a pass; a session's turn: 0.2 ms against 2 ms):
   is the paired difference, every point hooked against none, in the engine
   thread's CPU time (wall on a GPU), less their callbacks;
 - a hooked point per prompt pass: its capture's time over a 1,000-token prompt;
+- where generations share a continuous batch, the model's decode step and a hooked
+  point's part per row at 2, 4, … up to the batch's most rows: rows fed through the
+  serving batch together (``Engine.replay_in_batch``), so a row's share of the model's
+  step and of the one batched read per point is what a monitored row pays there;
 - scoring as a request scores (the bank's product, the one copy, each window
   read) for mean, max and attention probes, one and many at a time over a short
   and a long request, so a probe's part per position is told apart from its
@@ -43,7 +47,7 @@ import sqlalchemy as sa
 
 from millm_host.api import NoChatTemplate, RequestContext, SamplingParams, SequenceOutput
 
-from . import live
+from . import capacity, live
 from .capacity import SPARSE_FACTOR, identity_of
 from .capture import Capture
 from .definition import Decision, parse
@@ -58,6 +62,8 @@ from .tables import ProbeEvent
 from .windows import Layout
 
 DECODE_TOKENS = 32
+BATCH_DECODE_TOKENS = 16  # decode steps timed per batch size
+BATCH_ROWS = (2, 4, 8, 16, 32)  # batch sizes timed, up to the engine's most rows (which is timed too)
 PROMPT_TOKENS = 1000
 REPEATS = 5
 MANY = 32  # probes of one kind scored together against one
@@ -170,6 +176,52 @@ def _step(engine: Any, sync: Callable[[], None]) -> tuple[dict[str, Any], dict[s
         "prompt_callback": _median(lambda: prefill(lone), 3),
     }
     return step, hook
+
+
+def _batched(
+    engine: Any, sync: Callable[[], None], lone: list[Point], dispatch: float, cpu: bool
+) -> dict[int, dict[str, float]]:
+    """Per batch size (rows > 1, up to the engine's most rows): the model's decode step (wall ms, the whole
+    batch's), a row's share of it, and a hooked point's part per row and pass (inside the one batched read,
+    shared out among its rows, on the probe clock; plus the hook path's ``dispatch``, paid once per pass and
+    shared by the rows). Empty where generations are served alone."""
+    if not getattr(engine, "concurrent_generation", False):
+        return {}
+    most = int(engine.inference().get("max_rows") or 1)
+    sizes = sorted({rows for rows in BATCH_ROWS if rows < most} | ({most} if most > 1 else set()))
+    prompt, given = _prompt(engine, 16), _prompt(engine, BATCH_DECODE_TOKENS)
+
+    def run(rows: int, tokens: list[int], hooked: bool) -> tuple[float, float]:
+        captures = [Capture(lone, len(prompt) + len(tokens) + 2) for _ in range(rows)] if hooked else []
+        sync()
+        began = time.perf_counter()
+        engine.replay_in_batch([(prompt, tokens, captures[i].hooks() if hooked else ()) for i in range(rows)])
+        sync()
+        took = time.perf_counter() - began
+        inside = 0.0
+        if captures and captures[0].passes > 1:  # each capture holds its share of each batched call
+            spent = sum(
+                (c.cpu_seconds - c.prompt_cpu_seconds) if cpu else (c.seconds - c.prompt_seconds) for c in captures
+            )
+            inside = spent * 1000 / (captures[0].passes - 1) / rows
+        return took, inside
+
+    out: dict[int, dict[str, float]] = {}
+    for rows in sizes:
+        run(rows, given, False)  # warm-up at this size
+        steps, inside = [], []
+        for _ in range(3):
+            whole, _ = run(rows, given, False)
+            prefill, _ = run(rows, [], False)
+            steps.append(max(whole - prefill, 0.0) * 1000 / len(given))
+            inside.append(run(rows, given, True)[1])
+        step = statistics.median(steps)
+        out[rows] = {
+            "ms_per_step": step,
+            "ms_per_row_token": step / rows,
+            "hook_ms_per_row_pass": statistics.median(inside) + dispatch / rows,
+        }
+    return out
 
 
 # --- a request's own work, through the live path ----------------------------------------------------
@@ -425,9 +477,18 @@ def measure(engine: Any, model_id: str, host: Any) -> dict[str, Any]:
     sync = _sync(engine.info.device)
     cpu = not str(engine.info.device).startswith("cuda")
     step, hook = _step(engine, sync)
+    batches = _batched(engine, sync, [(engine.info.n_layers // 2, "resid_post")], hook["dispatch"], cpu)
     work = _request_work(host, engine, cpu)
     units, parts = _units(engine, sync, hook, work, time.thread_time if cpu else time.perf_counter)
     parts["clock"] = step["hook_clock"]
+    # A row of a batch of N: its share of the model's step is the budget's base, its hooked point is its
+    # share of the batched read; its probes' arithmetic and its request's work are its own, as alone.
+    step["batch"] = {str(rows): {k: round(v, 6) for k, v in line.items()} for rows, line in batches.items()}
+    for rows, line in batches.items():
+        half = f"{capacity.ROWS_HALF}{rows}"
+        step[f"ms_{half}"] = line["ms_per_row_token"]
+        layer = line["hook_ms_per_row_pass"] + parts["point_scoring_ms_per_1k"] / PROMPT_TOKENS
+        units[half] = {**units["per_token"], "layer": round(layer, 6)}
     return {
         "object": "probe.capacity_measurement",
         "measurement_id": "pm_" + secrets.token_hex(6),
@@ -444,6 +505,8 @@ def measure(engine: Any, model_id: str, host: Any) -> dict[str, Any]:
         "rendered into the response body), "
         f"timed through the live path with a private set of {REQUEST_SETS[0]} and of {REQUEST_SETS[1]} dense probes "
         "and charged to the "
-        f"prompt half; sparse is estimated at {SPARSE_FACTOR:g}x a dense probe",
+        f"prompt half; sparse is estimated at {SPARSE_FACTOR:g}x a dense probe; per_token_rows_N: per generated "
+        "token of a row in a continuous batch of N rows (the hooked point's share of the one batched read and of the "
+        "hook path), against that row's share of the batch's step",
         "measured_at": now_iso(),
     }

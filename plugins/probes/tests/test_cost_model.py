@@ -90,7 +90,17 @@ def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
     assert units["per_1k_prompt"]["request"] > 0 and units["per_1k_prompt"]["result"] > 0
     assert units["per_token"]["request"] == 0 and units["per_token"]["result"] == 0  # charged to the prompt half
     recommendation = measured["recommendation"]
-    assert set(recommendation["dense_cost_ms"]) == {"per_token", "per_1k_prompt"}
+    # The server batches (8 rows at most): a row's share of the step and of the batched read at 2, 4 and 8 rows.
+    batch = step["batch"]
+    assert set(batch) == {"2", "4", "8"}
+    for rows, line in batch.items():
+        half = f"per_token_rows_{rows}"
+        assert line["ms_per_step"] > 0 and line["ms_per_row_token"] == pytest.approx(line["ms_per_step"] / int(rows))
+        assert step[f"ms_{half}"] == pytest.approx(line["ms_per_row_token"], abs=1e-6)
+        assert units[half]["layer"] > 0 and units[half]["mean"] == units["per_token"]["mean"]  # its arithmetic: its own
+        assert measured["budget"][half]["budget_ms"] == pytest.approx(0.05 * step[f"ms_{half}"])
+        assert measured["budget"][half]["batch_rows"] == int(rows)
+    assert set(recommendation["dense_cost_ms"]) == {"per_token", "per_1k_prompt"} | {f"per_token_rows_{n}" for n in batch}
     # the writes it timed left nothing behind
     assert http.get("/api/probes/events").json()["data"] == []
     assert http.get("/api/probes/sessions").json()["data"] == []
@@ -192,3 +202,33 @@ def test_a_measurement_of_another_precision_or_device_is_stale(http, server, mod
     [cost] = [g for g in refusal["set_gates"] if g["gate"] == "cost"]
     assert "the budget is fallback (the measurement is stale)" in cost["message"]
     assert len(refusal["probes"]) == len(probes)
+
+
+def test_a_set_must_fit_a_row_of_a_full_batch(http, server, model_id, measured, lab, helpers):
+    """In a batch of 8 a row's share of the step is 2 ms (not 10): one dense probe fits there, though seven
+    fit a row alone; the recommendation, the gate and status all cost the batch's rows so."""
+    units = {**UNITS, "per_token_rows_8": {**UNITS["per_token"], "layer": 0.02}}
+    step = {**STEP, "ms_per_token_rows_8": 2.0}
+    seed(server, model_id, measurement={**measured["measurement"], "units": units, "step": step})
+    capacity = http.get(f"/api/models/{model_id}/probe-capacity").json()
+    recommendation = capacity["recommendation"]
+    assert recommendation["dense_probes_fit"] == 1 and "2 rows" not in recommendation["explanation"]
+    assert "0.1 ms per token at 8 rows" in recommendation["explanation"]
+    identity = http.get(f"/api/models/{model_id}").json()
+    first, second = (
+        helpers.import_probe(http, lab.definition(identity, name=f"row-{i}", behaviour="rows", seed=i)) for i in range(2)
+    )
+    assert http.post(f"/api/probes/{first['id']}/arm", json={}).status_code == 200
+    refusal = assert_error(http.post(f"/api/probes/{second['id']}/arm", json={}), 409, "PROBE_COST_BUDGET_EXCEEDED")
+    assert "per token rows 8 0.12 ms > 0.09 ms" in refusal["message"]
+    assert refusal["cost"]["per_token"]["fits"] and not refusal["cost"]["per_token_rows_8"]["fits"]
+    cost = http.get("/api/probes/status").json()["cost"]
+    # Nothing runs now: a row alone pays 0.15 ms of its 10 ms (1.5 %); one of a batch of 8 would pay 0.07 of 2 (3.5 %).
+    assert cost["running_batch"] == {
+        "rows": 0,
+        "half": "per_token",
+        "cost_ms_per_row_token": 0.15,
+        "model_ms_per_row_token": 10.0,
+        "overhead_pct": 1.5,
+    }
+    assert cost["per_token_rows_8"]["overhead_pct"] == 3.5
