@@ -11,7 +11,7 @@ from millm_host.api import MillmError, ModelBusy, validate
 
 from . import capacity, capacity_store
 from .errors import GateRefused, ProbeArmed
-from .measure import measure
+from .measure import Stop, measure
 from .results import now_iso
 from .runtime import Runtime
 
@@ -137,6 +137,7 @@ def _capacity(runtime: Runtime, model_id: str) -> dict[str, Any]:
         "model_id": model_id,
         "loaded": info is not None,
         "measured": measurement is not None,
+        "measuring": model_id in runtime.measuring,  # a measurement is in progress in this process
         "measurement": measurement,
         "stale": bool(stale) if stale is not None else None,
         "stale_fields": stale or [],
@@ -177,12 +178,31 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
         assert engine is not None  # resident_info found it
         if not engine.hook_points:
             raise ModelNotResident("this engine exposes no layers to hook (probes cannot run on it)", param="model_id")
-        async with host.engine_slot(model_id) as slot:
-            if slot.engine is not engine:
-                raise ModelBusy("the model changed while measuring started; retry", param="model_id")
-            measurement = await slot.run(measure, engine, model_id, host)
+        stop = Stop(host, engine, runtime.settings["PROBE_MEASURE_TIMEOUT_S"])
+        runtime.measuring[model_id] = stop
+        try:
+            async with host.engine_slot(model_id) as slot:
+                if slot.engine is not engine:
+                    raise ModelBusy("the model changed while measuring started; retry", param="model_id")
+                measurement = await slot.run(measure, engine, model_id, host, stop)
+        finally:
+            runtime.measuring.pop(model_id, None)
         await asyncio.to_thread(capacity_store.write, host.db, model_id, measurement=measurement)
     return await get_capacity(runtime, model_id)
+
+
+class NotMeasuring(MillmError):
+    status, code = 404, "PROBE_CAPACITY_NOT_MEASURING"
+
+
+async def cancel_measure(runtime: Runtime, model_id: str) -> dict[str, Any]:
+    """Stop ``model_id``'s measurement in progress at its next run (it answers 409, stores nothing)."""
+    await asyncio.to_thread(runtime.host.model_detail, model_id)  # 404 for an unknown model
+    stop = runtime.measuring.get(model_id)
+    if stop is None:
+        raise NotMeasuring(f"no measurement of {model_id!r} is in progress in this process", param="model_id")
+    stop.cancelled.set()
+    return {"object": "probe.capacity_measure_cancel", "model_id": model_id, "cancelled": True}
 
 
 async def put_limits(runtime: Runtime, model_id: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -31,13 +31,21 @@ in a pass; a session's turn: 0.2 ms against 2 ms):
   never published, and nothing is counted in /metrics).
 
 Each figure is a median of several runs.
+
+Measure stops between two of its runs (each well under a second on a small model)
+when it is cancelled (``DELETE …/probe-capacity/measure``), when it has run for
+``PROBE_MEASURE_TIMEOUT_S``, or when its model begins to unload: it never holds the
+engine thread that an unload's close or a scoring request waits on for longer than
+one run. Nothing is stored from a measurement that stopped.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import secrets
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +53,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
-from millm_host.api import NoChatTemplate, RequestContext, SamplingParams, SequenceOutput
+from millm_host.api import MillmError, NoChatTemplate, RequestContext, SamplingParams, SequenceOutput
 
 from . import capacity, live
 from .capacity import SPARSE_FACTOR, identity_of
@@ -73,6 +81,51 @@ REQUEST_REPEATS = 7  # database writes vary more than arithmetic
 BEHAVIOUR = "capacity-measure"
 
 
+class MeasureStopped(MillmError):
+    """A measurement stopped before it finished: cancelled, out of time, or its model unloading."""
+
+    status, code = 409, "PROBE_CAPACITY_MEASURE_STOPPED"
+
+
+class Stop:
+    """When a measurement must stop: checked between two of its runs (engine thread)."""
+
+    def __init__(self, host: Any, engine: Any, timeout_s: float) -> None:
+        self.host, self.engine = host, engine
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.cancelled = threading.Event()
+
+    def check(self) -> None:
+        """Raise ``MeasureStopped`` when cancelled, past the deadline, or the model is no longer resident."""
+        if self.cancelled.is_set():
+            raise MeasureStopped("the measurement was cancelled; nothing was stored", param="model_id")
+        if time.monotonic() > self.deadline:
+            raise MeasureStopped(
+                f"the measurement ran past PROBE_MEASURE_TIMEOUT_S ({self.timeout_s:g} s) and stopped; nothing was "
+                "stored (measure when the machine is less busy, or raise the setting)",
+                param="model_id",
+            )
+        registry = self.host.registry
+        resident = registry.resident
+        if (
+            registry.engine is not self.engine
+            or resident is None
+            or str(getattr(resident.state, "value", resident.state)).lower() == "unloading"
+        ):
+            raise MeasureStopped("the model began to unload; the measurement stopped, nothing was stored")
+
+
+#: Checked between runs by a measurement in progress (set by ``measure``, engine thread).
+_stop: contextvars.ContextVar[Stop | None] = contextvars.ContextVar("millm_probes_measure_stop", default=None)
+
+
+def _checkpoint() -> None:
+    stop = _stop.get()
+    if stop is not None:
+        stop.check()
+
+
 def _sync(device: str) -> Callable[[], None]:
     if device.startswith("cuda"):
         import torch
@@ -82,8 +135,12 @@ def _sync(device: str) -> Callable[[], None]:
 
 
 def _median(fn: Callable[[], float], repeats: int = REPEATS) -> float:
-    fn()  # warm-up
-    return statistics.median(fn() for _ in range(repeats))
+    def run() -> float:
+        _checkpoint()
+        return fn()
+
+    run()  # warm-up
+    return statistics.median(run() for _ in range(repeats))
 
 
 def _prompt(engine: Any, length: int) -> list[int]:
@@ -96,6 +153,7 @@ def _decode(
 ) -> tuple[float, float, float, float]:
     """(wall, this thread's CPU) ms per generated token after the first, with a capture on ``points`` as live
     requests read; and the ms inside the capture's callbacks per point and generated token's pass (wall, CPU)."""
+    _checkpoint()
     capture = Capture(points, len(prompt) + DECODE_TOKENS + 1) if points else None
     hooks = capture.hooks() if capture else []
     tokens = engine.generate(prompt, SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0.0), hooks=hooks)
@@ -192,6 +250,7 @@ def _batched(
     prompt, given = _prompt(engine, 16), _prompt(engine, BATCH_DECODE_TOKENS)
 
     def run(rows: int, tokens: list[int], hooked: bool) -> tuple[float, float]:
+        _checkpoint()
         captures = [Capture(lone, len(prompt) + len(tokens) + 2) for _ in range(rows)] if hooked else []
         sync()
         began = time.perf_counter()
@@ -312,6 +371,7 @@ def _chat(engine: Any) -> tuple[list[dict[str, Any]] | None, list[int]]:
 def _one_request(host: Any, private: _Private, engine: Any, messages: Any, prompt: list[int]) -> dict[str, Any]:
     """One monitored request of ``private``'s set, as live serving runs it; its ``last_request`` report.
     The request's event rows and its session are deleted afterwards."""
+    _checkpoint()
     ctx = RequestContext(
         endpoint="chat.completions" if messages else "completions",
         body={},
@@ -472,8 +532,17 @@ def _units(
     return rounded, {k: round(v, 6) if isinstance(v, float) else v for k, v in parts.items()}
 
 
-def measure(engine: Any, model_id: str, host: Any) -> dict[str, Any]:
-    """The measurement stored with the model (engine thread; the caller checked nothing is armed)."""
+def measure(engine: Any, model_id: str, host: Any, stop: Stop | None = None) -> dict[str, Any]:
+    """The measurement stored with the model (engine thread; the caller checked nothing is armed).
+    Raises ``MeasureStopped`` between two runs once ``stop`` says so."""
+    token = _stop.set(stop)
+    try:
+        return _measure(engine, model_id, host)
+    finally:
+        _stop.reset(token)
+
+
+def _measure(engine: Any, model_id: str, host: Any) -> dict[str, Any]:
     sync = _sync(engine.info.device)
     cpu = not str(engine.info.device).startswith("cuda")
     step, hook = _step(engine, sync)

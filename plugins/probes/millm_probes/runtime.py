@@ -73,6 +73,7 @@ class Runtime:
         self.feed = Feed(host.settings["PROBE_FEED_QUEUE"])  # the probe:results socket (feed.py)
         self.retention: Any = None  # the background pass, from startup to shutdown (retention.py)
         self.members: Members = {}  # behaviour sets, as imported (sets.members_of)
+        self.measuring: dict[str, Any] = {}  # model id -> its measurement in progress (measure.Stop)
 
     @property
     def settings(self) -> Any:

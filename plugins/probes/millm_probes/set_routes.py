@@ -48,6 +48,12 @@ class Capacity(_Resource):
         await self.json(req, required=False)
         resp.media = await limits.measure_model(self.runtime, model_id)
 
+    @operation(
+        "Cancel the model's measurement in progress (it stops at its next run and stores nothing)", errors=(404,)
+    )
+    async def on_delete_measure(self, req, resp, model_id: str) -> None:
+        resp.media = await limits.cancel_measure(self.runtime, model_id)
+
     @operation("Approve the recommendation, or override it (percent or ms)", request=LimitsRequest, errors=(404, 409))
     async def on_put_limits(self, req, resp, model_id: str) -> None:
         body = await self.json(req)

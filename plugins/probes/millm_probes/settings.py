@@ -28,6 +28,13 @@ SETTINGS = (
     Setting("PROBE_MAX_OVERHEAD_MS_PER_PASS", float, 0.25, "Fallback budget per generated token (ms) until measured"),
     Setting("PROBE_MAX_PREFILL_MS_PER_1K", float, 0.5, "Fallback budget per 1,000 prompt tokens (ms) until measured"),
     Setting(
+        "PROBE_MEASURE_TIMEOUT_S",
+        float,
+        300.0,
+        "The longest a probe-capacity measurement runs before it stops (nothing stored); a tiny model measures in "
+        "about a minute on 2 busy cores",
+    ),
+    Setting(
         "PROBE_FORCE_SERIAL",
         bool,
         False,
