@@ -43,7 +43,9 @@ What is here:
   (hook ``revise_monitor_results``) replaces such a result once it is decided
   after the response, the probes plugin implements it;
   ``stateless_monitor_results(host, monitored)`` calls the hook for a stateless
-  route (``POST /api/probes/score``), with ``ctx=None``.
+  route (``POST /api/probes/score``), with ``ctx=None``. ``current_trace_id()``: the
+  trace of the request served in this context (its span's when tracing is on, the
+  caller's ``traceparent``, or minted), the one its log lines name.
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item`` (an ``Item``),
@@ -128,6 +130,7 @@ from .monitoring import (
     stateless_monitor_results,
 )
 from .naming import check_display_name, split_gguf_name
+from .observability.ids import current_trace_id
 from .openapi import Param, operation
 from .output import (
     ORDER_PROBE_VERDICTS,
@@ -159,6 +162,7 @@ __all__ = [
     "ModelLoadFailed",
     "percent_encode",
     "check_display_name",
+    "current_trace_id",
     "confined_path",
     "plain_name",
     "EMBEDDINGS",

@@ -26,6 +26,7 @@ from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
 from .fields import ENDPOINTS, FieldRegistry
 from .jsonencode import PiecewiseJSONHandler
+from .observability.ids import RequestIdsMiddleware
 from .observability.metrics import Metrics
 from .observability.request import CURRENT, Observation
 from .observability.tracing import Tracing
@@ -265,7 +266,7 @@ def build(
     host = Host(settings, pm)
     host.start()
     access = Access(settings, bind_host)
-    middleware: list = [access, _Lifespan(host)]
+    middleware: list = [RequestIdsMiddleware(), access, _Lifespan(host)]
     if access.cors_any or access.cors_origins:
         middleware.append(
             falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins, expose_headers="*")

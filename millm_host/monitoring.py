@@ -43,6 +43,9 @@ class MonitoredRequest:
     stateless: bool = False
     #: Per-plugin scratch shared by every call of one request (a stateless request's inputs); keep your own key.
     state: dict[str, Any] = field(default_factory=dict)
+    #: Each behaviour key -> the ``set`` block its probe results carry (None for none): a result another
+    #: plugin lists beside a behaviour's probes carries the same block.
+    sets: Mapping[str, dict[str, Any] | None] = field(default_factory=dict)
     _texts: dict[str, WindowText] = field(default_factory=dict)
 
     def window(self, name: str) -> WindowText:

@@ -1,9 +1,9 @@
 """Structured logs (``MILLM_LOG_FORMAT=json``): one JSON object a line, with the request's id and trace id.
 
 A record logged while a request is served (on the event loop, or on the engine
-or text thread working for it) carries ``request_id`` and, when the request
-joined a trace (``traceparent``, or a span of its own), ``trace_id`` and
-``span_id``. ``millm serve`` installs the formatter; under gunicorn use the
+or text thread working for it, and uvicorn's access line) carries ``request_id``
+and ``trace_id`` (the trace its probe results name), and ``span_id`` when
+tracing is on. ``millm serve`` installs the formatter; under gunicorn use the
 config module ``millm_host.observability.gunicorn``.
 """
 
@@ -14,6 +14,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from .ids import IDS
 from .request import CURRENT
 
 
@@ -30,12 +31,12 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         observation = CURRENT.get()
-        if observation is not None:
-            line["request_id"] = observation.request_id
-            if observation.trace_id:
-                line["trace_id"] = observation.trace_id
-            if observation.span_id:
-                line["span_id"] = observation.span_id
+        ids = observation.ids if observation is not None else IDS.get()
+        if ids is not None:  # while a request is served, or after its Observation ended (the access line)
+            line["request_id"] = ids.request_id
+            line["trace_id"] = ids.trace_id
+        if observation is not None and observation.span_id:
+            line["span_id"] = observation.span_id
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False, default=str)

@@ -3,7 +3,8 @@
 ``Serving.observed`` makes one per request and holds it in ``CURRENT`` (a
 context variable) while the request runs: the context built for the request
 adopts its id and its ``Timing``; log records read the request id and trace id
-from it; work handed to the engine and text threads carries it along (the
+from it (one request id and one trace id with the request's ``RequestIds``: the
+span's trace when tracing is on, else the caller's ``traceparent``, else minted); work handed to the engine and text threads carries it along (the
 scheduler runs each call in its submitter's context). When the request is over
 (a body written, a stream ended, a refusal raised) ``finish`` records it once.
 """
@@ -11,11 +12,11 @@ scheduler runs each call in its submitter's context). When the request is over
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from .ids import IDS, RequestIds, new_ids
 from .timing import Timing
 from .tracing import event_attributes, span_ids
 
@@ -37,15 +38,21 @@ class Observation:
     def __init__(self, host: Host, endpoint: str, headers: Mapping[str, str]) -> None:
         self.host, self.endpoint = host, endpoint
         self.timing = Timing()
-        self.request_id = uuid.uuid4().hex
+        # the HTTP request's ids (set before routing); a request served outside one (a Batch line) has its own
+        request = IDS.get() or new_ids(headers)
+        self.request_id = request.request_id
         self.ctx: RequestContext | None = None
         self.ended = False
         tracing = host.tracing
         self.span: Any = tracing.start(endpoint, headers, self.timing.received) if tracing.enabled else None
-        ids = span_ids(self.span) or caller_trace(headers)
-        #: The request's trace and span ids in hex (None without tracing), for the logs.
-        self.trace_id: str | None = ids[0] if ids else None
-        self.span_id: str | None = ids[1] if ids and self.span is not None else None
+        ids = span_ids(self.span)
+        if ids is not None:  # the span's trace: the caller's when it sent a traceparent, else the span's own
+            request.trace_id = ids[0]
+        #: The request's trace id in hex (its span's, the caller's, or minted) and its span id (None without
+        #: tracing), for the logs and the results.
+        self.trace_id: str = request.trace_id
+        self.span_id: str | None = ids[1] if ids is not None else None
+        self.ids: RequestIds = request
 
     def attach(self, ctx: RequestContext) -> None:
         """The request's context is built: it takes this request's id and timing."""
@@ -112,18 +119,6 @@ class Observation:
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=ended)
-
-
-def caller_trace(headers: Mapping[str, str]) -> tuple[str, str] | None:
-    """``(trace_id, parent span id)`` of a W3C ``traceparent`` header, for the logs when tracing is off."""
-    parts = headers.get("traceparent", "").strip().split("-")
-    if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16 and parts[1] != "0" * 32:
-        try:
-            int(parts[1], 16), int(parts[2], 16)
-        except ValueError:
-            return None
-        return parts[1].lower(), parts[2].lower()
-    return None
 
 
 def _completion(ctx: RequestContext | None) -> int:

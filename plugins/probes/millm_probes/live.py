@@ -37,7 +37,7 @@ from millm_host.api import (
 from . import header, sessions, store
 from .capture import OWNER, Capture
 from .evaluate import detail, forward_columns, read_pairs
-from .results import Reading, Served, Trace, result_object
+from .results import Reading, Served, Trace, behaviour_sets, listing, result_object
 from .runtime import Runtime, Snapshot
 from .scoring import Point
 from .trace import new_trace
@@ -212,8 +212,10 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     # Decoded context is text: kept only where a result fired (spec, Privacy), under transcript retention.
     details = [detail(ctx.engine, ids, reading) if ids and reading.verdict else None for reading in readings]
     others = monitor_results(ctx, _monitored(ctx, request, layout, ids))
-    results += others  # listed, stored and rendered after the probes' own
+    results += others
     details += [None] * len(others)
+    order = listing(results)  # behaviour by behaviour: a behaviour's rule results beside its probes'
+    results, details = [results[i] for i in order], [details[i] for i in order]
     session_id, turn = sessions.record_turn(runtime, ctx, request.trace.trace_id, results)
     try:
         store.write_events(runtime.host.db, results, details, session_id, turn)
@@ -285,6 +287,7 @@ def _monitored(ctx: RequestContext, request: LiveRequest, layout: Layout | None,
         interrupted=ctx.interrupted,
         read_window=read_window,
         host=ctx.host,
+        sets=behaviour_sets(request.snapshot.plan.pairs, request.snapshot.sets),
     )
 
 

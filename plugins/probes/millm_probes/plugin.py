@@ -108,6 +108,9 @@ def validate_request(ctx) -> None:
     runtime = _runtime(ctx.host)
     if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in sessions.MONITORED:
         return
+    if sessions.judge_call(ctx.headers):  # never user traffic: it joins no session and keeps no text
+        ctx.state[sessions.UNGROUPED] = True
+        return
     live.settle(runtime, ctx)
 
 

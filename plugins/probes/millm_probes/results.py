@@ -217,3 +217,32 @@ WINDOW_ORDER = {window: i for i, window in enumerate(WINDOWS)}
 def ordered(pairs: list[tuple[ProbeView, str]]) -> list[tuple[ProbeView, str]]:
     """Behaviour by behaviour, then by name and window, so one behaviour's results sit together."""
     return sorted(pairs, key=lambda p: (p[0].group, p[0].name, p[0].probe_id, WINDOW_ORDER[p[1]]))
+
+
+def behaviour_sets(pairs: list[tuple[ProbeView, str]], blocks: dict[str, Any]) -> dict[str, Any]:
+    """Each behaviour -> the ``set`` block its probes' results carry, for the results other plugins list beside
+    them (hook ``monitor_results``): a rule result says what its behaviour's probe results say of the set."""
+    found: dict[str, Any] = {}
+    for view, _ in pairs:
+        if view.behaviour is not None and view.behaviour not in found:
+            found[view.behaviour] = blocks.get(view.probe_id)
+    return found
+
+
+def _group_of(result: dict[str, Any]) -> tuple[str, bool]:
+    """``ProbeView.group`` of a result object: its behaviour, or its own name when it names none."""
+    behaviour = result.get("behaviour")
+    return (behaviour, False) if behaviour is not None else (str(result.get("name")), True)
+
+
+def listing(results: list[dict[str, Any]]) -> list[int]:
+    """The indices of ``results`` (the probes' in ``ordered`` order, then other plugins') in the one listing order:
+    behaviour by behaviour, each behaviour's probe results, then the results other plugins added for it (rule
+    signals). Header truncation leaves out whole behaviours, so a behaviour's rules go with its probes."""
+    return sorted(range(len(results)), key=lambda i: (_group_of(results[i]), results[i].get("kind") != "probe"))
+
+
+def merged(results: list[dict[str, Any]], others: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results`` and ``others`` in the one listing order (see ``listing``)."""
+    every = results + others
+    return [every[i] for i in listing(every)]

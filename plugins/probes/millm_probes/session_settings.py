@@ -16,7 +16,7 @@ SESSION_SETTINGS = (
     Setting(
         "PROBE_EVENT_MAX_AGE_DAYS",
         float,
-        0.0,
+        30.0,  # four whole weeks of traffic to prove a bar on, without keeping who said what for ever
         "How long verdicts and sessions are kept (0: until deleted)",
     ),
     Setting("PROBE_RETENTION_INTERVAL_S", float, 600.0, "Seconds between background retention passes"),

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from millm_host.api import MillmError, RequestContext
 
+from . import stored_text
 from .session_tables import ProbeSession, ProbeSessionTurn
 
 SESSION_HEADER = "x-millm-session"
@@ -36,7 +37,7 @@ TRANSCRIPT_HEADER = "X-miLLM-Transcript"
 log = logging.getLogger("millm.probes")
 
 STATE = "probe_session"
-#: Set on a monitored request while ``PROBE_SESSIONS`` is off (it joins no session, keeps no text).
+#: Set on a monitored request that joins no session and keeps no text: ``PROBE_SESSIONS`` is off, or a judge called.
 UNGROUPED = "probe_session_off"
 MAX_LENGTH = 128
 #: Requests that generate, and so may be monitored (scoring and embeddings never are).
@@ -57,6 +58,11 @@ def named_session(headers: dict[str, str]) -> str | None:
             f"X-miLLM-Session must be 1 to {MAX_LENGTH} printable ASCII characters", param="X-miLLM-Session"
         )
     return raw
+
+
+def judge_call(headers: dict[str, str]) -> bool:
+    """A judge's own call (``X-miLLM-Origin: judge``): never user traffic, so never part of a conversation."""
+    return headers.get("x-millm-origin", "").strip().lower() == "judge"
 
 
 def now() -> datetime:
@@ -192,8 +198,8 @@ class Sessions:
                     exact_key=exact,
                     loose_key=loose,
                     created_at=stamp,
-                    user_text=user_text,
-                    reply_text=reply_text,
+                    user_text=stored_text.store(user_text),  # NUL or a lone surrogate never loses the turn
+                    reply_text=stored_text.store(reply_text),
                     transcript_at=stamp if claim.transcript else None,
                 )
             )

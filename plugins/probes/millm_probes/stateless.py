@@ -1,8 +1,8 @@
 """``POST /api/probes/score``: asking imported probes about inputs you already have.
 
 Nothing is persisted and nothing armed is touched. Other plugins' results for the
-scored behaviours (rule signals, hook ``monitor_results`` with ``ctx=None``) follow
-each input's probe results, as on live traffic. Each input takes its own
+scored behaviours (rule signals, hook ``monitor_results`` with ``ctx=None``) sit
+with their behaviour's probe results, as on live traffic. Each input takes its own
 place in the queue and its own unsteered forward pass on the resident model,
 scored by the code live serving uses. An input's windows are never guessed: a
 boundary that the input does not establish is reported, not assumed.
@@ -39,7 +39,7 @@ from .evaluate import Plan, compile_bank, forward_columns, read_pairs
 from .gates import identity_check, model_identity
 from .live import monitored_behaviours, window_text
 from .parity import parity_summary
-from .results import ProbeView, Reading, Served, result_object
+from .results import ProbeView, Reading, Served, behaviour_sets, merged, result_object
 from .runtime import Runtime
 from .sets import blocks_for
 from .trace import new_trace
@@ -269,7 +269,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             result_object(view, window, reading, served, trace, request_id, "not_persisted", blocks.get(view.probe_id))
             for (view, window), reading in (readings if views else [])
         ]
-        if behaviours:  # other plugins' results (rule signals) after the probes', as on live traffic
+        if behaviours:  # other plugins' results (rule signals) beside their behaviour's probes', as on live traffic
             monitored = MonitoredRequest(
                 behaviours=behaviours,
                 request_id=request_id,
@@ -281,8 +281,10 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
                 host=host,
                 stateless=True,
                 state=shared,
+                sets=behaviour_sets(plan.pairs, blocks),
             )
-            output["results"] += await asyncio.to_thread(stateless_monitor_results, host, monitored)
+            others = await asyncio.to_thread(stateless_monitor_results, host, monitored)
+            output["results"] = merged(output["results"], others)
     return {
         "object": "probe.score",
         "request_id": request_id,

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from millm_host.api import MillmError, list_page
 
+from . import stored_text
 from .session_tables import ProbeSession, ProbeSessionTurn
 from .sessions import _aware, now
 from .tables import ProbeEvent
@@ -147,8 +148,8 @@ def get_transcript(db: Any, session_id: str) -> dict[str, Any]:
         data = [
             {
                 "turn": r.turn,
-                "user": r.user_text,
-                "reply": r.reply_text,
+                "user": stored_text.load(r.user_text),
+                "reply": stored_text.load(r.reply_text),
                 "recorded_at": _aware(r.transcript_at).isoformat(),
             }
             for r in rows

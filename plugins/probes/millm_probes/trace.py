@@ -1,9 +1,17 @@
-"""W3C trace context: results join the caller's trace, or a new one is minted."""
+"""W3C trace context: a request's results name the trace the request ran in.
+
+That is the host's trace of the request (``current_trace_id``: its span's when
+tracing is on, with or without a ``traceparent``, else the caller's, else the
+one minted for its log lines), so a result, its span and its log lines join. Off
+any request's context, the caller's ``traceparent``, or a new trace.
+"""
 
 from __future__ import annotations
 
 import re
 import secrets
+
+from millm_host.api import current_trace_id
 
 from .results import Trace
 
@@ -25,6 +33,6 @@ def trace_id_from(traceparent: str | None) -> str | None:
 
 
 def new_trace(headers: dict[str, str]) -> Trace:
-    """The request's trace (from ``traceparent`` or minted) and a new probe-evaluation span."""
-    trace_id = trace_id_from(headers.get("traceparent")) or secrets.token_hex(16)
+    """The request's trace and a new probe-evaluation span."""
+    trace_id = current_trace_id() or trace_id_from(headers.get("traceparent")) or secrets.token_hex(16)
     return Trace(trace_id=trace_id, span_id=secrets.token_hex(8))

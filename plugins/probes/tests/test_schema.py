@@ -1,4 +1,7 @@
-"""Every surface carries the same ``mi.probe.result/v1`` object, valid against the published schema."""
+"""Every surface carries the same ``mi.probe.result/v1`` object, valid against the published schema: probe
+results and the rule results of the set attached to their behaviour, in one order (behaviour by behaviour,
+each behaviour's rules beside its probes) on the header, the body, the stream, the events, stateless scoring
+and a Batch output line."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import jsonschema
 import pytest
 
 from millm_host.api import parse_list
+from millm_probes import header
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "docs" / "schemas" / "probe-result-v1.json"
 CHAT = [{"role": "user", "content": "Describe the sea."}]
@@ -24,6 +28,18 @@ HEADER_FIELDS = {
     "probe": "probe_id",
     "reason": "reason",
     "scored": "scored",
+    "kind": "kind",
+    "fires": "fires",
+    "count": "count",
+}
+#: A rule set for the ``sea`` behaviour: one expression, so each window adds one rule result.
+SEA_RULES = {
+    "format": "mi.ruleset/v1",
+    "ruleset_id": "schema-sea",
+    "version": "1",
+    "signals": {"sea": {"kind": "pattern", "pattern": "(?i)sea"}},
+    "expressions": {"sea_words": {"signal": "sea"}},
+    "cases": [{"text": "the sea", "expect": {"sea_words": True}}],
 }
 HEADER_SET_FIELDS = {"set_armed": "armed_members", "set_total": "total_members", "complete": "complete"}
 
@@ -40,6 +56,7 @@ def header_validator(validator):
     """The header carries a subset of the fields (and of the set block): each must still have the contract's type."""
     properties = dict(validator.schema["properties"])
     properties["set"] = {k: v for k, v in properties["set"].items() if k != "required"}
+    properties["count"] = validator.schema["$defs"]["rule"]["properties"]["count"]  # a rule member's
     return jsonschema.Draft202012Validator({"type": "object", "properties": properties, "additionalProperties": False})
 
 
@@ -60,7 +77,53 @@ def header_objects(value: str) -> list[dict]:
     return objects
 
 
-def test_every_surface_validates(api, lab, identity, model_id, helpers, validator, header_validator):
+def in_one_order(results: list[dict]) -> None:
+    """Behaviour by behaviour (a probe naming none is its own group), each group's probes before its rules."""
+    groups = [(r.get("behaviour") or r["name"], r["kind"]) for r in results]
+    keys = [g for g, _ in groups]
+    for key in set(keys):
+        first, last = keys.index(key), len(keys) - 1 - keys[::-1].index(key)
+        assert set(keys[first : last + 1]) == {key}, keys  # contiguous
+        kinds = [kind for g, kind in groups if g == key]
+        assert kinds == sorted(kinds, key=lambda k: k != "probe"), kinds
+
+
+def batch_line_results(probes_server, model_id: str) -> list[dict]:
+    """The results a Batch API output line carries for one chat."""
+    client = probes_server.openai()
+    line = {
+        "custom_id": "sea",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model_id, "messages": CHAT, "max_tokens": 3},
+    }
+    source = client.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed", "cancelled"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.1)
+    assert batch.status == "completed", batch
+    [output] = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    return output["response"]["body"]["millm_probe_verdicts"]
+
+
+@pytest.fixture
+def sea_rules(api):
+    """The ``sea`` rule set, attached to the ``sea`` behaviour; detached and deleted after the test."""
+    imported = api.post("/api/rule-sets/import", json=SEA_RULES)
+    assert imported.status_code == 201, imported.text
+    rule_set_id = imported.json()["id"]
+    attached = api.put("/api/probes/behaviours/sea/rule-signals", json={"rule_set_id": rule_set_id})
+    assert attached.status_code == 200, attached.text
+    yield rule_set_id
+    api.delete("/api/probes/behaviours/sea/rule-signals")
+    api.delete(f"/api/rule-sets/{rule_set_id}")
+
+
+def test_every_surface_validates(
+    api, lab, identity, model_id, helpers, validator, header_validator, sea_rules, probes_server
+):
     probes = [
         helpers.import_probe(
             api,
@@ -77,15 +140,20 @@ def test_every_surface_validates(api, lab, identity, model_id, helpers, validato
     for probe in probes:
         helpers.arm(api, probe["id"])
     seen: list[dict] = []
+    listings: list[list[dict]] = []  # every list of one request's results, as a surface carries it
 
     completed = api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 4})
     body = completed.json()["millm_probe_verdicts"]
     seen += body
     skipped = api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 2, "n": 2})
     seen += skipped.json()["millm_probe_verdicts"]
+    listings += [body, skipped.json()["millm_probe_verdicts"]]
     for response in (completed, skipped):
-        for obj in header_objects(response.headers["x-millm-probe-verdicts"]):
+        members = header_objects(response.headers["x-millm-probe-verdicts"])
+        for obj in members:
             header_validator.validate(obj)
+        in_one_order([{"kind": "probe", **m} for m in members])
+        assert [m["name"] for m in members] == [r["name"] for r in response.json()["millm_probe_verdicts"]]
 
     with api.stream(
         "POST", "/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 3, "stream": True}
@@ -93,6 +161,7 @@ def test_every_surface_validates(api, lab, identity, model_id, helpers, validato
         data = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
     [chunk] = [json.loads(d) for d in data[:-1] if "millm_probe_verdicts" in json.loads(d)]
     seen += chunk["millm_probe_verdicts"]
+    listings.append(chunk["millm_probe_verdicts"])
 
     trace = "5bf92f3577b34da6a3ce929d0e0e4736"
     with api.stream(
@@ -105,7 +174,7 @@ def test_every_surface_validates(api, lab, identity, model_id, helpers, validato
             if i > 8:
                 break
     deadline, interrupted = time.monotonic() + 30, []
-    while time.monotonic() < deadline and len(interrupted) < 5:
+    while time.monotonic() < deadline and len(interrupted) < 9:  # 5 probe results, 4 rule results
         interrupted = api.get("/api/probes/events", params={"trace_id": trace}).json()["data"]
         time.sleep(0.2)
     assert {e["outcome"] for e in interrupted} == {"interrupted"}
@@ -116,14 +185,69 @@ def test_every_surface_validates(api, lab, identity, model_id, helpers, validato
     for obj in body:
         detail = api.get(f"/api/probes/events/{obj['result_id']}").json()
         text = detail.pop("detail")
-        assert (text is not None) == (obj["fires"] is True)  # decoded context only where a result fired
+        # decoded context only where a probe fired (a rule result never carries text)
+        assert (text is not None) == (obj["kind"] == "probe" and obj["fires"] is True)
         assert detail == obj  # the stored event is the object the response carried
         seen.append(detail)
 
     scored = api.post("/api/probes/score", json={"inputs": [{"text": "the sea"}, {"token_ids": [1, 2, 3]}]}).json()
     seen += [r for output in scored["results"] for r in output["results"]]
+    listings += [output["results"] for output in scored["results"]]
 
-    outcomes = {(r["outcome"], r["status"]) for r in seen}
-    assert {("completed", "final"), ("skipped", "final"), ("interrupted", "partial")} <= outcomes
+    batched = batch_line_results(probes_server, model_id)
+    seen += batched
+    listings.append(batched)
+
+    # a behaviour whose attached set this process does not have: its rules are unknown, the probes decide
+    runtime = probes_server.host.state["rulesets"]
+    loaded = runtime.sets[sea_rules]
+    runtime.drop(sea_rules)
+    try:
+        unknown = api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 2})
+    finally:
+        runtime.put(loaded)
+    not_attached = [r for r in unknown.json()["millm_probe_verdicts"] if r["kind"] == "rule"]
+    assert {(r["outcome"], r["reason"], r["name"]) for r in not_attached} == {
+        ("skipped", "rule_set_not_attached", sea_rules)
+    }
+    assert len(not_attached) == 4  # one per window of the behaviour's probes
+    seen += unknown.json()["millm_probe_verdicts"]
+
+    outcomes = {(r["kind"], r["outcome"], r["status"]) for r in seen}
+    assert {
+        ("probe", "completed", "final"),
+        ("probe", "skipped", "final"),
+        ("probe", "interrupted", "partial"),
+        ("rule", "completed", "final"),
+        ("rule", "skipped", "unavailable"),
+        ("rule", "interrupted", "unavailable"),
+    } <= outcomes, outcomes
     for obj in seen:
         validator.validate(obj)
+        if obj["kind"] == "rule":  # the behaviour's set block, as its probes carry it
+            assert obj["set"] == next(r["set"] for r in body if r["behaviour"] == "sea")
+    for listing in listings:
+        in_one_order(listing)
+
+
+def test_header_truncation_keeps_a_behaviours_rules_with_its_probes(api, lab, identity, model_id, helpers, sea_rules):
+    for spec in (("trunc-sea", "sea"), ("trunc-air", "air")):
+        helpers.arm(api, helpers.import_probe(api, lab.definition(identity, name=spec[0], behaviour=spec[1]))["id"])
+    attached = api.put("/api/probes/behaviours/air/rule-signals", json={"rule_set_id": sea_rules})
+    assert attached.status_code == 200, attached.text
+    try:
+        reply = api.post("/v1/chat/completions", json={"model": model_id, "messages": CHAT, "max_tokens": 2})
+    finally:
+        api.delete("/api/probes/behaviours/air/rule-signals")
+    results = reply.json()["millm_probe_verdicts"]
+    assert [(r["behaviour"], r["kind"]) for r in results] == [
+        ("air", "probe"),
+        ("air", "rule"),
+        ("sea", "probe"),
+        ("sea", "rule"),
+    ]
+    full = header.render(results, 1 << 20)
+    first_two = header.render(results[:2], 1 << 20)
+    cut = header.render(results, len(first_two) + 60)  # room for the first behaviour, not for the second
+    members = [m.value for m in parse_list(cut)]
+    assert members == ["trunc-air", "sea_words", "..."], (cut, full)

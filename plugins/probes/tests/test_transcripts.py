@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -104,3 +105,65 @@ def test_an_idle_session_ends_and_its_continuation_opens_a_linked_one(recording)
         session = http.get(f"/api/probes/sessions/{second}").json()
         assert session["previous_session_id"] == first.headers["x-millm-session-id"]
         assert http.get(f"/api/probes/sessions/{first.headers['x-millm-session-id']}").json()["ended"] is True
+
+
+def test_the_default_retention_is_finite(recording):
+    settings = recording.host.settings
+    assert 0 < settings["PROBE_EVENT_MAX_AGE_DAYS"] < float("inf")  # verdicts and sessions are not kept for ever
+
+
+def test_a_judge_call_joins_no_session_and_keeps_no_text(recording):
+    name = f"judge-{uuid.uuid4().hex}"
+    text = f"grade this answer {uuid.uuid4().hex}"
+    with recording.http() as http:
+        response = converse(
+            http,
+            recording.model_id,
+            [{"role": "user", "content": text}],
+            headers={"X-miLLM-Session": name, "X-miLLM-Origin": "judge"},
+        )
+        assert response.headers["x-millm-transcript"] == "off" and "x-millm-session-id" not in response.headers
+        results = response.json()["millm_probe_verdicts"]
+        assert {(r["outcome"], r["reason"]) for r in results} == {("skipped", "judge_traffic")}
+        assert http.get(f"/api/probes/sessions/{name}").status_code == 404
+        for result in results:
+            assert http.get(f"/api/probes/events/{result['result_id']}").json()["detail"] is None
+        # its continuation is no continuation of anything: the judge's turn left no conversation behind
+        follow = [{"role": "user", "content": text}, response.json()["choices"][0]["message"]]
+        after = converse(http, recording.model_id, [*follow, {"role": "user", "content": "and?"}])
+        assert http.get(f"/api/probes/sessions/{after.headers['x-millm-session-id']}").json()["source"] == "new"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nul \x00 inside", "\x00", "a lone surrogate \ud800 here", '\x1bjson:"looks stored"'],
+    ids=["nul", "only-nul", "surrogate", "marker"],
+)
+def test_text_a_database_refuses_is_kept_losslessly(recording, text):
+    """NUL (PostgreSQL's text refuses it): the turn is stored and its transcript reads back exactly what was
+    sent. A lone surrogate (no driver encodes it) is refused with a 400 before generation: no turn at all."""
+    name = f"nul-{uuid.uuid4().hex}"
+    body = {
+        "model": recording.model_id,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    with recording.http() as http:
+        response = http.post(
+            "/v1/chat/completions",
+            content=json.dumps(body).encode(),  # ASCII JSON: a lone surrogate travels as its escape
+            headers={"Content-Type": "application/json", "X-miLLM-Session": name},
+        )
+        if "\ud800" in text:
+            assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].content"
+            assert http.get(f"/api/probes/sessions/{name}").status_code == 404
+            return
+        assert response.status_code == 200, response.text
+        assert response.headers["x-millm-transcript"] == "recorded"
+        reply = response.json()["choices"][0]["message"]["content"]
+        [turn] = http.get(f"/api/probes/sessions/{name}/transcript").json()["data"]
+        assert (turn["turn"], turn["user"], turn["reply"]) == (1, text, reply)
+        assert http.get(f"/api/probes/sessions/{name}").json()["turns"] == 1
+        fired = [r for r in response.json()["millm_probe_verdicts"] if r["fires"]]
+        assert fired and http.get(f"/api/probes/events/{fired[0]['result_id']}").json()["detail"] is not None

@@ -21,7 +21,7 @@ from millm_host.api import MonitoredRequest
 
 from .evaluate import Undecided, evaluate
 from .rescore import Job
-from .results import RequestFields, WhyUndecided, rule_result, undecided_result
+from .results import RequestFields, WhyUndecided, not_attached, rule_result, undecided_result
 from .runtime import Runtime
 
 log = logging.getLogger("millm.rulesets")
@@ -43,17 +43,21 @@ def results(runtime: Runtime, monitored: MonitoredRequest) -> list[dict[str, Any
     out: list[dict[str, Any]] = []
     for behaviour, windows in monitored.behaviours.items():
         entry = attached.get(behaviour)
-        loaded = sets.get(entry[0]) if entry is not None else None
-        if loaded is None:
+        if entry is None:
             continue
-        names = list(loaded.rs.expressions) if loaded.rs is not None else []
         base: RequestFields = {
             "behaviour": behaviour,
             "request_id": monitored.request_id,
             "trace_id": monitored.trace_id,
             "span_id": monitored.span_id,
             "persistence": "not_persisted" if stateless else "persisted",
+            "set_block": monitored.sets.get(behaviour),
         }
+        loaded = sets.get(entry[0])
+        if loaded is None:  # attached, yet not here: the rules are unknown and the probes decide
+            out += [not_attached(entry[0], window, **base) for window in windows]
+            continue
+        names = list(loaded.rs.expressions) if loaded.rs is not None else []
         for window in windows:
             text = monitored.window(window)
             if not enabled or not loaded.evaluable or text.text is None:

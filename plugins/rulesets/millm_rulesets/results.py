@@ -2,7 +2,9 @@
 
 They carry ``fires`` and ``count``, never the matched text. An undecided result
 (skipped, failed, pending) has ``fires: null`` and ``count: 0``: check ``status``
-(or ``fires``) before trusting ``count``.
+(or ``fires``) before trusting ``count``. Each carries its behaviour's ``set``
+block (the probes' set, as the probes plugin hands it over in ``MonitoredRequest.sets``),
+so a rule result says what a probe result of its behaviour says about the blend.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class RequestFields(TypedDict):
     trace_id: str
     span_id: str
     persistence: str
+    set_block: dict[str, Any] | None
 
 
 class WhyUndecided(TypedDict, total=False):
@@ -56,6 +59,7 @@ def rule_result(
     trace_id: str | None = None,
     span_id: str | None = None,
     persistence: str = "persisted",
+    set_block: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The result of expression ``name``; ``outcome`` None means undecided (``reason`` says why)."""
     decided = outcome is not None
@@ -81,6 +85,48 @@ def rule_result(
         "fires": outcome.fires if outcome is not None else None,
         "count": outcome.count if outcome is not None else 0,
         "recorded_at": now_iso(),
+        "set": set_block,
+    }
+
+
+def not_attached(
+    rule_set_id: str,
+    window: str,
+    *,
+    behaviour: str,
+    request_id: str | None,
+    trace_id: str,
+    span_id: str,
+    persistence: str,
+    set_block: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The one result of a window whose behaviour names a rule set this process does not have (deleted, or
+    attached by another process and not loaded here): the rules are unknown, so the probes decide alone.
+
+    Named after the set (its expressions are unknown), ``skipped`` / ``rule_set_not_attached``."""
+    return {
+        "schema": SCHEMA,
+        "kind": "rule",
+        "result_id": str(uuid6.uuid7()),
+        "request_id": request_id,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "probe_id": None,
+        "name": rule_set_id,
+        "behaviour": behaviour,
+        "version": None,
+        "rule_set_id": rule_set_id,
+        "ruleset_id": None,
+        "rule_set_digest": None,
+        "window": window,
+        "outcome": "skipped",
+        "reason": "rule_set_not_attached",
+        "status": "unavailable",
+        "persistence": persistence,
+        "fires": None,
+        "count": 0,
+        "recorded_at": now_iso(),
+        "set": set_block,
     }
 
 
