@@ -3,37 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
 from millm_host.testing import free_port, shared_cache_dir
-
-
-def gunicorn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """``gunicorn ARGS`` in a session of its own, its output in ``log`` (a pipe nobody reads could fill up
-    and block the workers' logging), where ``stop`` can show it. Its control socket is beside the log:
-    gunicorn's default (``~/.gunicorn/gunicorn.ctl``) is one per user, and each master unlinks it at start
-    and stop, whoever made it."""
-    cmd = [sys.executable, "-m", "gunicorn", "--control-socket", str(log.with_suffix(".ctl")), *args]
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(proc: subprocess.Popen, log: Path) -> None:
-    """SIGTERM to gunicorn and its workers; their log in the failure if they are not gone within 30 s (CI
-    failed that way once, with nothing to read: the output went to an unread pipe)."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise AssertionError("gunicorn did not stop within 30 s of SIGTERM:\n" + log.read_text()[-4000:]) from None
+from millm_host.testing.gunicorn import gunicorn, stop, wait_ready
 
 
 def test_gunicorn_serves_the_app(tmp_path, tiny_model_dir):
@@ -104,20 +81,7 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
     proc = gunicorn(args, env, tmp_path / "gunicorn.log")
     try:
         base = f"http://127.0.0.1:{port}"
-        ready_in_a_row, model = 0, None
-        for _ in range(1200):  # both workers ready: several new connections in a row answer 200
-            try:
-                answer = httpx.get(f"{base}/api/health/ready", timeout=2)
-            except httpx.HTTPError:
-                answer = None
-            if answer is not None and answer.status_code == 200:
-                ready_in_a_row, model = ready_in_a_row + 1, answer.json()["model"]
-                if ready_in_a_row == 8:
-                    break
-            else:
-                ready_in_a_row = 0
-                time.sleep(0.1)
-        assert model is not None, "the workers never became ready"
+        model = wait_ready(base)
         sent = 8
         for _ in range(sent):  # new connections: the kernel spreads them over the workers
             for _attempt in range(100):  # a worker still loading answers 503 with Retry-After: retry, as clients do

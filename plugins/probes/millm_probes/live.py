@@ -217,6 +217,8 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     order = listing(results)  # behaviour by behaviour: a behaviour's rule results beside its probes'
     results, details = [results[i] for i in order], [details[i] for i in order]
     session_id, turn = sessions.record_turn(runtime, ctx, request.trace.trace_id, results)
+    if runtime.tail is not None:  # before the rows can be read: the tail must know them for this process's
+        runtime.tail.wrote(results)
     try:
         store.write_events(runtime.host.db, results, details, session_id, turn)
     except Exception:

@@ -20,6 +20,7 @@ from .runtime import Runtime
 from .session_settings import SESSION_SETTINGS
 from .sets import members_of
 from .settings import SETTINGS
+from .tail import Tail
 
 log = logging.getLogger("millm.probes")
 
@@ -72,14 +73,18 @@ def startup(host) -> None:
     runtime.set_members(members_of(store.probe_states(host.db)))
     runtime.retention = Retention(host.db, host.settings)
     runtime.retention.start()
+    runtime.tail = Tail(host.db, host.settings["PROBE_TAIL_INTERVAL_MS"] / 1000, runtime.relay)
+    runtime.tail.start()
 
 
 @hookimpl
 def shutdown(host) -> None:
-    """Stop the retention pass; forget this host's runtime."""
+    """Stop the retention pass and the tail; forget this host's runtime."""
     runtime = host.state.pop(STATE_KEY, None)
     if runtime is not None and runtime.retention is not None:
         runtime.retention.stop()
+    if runtime is not None and runtime.tail is not None:
+        runtime.tail.stop()
 
 
 @hookimpl

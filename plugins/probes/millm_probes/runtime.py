@@ -72,6 +72,7 @@ class Runtime:
         self.sessions = Sessions(host.db)  # turns of sessions (sessions.py)
         self.feed = Feed(host.settings["PROBE_FEED_QUEUE"])  # the probe:results socket (feed.py)
         self.retention: Any = None  # the background pass, from startup to shutdown (retention.py)
+        self.tail: Any = None  # other processes' results, read from the events table (tail.py)
         self.members: Members = {}  # behaviour sets, as imported (sets.members_of)
         self.measuring: dict[str, Any] = {}  # model id -> its measurement in progress (measure.Stop)
 
@@ -173,7 +174,31 @@ class Runtime:
             ctx.host.metrics.probe_results(ctx, results, overhead_s)
 
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
-        """Keep each probe's latest results, one entry per request over all its windows."""
+        """Keep each probe's latest results, one entry per request over all its windows, and this process's
+        last request's overhead."""
+        self.keep_recent(results)
+        threshold = self.settings["PROBE_OVERHEAD_WARN_MS"]
+        self.last_request = {
+            **overhead,
+            "threshold_ms": threshold,
+            "threshold_exceeded": overhead.get("overhead_ms", 0.0) > threshold,
+            "recorded_at": now_iso(),
+        }
+
+    def relay(self, messages: list[dict[str, Any]]) -> None:
+        """Requests another process served (``tail``): to the feed and to each probe's recent results."""
+        for message in messages:
+            self.keep_recent(message["results"])
+            self.feed.publish(
+                message["results"],
+                request_id=message["request_id"],
+                endpoint=None,  # known to the process that served it only
+                session=message["session"],
+                turn=message["turn"],
+            )
+
+    def keep_recent(self, results: list[dict[str, Any]]) -> None:
+        """Each probe's latest results, one entry per request over all its windows (status)."""
         by_probe: dict[str, list[dict[str, Any]]] = {}
         for result in results:
             if result.get("kind") != "probe":  # another plugin's result (hook monitor_results)
@@ -189,13 +214,6 @@ class Runtime:
         for probe_id, windows in by_probe.items():
             recent = self.last_results.setdefault(probe_id, deque(maxlen=RECENT_REQUESTS))
             recent.append(windows)
-        threshold = self.settings["PROBE_OVERHEAD_WARN_MS"]
-        self.last_request = {
-            **overhead,
-            "threshold_ms": threshold,
-            "threshold_exceeded": overhead.get("overhead_ms", 0.0) > threshold,
-            "recorded_at": now_iso(),
-        }
 
     def status(self) -> dict[str, Any]:
         armed = []

@@ -28,6 +28,12 @@ SETTINGS = (
     Setting("PROBE_MAX_OVERHEAD_MS_PER_PASS", float, 0.25, "Fallback budget per generated token (ms) until measured"),
     Setting("PROBE_MAX_PREFILL_MS_PER_1K", float, 0.5, "Fallback budget per 1,000 prompt tokens (ms) until measured"),
     Setting(
+        "PROBE_TAIL_INTERVAL_MS",
+        float,
+        250.0,
+        "How often each process reads the results other processes stored (the feed and status cover them all)",
+    ),
+    Setting(
         "PROBE_MEASURE_TIMEOUT_S",
         float,
         300.0,

@@ -408,6 +408,7 @@ STORED = frozenset(
         "test_lifecycle.py",
         "test_live.py",
         "test_replicas.py",
+        "test_whole_feed.py",
         "test_restarts.py",
         "test_sae_paths.py",
         "test_session_turns_concurrent.py",

@@ -232,3 +232,54 @@ def test_parity_checks_the_batch_shape_only_where_monitored_rows_are_batched():
     assert _batch_shape_reason(runtime(False), batching) is None
     assert _batch_shape_reason(runtime(True), batching) == "PROBE_FORCE_SERIAL serves monitored generations alone"
     assert _batch_shape_reason(runtime(False), alone) == "the engine serves each generation alone"
+
+
+def test_the_tail_reads_a_row_that_commits_after_a_later_id_and_skips_its_own(tmp_path):
+    """On PostgreSQL a transaction can commit after one that took a later id: the skipped id is read
+    when it appears. A row this process wrote itself is not handed on again; each row is read once."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    import sqlalchemy as sa
+
+    from millm_probes.tables import ProbeEvent
+    from millm_probes.tail import Tail
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'events.sqlite3'}")
+    ProbeEvent.__table__.create(engine)
+    delivered: list = []
+    tail = Tail(SimpleNamespace(engine=engine), 1.0, delivered.extend)
+
+    def write(row_id: int, request: str) -> dict:
+        result = {"result_id": f"r{row_id}", "probe_id": "pr_1", "request_id": request}
+        with engine.begin() as connection:
+            connection.execute(
+                sa.insert(ProbeEvent),
+                [
+                    dict(
+                        id=row_id,
+                        result_id=result["result_id"],
+                        probe_id="pr_1",
+                        request_id=request,
+                        trace_id="0" * 32,
+                        window="all",
+                        outcome="completed",
+                        fired=True,
+                        result=result,
+                        created_at=datetime.now(UTC),
+                        session_id=None,
+                        turn=None,
+                    )
+                ],
+            )
+        return result
+
+    write(3, "req-b")
+    assert tail.read() == 1 and tail.gaps.keys() == {1, 2}
+    tail.wrote([{"result_id": "r1"}])  # this process's own, handed on when written
+    write(1, "req-a")
+    write(2, "req-a")
+    assert tail.read() == 1 and not tail.gaps  # r2 only
+    assert tail.read() == 0
+    assert [[r["result_id"] for r in m["results"]] for m in delivered] == [["r3"], ["r2"]]
+    assert [m["request_id"] for m in delivered] == ["req-b", "req-a"]
