@@ -56,6 +56,7 @@ class Convergence:
         self.started_at = time.time()
         self.convergers: dict[str, Converger] = {}
         self.reasons: list[str] = []
+        self.by_converger: dict[str, list[str]] = {}  # each converger's reasons at the last pass
         self.checked_at: float | None = None
         self.fresh = False  # a pass has run since the last local change or model load
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,12 +83,15 @@ class Convergence:
         async with self._pass:
             self.fresh = True  # a poke during the pass makes it stale again
             reasons: list[str] = []
+            by_converger: dict[str, list[str]] = {}
             for name, converger in list(self.convergers.items()):
                 try:
-                    reasons += await converger()
+                    by_converger[name] = list(await converger())
                 except Exception as exc:  # one converger's failure is reported, never fatal
                     log.exception("converging %s failed", name)
-                    reasons.append(f"{name}: {type(exc).__name__}: {exc}")
+                    by_converger[name] = [f"{name}: {type(exc).__name__}: {exc}"]
+                reasons += by_converger[name]
+            self.by_converger = by_converger
             if reasons != self.reasons:
                 log.info("replica %s: %s", self.replica_id, "; ".join(reasons) or "converged")
             self.reasons, self.checked_at = reasons, time.time()
@@ -172,4 +176,9 @@ class Convergence:
             "reasons": list(self.reasons) or ([] if self.fresh else ["not checked since the last change"]),
             "checked_at": self.checked_at,
             "interval_s": self.interval,
+            # each plugin's part of the desired state (probes, rule sets, steering): converged here or why not
+            "convergers": {
+                name: {"converged": self.fresh and not reasons, "reasons": reasons}
+                for name, reasons in self.by_converger.items()
+            },
         }

@@ -15,7 +15,7 @@ from .document import RuleSet, parse
 from .errors import CasesFailed, RuleSetNotFound, pointer
 from .evaluate import Outcome, Run, Undecided, Vetoed, case_failures, dataset_row, evaluate
 from .results import rule_result, undecided_result
-from .runtime import PUBLISHED, Loaded, Runtime
+from .runtime import PUBLISHED, Loaded, Runtime, prove
 from .tables import RuleSetRow
 
 
@@ -121,9 +121,11 @@ def import_document(runtime: Runtime, raw: bytes, document: Any) -> dict[str, An
         checked_at=stamp,
         created_at=stamp,
     )
-    store.insert(runtime.host.db, row)
     loaded = Loaded(row.id, rs.ruleset_id, rs.version, rs.digest, PUBLISHED, None, rs, stamp)  # check proved it
-    runtime.put(loaded)
+    with runtime.lock:
+        store.insert(runtime.host.db, row)
+        runtime.put(loaded)
+    runtime.host.convergence.poke()
     return describe(runtime, loaded)
 
 
@@ -140,8 +142,10 @@ def list_sets(runtime: Runtime) -> dict[str, Any]:
 
 
 def delete(runtime: Runtime, rule_set_id: str) -> dict[str, Any]:
-    store.delete(runtime.host.db, rule_set_id)
-    runtime.drop(rule_set_id)
+    with runtime.lock:
+        store.delete(runtime.host.db, rule_set_id)
+        runtime.drop(rule_set_id)
+    runtime.host.convergence.poke()
     return {"id": rule_set_id, "object": "rule_set", "deleted": True}
 
 
@@ -238,16 +242,26 @@ def attach(runtime: Runtime, behaviour: str, body: dict[str, Any]) -> dict[str, 
         raise InvalidParameter("the behaviour key is empty", param="key")
     if len(behaviour) > 200:  # a behaviour name's limit (probes); the column holds no more
         raise InvalidParameter("the behaviour key is longer than 200 characters", param="key")
-    loaded = runtime.sets.get(request.rule_set_id)
-    if loaded is None:
-        raise RuleSetNotFound(f"no rule set {request.rule_set_id!r}", param="rule_set_id")
-    stamp = store.attach(runtime.host.db, behaviour, loaded.id)
-    runtime.set_attachment(behaviour, (loaded.id, stamp))
+    with runtime.lock:
+        loaded = runtime.sets.get(request.rule_set_id)
+        if loaded is None:  # imported by another process and not converged here yet: read it now
+            try:
+                loaded = prove(store.get(runtime.host.db, request.rule_set_id), runtime.code_caller())
+            except RuleSetNotFound:
+                raise RuleSetNotFound(f"no rule set {request.rule_set_id!r}", param="rule_set_id") from None
+            runtime.put(loaded)
+        stamp = store.attach(runtime.host.db, behaviour, loaded.id)
+        runtime.set_attachment(behaviour, (loaded.id, stamp))
+    runtime.host.convergence.poke()
     return behaviour_view(runtime, behaviour)
 
 
 def detach(runtime: Runtime, behaviour: str) -> dict[str, Any]:
-    if not store.detach(runtime.host.db, behaviour):
+    with runtime.lock:
+        detached = store.detach(runtime.host.db, behaviour)
+        runtime.set_attachment(behaviour, None)
+    runtime.host.convergence.poke()
+    if not detached:
         raise MillmError(
             f"behaviour {behaviour!r} has no rule signals attached",
             status=404,
@@ -255,5 +269,4 @@ def detach(runtime: Runtime, behaviour: str) -> dict[str, Any]:
             type="not_found_error",
             param="key",
         )
-    runtime.set_attachment(behaviour, None)
     return behaviour_view(runtime, behaviour)

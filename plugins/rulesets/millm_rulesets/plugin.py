@@ -12,6 +12,7 @@ from typing import Any
 from millm_host.api import hookimpl
 
 from . import live, routes
+from .converge import Converger
 from .runtime import Runtime
 from .settings import SETTINGS
 
@@ -45,8 +46,11 @@ def register_routes(host, add_route) -> None:
 
 @hookimpl
 def startup(host) -> None:
-    """Re-prove every stored set's cases: one this build disagrees with is marked vectors_failed."""
-    _start(host).load()
+    """Re-prove every stored set's cases (one this build disagrees with is marked vectors_failed); then
+    follow the stored sets and attachments, which any process may change (converge.py)."""
+    runtime = _start(host)
+    runtime.load()
+    host.convergence.add("rulesets", Converger(runtime))
 
 
 @hookimpl

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,9 @@ class Runtime:
         self.attached: dict[str, tuple[str, datetime]] = {}  # behaviour -> (rule set id, attached at)
         self._runner: CodeRunner | None = None
         self.rescorer = Rescorer(self)
+        #: Held by a change to the stored sets or attachments and by a convergence pass (converge.py), so a
+        #: pass never forgets a set this process imports meanwhile.
+        self.lock = threading.RLock()
 
     @property
     def settings(self) -> Any:

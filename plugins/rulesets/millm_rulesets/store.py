@@ -49,6 +49,12 @@ def get(db: Any, rule_set_id: str) -> RuleSetRow:
     return row
 
 
+def ids(db: Any) -> list[str]:
+    """Every stored set's id (a few bytes each: what convergence reads each pass)."""
+    with db.session() as session:
+        return list(session.scalars(sa.select(RuleSetRow.id)))
+
+
 def all_rows(db: Any) -> list[RuleSetRow]:
     with db.session() as session:
         return list(session.scalars(sa.select(RuleSetRow).order_by(RuleSetRow.created_at, RuleSetRow.id)))

@@ -144,6 +144,7 @@ STORED = frozenset(
         "test_long_names.py",
         "test_routes.py",
         "test_rules_server.py",
+        "test_rule_sets_everywhere.py",
         "test_signals_server.py",
     }
 )
