@@ -66,6 +66,24 @@ def shapes(model: str) -> dict[str, tuple[str, bytes]]:
             "/v1/embeddings",
             just_under_the_limit(b'{"model":' + m + b',"input":[', b"1,", b"1]}"),
         ),
+        "detokenize": (  # 500,000 ids back to text (issue 35 §5: one tokenizers call held the GIL 100-200 ms)
+            "/detokenize",
+            json.dumps({"model": model, "tokens": [(i * 7919) % 40_000 for i in range(500_000)]}).encode(),
+        ),
+        "tools": (  # a chat of 1,000 tools (the first one built llguidance's tokenizer view: 200-400 ms of GIL)
+            "/v1/chat/completions",
+            json.dumps(
+                {
+                    "model": model,
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "tools": [
+                        {"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object"}}}
+                        for i in range(1000)
+                    ],
+                }
+            ).encode(),
+        ),
         "nested": (  # 60 levels deep, repeated in an ignored field: 2M arrays, past MILLM_MAX_JSON_CONTAINERS
             "/v1/chat/completions",
             just_under_the_limit(chat + b'{"role":"user","content":"hi"}],"x":[', nested + b",", nested + b"]}"),

@@ -43,7 +43,7 @@ log = logging.getLogger("millm.access")
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Paths anyone who can reach the server may read: health, liveness, readiness and the API's description.
-PUBLIC_PATHS = frozenset({"/api/health", "/api/health/live", "/api/health/ready", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/api/health", "/api/health/live", "/api/health/ready", "/health", "/ping", "/openapi.json"})
 #: Client routes outside ``/v1`` (vLLM's paths), guarded like ``/v1``: clients call them with API keys.
 CLIENT_PATHS = frozenset({"/tokenize", "/detokenize"})
 #: Routes whose body is a multipart form (file uploads), not JSON; a browser's cross-site form

@@ -18,7 +18,8 @@ What is here:
   ``host.engine_slot(model_id)`` (admitted work on the engine thread),
   ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
   (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
-  ``resident``, ``engine``), ``host.metrics`` (what a plugin records for ``/metrics``
+  ``resident``, ``engine``; ``activity("measuring", reason, refuses=False)``, a context
+  manager during which ``/api/health`` says ``measuring`` with that reason), ``host.metrics`` (what a plugin records for ``/metrics``
   and the request's trace, without importing prometheus or OpenTelemetry:
   ``probe_results(ctx, results, overhead_seconds)``, ``rule_results(ctx, results)``,
   ``steering(ctx, kinds)``).
@@ -46,6 +47,9 @@ What is here:
   route (``POST /api/probes/score``), with ``ctx=None``. ``current_trace_id()``: the
   trace of the request served in this context (its span's when tracing is on, the
   caller's ``traceparent``, or minted), the one its log lines name.
+- Batch lines for a plugin's route (hook ``register_batch_endpoints``): ``BatchEndpoint``
+  (what ``register(url, endpoint)`` takes: ``precheck`` and ``observed``) and
+  ``BatchResult`` (what ``observed`` returns for a line: ``body``, ``headers``, ``request_id``).
 - Errors (``MillmError`` and the typed ones) and settings (``Setting``, ``Settings``).
 - Request parsing: ``validate``, ``loc_to_param``, ``ChatMessage``, ``message_text``.
 - Header serialisation (RFC 8941, by http-sfv): ``Token``, ``item`` (an ``Item``),
@@ -69,6 +73,7 @@ from __future__ import annotations
 from typing import Any
 
 from .app import Host
+from .batch.endpoints import BatchEndpoint, BatchResult
 from .context import RequestContext, SequenceOutput
 from .db import Database
 from .engine import (
@@ -150,6 +155,7 @@ from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .scoring.engine import (
     NextTokenScores,
     NonFiniteLogits,
+    PromptTokenScores,
     ScoringParams,
     ScoringPrecisionUnavailable,
     TokenLogprob,
@@ -157,6 +163,8 @@ from .scoring.engine import (
 from .settings import Setting, Settings
 
 __all__ = [
+    "BatchEndpoint",
+    "BatchResult",
     "free_later",
     "list_page",
     "ModelLoadFailed",
@@ -211,6 +219,7 @@ __all__ = [
     "NonFiniteLogits",
     "OutputFilter",
     "OutputFilterFactory",
+    "PromptTokenScores",
     "RequestContext",
     "ResponseExtra",
     "SamplingParams",

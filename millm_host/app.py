@@ -21,7 +21,9 @@ from .access import Access
 from .admission import Admission, engine_slot
 from .batch.runner import BatchRunner
 from .batch.store import FileStore
+from .bodytimeout import App
 from .db import Database, database_url
+from .draining import Draining
 from .engine import EngineSpec
 from .errors import MillmError, ModelNotFound
 from .fields import ENDPOINTS, FieldRegistry
@@ -210,6 +212,14 @@ class Host:
         scheduler.closing = True
         log.info("shutting down: %d admitted requests get %g s to finish", scheduler.admitted, grace)
 
+    def drained(self) -> bool:
+        """After ``begin_shutdown``: whether the listener may close. Nothing admitted is left, or the
+        grace and a second more have passed (a hung engine thread does not hold the process)."""
+        scheduler = self.scheduler
+        if not scheduler.closing or scheduler.deadline is None:
+            return False
+        return scheduler.admitted == 0 or time.monotonic() > scheduler.deadline + 1
+
     def stop(self) -> None:
         """Release everything: plugins stop, the model is closed, the database let go."""
         drained = self.scheduler.drain(DRAIN_S)  # cancelled generations tell their plugins first
@@ -266,12 +276,12 @@ def build(
     host = Host(settings, pm)
     host.start()
     access = Access(settings, bind_host)
-    middleware: list = [RequestIdsMiddleware(), access, _Lifespan(host)]
+    middleware: list = [RequestIdsMiddleware(), access, Draining(host), _Lifespan(host)]
     if access.cors_any or access.cors_origins:
         middleware.append(
             falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins, expose_headers="*")
         )
-    app = falcon.asgi.App(middleware=middleware, cors_enable=False)
+    app = App(middleware=middleware, cors_enable=False, body_timeout_s=settings["MILLM_BODY_TIMEOUT_S"])
     app.req_options.strip_url_path_trailing_slash = True
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = PiecewiseJSONHandler()  # large bodies off the loop
     routes.install(app, host)

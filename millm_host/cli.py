@@ -89,11 +89,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
 
     class Server(uvicorn.Server):
-        """uvicorn's server, telling the host when SIGTERM or SIGINT arrives, so its shutdown grace starts then."""
+        """uvicorn's server, draining on SIGTERM or SIGINT before it stops listening.
+
+        The signal starts the host's shutdown grace. The listener stays open meanwhile, so a
+        new request is answered ``503 shutting_down`` (``draining``) rather than refused at TCP;
+        it closes, and uvicorn's own shutdown begins, once nothing admitted is left or the grace
+        has run out (``Host.drained``). A second signal stops at once, as uvicorn does.
+        """
 
         def handle_exit(self, sig, frame) -> None:
+            if host.scheduler.closing:
+                super().handle_exit(sig, frame)
+                return
             host.begin_shutdown()
-            super().handle_exit(sig, frame)
+            self._captured_signals.append(sig)  # raised again once stopped, so the exit status is the signal's
+
+        async def on_tick(self, counter: int) -> bool:
+            if not self.should_exit and host.drained():
+                self.should_exit = True
+            return await super().on_tick(counter)
 
     server = Server(config)
     server.run(sockets=[sock])

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .cancellation import Cancellation
 from .observability.timing import Timing
 
 if TYPE_CHECKING:
@@ -101,8 +102,9 @@ class RequestContext:
     #: ``generation_error``; None when it completed.
     interrupted: str | None = None
     error: MillmError | None = None
-    #: Set when the client went away or the request was cancelled.
-    cancel_event: threading.Event = field(default_factory=threading.Event)
+    #: Set when the client went away or the request was cancelled (a ``Cancellation``: it also
+    #: wakes a coroutine waiting for the engine at once).
+    cancel_event: threading.Event = field(default_factory=Cancellation)
     state: dict[str, Any] = field(default_factory=dict)
     #: Field locations the request sent that nothing used (``X-miLLM-Ignored-Fields``).
     unused_fields: list[str] = field(default_factory=list)

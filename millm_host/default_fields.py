@@ -7,7 +7,7 @@ The engines claim the scoring fields and ``pooling``, which they serve themselve
 from __future__ import annotations
 
 from .context import RequestContext
-from .engine import LOGPROBS
+from .engine import LOGPROBS, SCORING
 from .fields import ignored_fields_header
 from .headers import serialize_item
 from .hookspecs import hookimpl
@@ -18,6 +18,7 @@ _SAMPLING = (
     "stream",
     "stream_options",
     "stream_options.include_usage",
+    "stream_options.continuous_usage_stats",
     "temperature",
     "top_p",
     "max_tokens",
@@ -35,7 +36,7 @@ CHAT_FIELDS = (
     "extra_messages",
     *(f"extra_messages[][].{f}" for f in _MESSAGE),
 )
-COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens")
+COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens", "echo")
 EMBEDDINGS_FIELDS = ("model", "input", "encoding_format", "normalize")
 TOKENIZE_FIELDS = (
     "model",
@@ -81,6 +82,8 @@ def register_request_fields(register) -> None:
     register("completions", COMPLETION_FIELDS)
     register("chat.completions", CHAT_LOGPROBS_FIELDS, requires=LOGPROBS)
     register("completions", COMPLETION_LOGPROBS_FIELDS, requires=LOGPROBS)
+    # the prompt's own logprobs are scoring's pass (``serving.prompt_logprobs``)
+    register("completions", ("prompt_logprobs",), requires=SCORING)
     register("embeddings", EMBEDDINGS_FIELDS)
     register("tokenize", TOKENIZE_FIELDS)
     register("detokenize", DETOKENIZE_FIELDS)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .errors import FieldNotHonoured, InvalidParameter, MillmError
-from .scoring.engine import NextTokenScores, ScoringParams, TokenLogprob
+from .scoring.engine import NextTokenScores, PromptTokenScores, ScoringParams, TokenLogprob
 from .settings import Setting
 
 HookPointName = Literal["resid_pre", "resid_post"]
@@ -31,7 +31,7 @@ HookPointName = Literal["resid_pre", "resid_post"]
 LAYER_HOOKS = "layer_hooks"
 #: ``LogitsProcessorFactory`` processors applied while generating.
 LOGITS_PROCESSORS = "logits_processors"
-#: ``score_next_token``: next-token log-probabilities (scoring mode).
+#: ``score_next_token``: next-token log-probabilities (scoring mode); ``score_prompt``: a prompt's own.
 SCORING = "scoring"
 #: ``embed``: pooled vectors for ``/v1/embeddings``.
 EMBEDDINGS = "embeddings"
@@ -157,6 +157,10 @@ class SamplingParams:
     sees them. ``logprobs`` (an engine with the ``LOGPROBS`` capability): when not
     None, ``generate`` yields ``GeneratedToken``s carrying each token's
     log-probability and the ``logprobs`` most probable alternatives.
+    ``min_tokens`` (vLLM's name): the model's end-of-sequence ids
+    (``ModelInfo.eos_token_ids``) are masked out (-inf) of the first ``min_tokens``
+    draws, so none ends the text sooner; the host sets it to ``max_tokens`` for
+    ``ignore_eos``.
     """
 
     max_tokens: int
@@ -167,6 +171,7 @@ class SamplingParams:
     seed: int | None = None
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     logprobs: int | None = None
+    min_tokens: int = 0
 
 
 class GeneratedToken(int):
@@ -432,6 +437,16 @@ class Engine(abc.ABC):
         ``params.precision == "float32"``, ``ScoringPrecisionUnavailable``.
         """
         raise FieldNotHonoured(f"the {self.name} engine cannot score", param="logprobs")
+
+    def score_prompt(self, prompts: Sequence[Sequence[int]], top: int) -> list[list[PromptTokenScores]]:
+        """Each prompt's tokens scored, from its second token on (``echo`` with ``logprobs``,
+        ``prompt_logprobs``): one forward pass per prompt, nothing generated, no hook.
+
+        The pass is scoring's (``score_next_token``, native precision), so token ``i``'s
+        log-probability is what scoring the first ``i`` tokens gives for it. ``top``: the
+        alternatives per position (0-20). Raises ``NonFiniteLogits`` naming the prompt's index.
+        """
+        raise FieldNotHonoured(f"the {self.name} engine cannot score a prompt's tokens", param="echo")
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         """One input's vector: the last hidden layer pooled (``mean``, ``last`` or ``cls``).

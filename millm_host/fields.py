@@ -52,6 +52,9 @@ OUTPUT_CHANGING = frozenset(
         "echo",
         "best_of",
         "suffix",
+        "ignore_eos",
+        "min_tokens",
+        "prompt_logprobs",
     }
 )
 
@@ -72,6 +75,8 @@ NO_CHANGE: Mapping[str, Any] = {
     "echo": False,
     "best_of": 1,
     "return_tokens_as_token_ids": False,
+    "ignore_eos": False,
+    "min_tokens": 0,
 }
 
 

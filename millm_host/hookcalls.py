@@ -65,6 +65,7 @@ POLICIES: dict[str, str] = {
     "register_request_schemas": STARTUP,
     "register_migrations": STARTUP,
     "register_routes": STARTUP,
+    "register_batch_endpoints": STARTUP,
     "startup": STARTUP,
     "shutdown": LIFECYCLE,
     "model_loaded": LIFECYCLE,

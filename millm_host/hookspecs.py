@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from .app import Host
+    from .batch.endpoints import BatchEndpoint
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
     from .monitoring import MonitoredRequest
@@ -138,6 +139,30 @@ def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
     engine work (``host.engine_slot``) through ``host``; subclass
     ``millm_host.api.JsonResource`` to read bodies the host's way. Errors raised as
     ``MillmError`` are rendered in OpenAI's shape.
+
+    Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
+    failed and unregistered; the server starts without it.
+    """
+
+
+@hookspec
+def register_batch_endpoints(host: Host, register: Callable[[str, BatchEndpoint], None]) -> None:
+    """Offer URLs a batch may name (``POST /v1/batches``'s ``endpoint``) beside the host's own.
+
+    Called once while the app is built, after ``startup`` and before ``register_routes``,
+    on the main thread. ``register(url, endpoint)``: ``url`` is the path a line names
+    (``"/api/probes/score"``), usually a route of the plugin's; a URL registered twice
+    is refused. ``endpoint`` (``millm_host.api.BatchEndpoint``) offers
+    ``precheck(body, headers)``, called in a worker thread for each line while the
+    batch validates, which raises a ``MillmError`` for a body the route would refuse
+    and runs nothing; and ``async observed(body, headers, *, gone=None)``, called on
+    the event loop for each line at batch priority, which returns a
+    ``millm_host.api.BatchResult`` (``body``, ``headers``, ``request_id``; the host's
+    serving results have the same shape) or raises a ``MillmError``, written as that
+    line's error with its status. ``gone`` returns once the batch is cancelled or the
+    server stops; an endpoint may ignore it (its line then runs to its end).
+    Return nothing. The host's ``/v1/chat/completions``, ``/v1/completions`` and
+    ``/v1/embeddings`` are registered first, in the same registry.
 
     Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
     failed and unregistered; the server starts without it.

@@ -27,6 +27,8 @@ import falcon.media
 BUDGET = 2048
 #: List items looked at per slice.
 SLICE = 1024
+#: Characters of one string one ``json.dumps`` call encodes.
+STRING_SLICE = 64 * 1024
 
 _dumps = partial(json.dumps, ensure_ascii=False)
 _compact_dumps = partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
@@ -80,7 +82,14 @@ def _encode(value: Any, parts: list[bytes], dumps: Callable[[Any], bytes], item:
                     parts.append(item)
                 _encode(member, parts, dumps, item)
         parts.append(b"]")
-    else:  # one long string: a single scan and copy, bounded by the body limits
+    elif isinstance(value, str) and len(value) > STRING_SLICE:
+        # escaping is per character, so slices encode to the whole's text; one call over a 3.4 MB string
+        # (/detokenize of 500,000 ids) held the GIL 16-23 ms
+        parts.append(b'"')
+        for start in range(0, len(value), STRING_SLICE):
+            parts.append(dumps(value[start : start + STRING_SLICE])[1:-1])
+        parts.append(b'"')
+    else:
         parts.append(dumps(value))
 
 

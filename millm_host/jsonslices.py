@@ -22,6 +22,7 @@ walking them and freeing them each held the GIL for tens of ms).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -36,6 +37,16 @@ SLICE = 32 * 1024
 #: and on a loaded machine its holder's turn on a CPU too.
 #: A number longer than this is refused (no field takes one; it would be a long C call).
 MAX_NUMBER_CHARS = 400
+
+
+def _give_gil() -> None:
+    """See YIELD; not on an event loop's own thread (a small body is parsed there inline): the loop
+    would hand the GIL to a busy thread (a batch step) and wait out a switch interval to get it back."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        time.sleep(0)
+
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 #: Whole tokens of a string's inside: plain characters and complete escapes.
@@ -270,7 +281,7 @@ class _Parser:
                 items, pos, bracketed = got
                 out.extend(items)
                 plain = plain and not bracketed
-                time.sleep(0)  # see YIELD
+                _give_gil()  # see YIELD
             else:
                 if pos >= batch_from:  # no batch here: one slice of members, one by one, before the next try
                     batch_from = pos + SLICE
@@ -297,7 +308,7 @@ class _Parser:
             if got is not None:
                 members, pos, _ = got
                 out.update(members)  # a repeated key keeps its first place and its last value, as json's
-                time.sleep(0)  # see YIELD
+                _give_gil()  # see YIELD
             else:
                 if pos >= batch_from:
                     batch_from = pos + SLICE

@@ -223,8 +223,10 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
         if op.form is not None:
             entry["requestBody"] = {"required": True, "content": {"multipart/form-data": {"schema": ref(op.form)}}}
         success: dict[str, Any] = {"description": STATUS_TEXT.get(op.status, "the response")}
-        if op.media_type != "application/json":
-            content: dict[str, Any] = {op.media_type: {"schema": {"type": "string"}}}
+        if op.media_type == "application/octet-stream":  # bytes as stored: a JSONL file is no JSON document
+            content: dict[str, Any] = {op.media_type: {"schema": {"type": "string", "format": "binary"}}}
+        elif op.media_type != "application/json":
+            content = {op.media_type: {"schema": {"type": "string"}}}
         else:
             content = {"application/json": {"schema": one_of(op.response) if op.response else {"type": "object"}}}
         if op.stream is not None:

@@ -40,6 +40,9 @@ class OutputFilter(Protocol):
     def finish(self, finish_reason: str) -> FilterResult:
         """The sequence ended: return the held-back text and any rewrite."""
 
+    # Optional: ``take_deltas() -> list[dict]``, extra delta fields ready to stream now (after
+    # ``feed`` and after ``finish``), e.g. a tool call's id and name, then its arguments as written.
+
 
 @dataclass
 class OutputFilterFactory:

@@ -55,6 +55,9 @@ class ChatMessage(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = Field(
+        default=None, description="vLLM's: every chunk carries usage so far (the last usage chunk needs include_usage)"
+    )
 
 
 class SamplingFields(_Strict):
@@ -74,6 +77,14 @@ class SamplingFields(_Strict):
     seed: Seed | None = None
     logit_bias: dict[str, float] | None = Field(
         default=None, description="Token id (as a string) -> bias added to its logit, -100 to 100"
+    )
+    ignore_eos: bool | None = Field(
+        default=None, description="vLLM's: the end-of-sequence tokens are never drawn; generate until max_tokens"
+    )
+    min_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="vLLM's: no end-of-sequence token is drawn and no stop sequence ends the text before this "
+        "many tokens",
     )
 
     @field_validator("logit_bias")
@@ -112,6 +123,11 @@ class SamplingFields(_Strict):
             raise InvalidParameter("n > 1 cannot be streamed; send stream: false", param="n")
         if self.stream_options is not None and not self.stream:
             raise InvalidParameter("stream_options needs stream: true", param="stream_options")
+        requested = self.requested_max_tokens
+        if self.min_tokens is not None and requested is not None and self.min_tokens > requested:
+            raise InvalidParameter(
+                f"min_tokens ({self.min_tokens}) is more than max_tokens ({requested})", param="min_tokens"
+            )
         return self
 
     @property
@@ -150,6 +166,28 @@ class CompletionRequest(SamplingFields):
     logprobs: TopLogprobs | Literal[False] | None = Field(
         default=None, description="Return each generated token's log-probability and this many alternatives, 0-20"
     )
+    max_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="0 (with echo or prompt_logprobs): nothing is generated, only the prompt scored"
+    )
+    echo: bool | None = Field(
+        default=None,
+        description="The prompt before the completion: in text, and with logprobs in the logprobs too (the "
+        "prompt's first token has a null logprob and null top_logprobs)",
+    )
+    prompt_logprobs: TopLogprobs | None = Field(
+        default=None,
+        description="vLLM's: each choice's prompt_logprobs lists, per prompt token, its logprob and rank and this "
+        "many alternatives, 0-20 (the first token: null)",
+    )
+
+    @model_validator(mode="after")
+    def _nothing_generated(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo and self.prompt_logprobs is None:
+            raise InvalidParameter(
+                "max_tokens 0 generates nothing: send it with echo or prompt_logprobs to score the prompt",
+                param="max_tokens",
+            )
+        return self
 
     @property
     def prompts(self) -> list[str | list[int]]:

@@ -100,17 +100,43 @@ class ChatCompletionChunk(Extensible):
     model: str
     system_fingerprint: str | None = None
     choices: list[ChatCompletionChunkChoice]
-    usage: Usage | None = Field(default=None, description="On the last chunk, with stream_options.include_usage")
+    usage: Usage | None = Field(
+        default=None,
+        description="On the last chunk, with stream_options.include_usage; on every chunk (usage so far), with "
+        "stream_options.continuous_usage_stats",
+    )
 
 
 # --- text completions ----------------------------------------------------------------
 
 
+class EchoedLogprobs(ResponseModel):
+    """A completion's ``logprobs`` with ``echo``: the prompt's tokens first, then the generated ones."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None] = Field(description="null for the prompt's first token")
+    top_logprobs: list[dict[str, float] | None] = Field(description="null for the prompt's first token")
+    text_offset: list[int] = Field(description="Character offset of each token within prompt plus completion")
+
+
+class PromptLogprob(ResponseModel):
+    """One token of a ``prompt_logprobs`` entry (vLLM's shape)."""
+
+    logprob: float
+    rank: int = Field(description="1: the most probable token at that position")
+    decoded_token: str
+
+
 class CompletionChoice(Extensible):
-    text: str
+    text: str = Field(description="With echo, the prompt and then the completion")
     index: int
-    logprobs: CompletionLogprobs | None = None
+    logprobs: CompletionLogprobs | EchoedLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = Field(
+        default=None,
+        description="With prompt_logprobs: per prompt token, null for the first, then it and its most probable "
+        "alternatives by token id (in a stream, on the choice's first chunk)",
+    )
 
 
 class CompletionResponse(Extensible):
@@ -134,7 +160,11 @@ class CompletionChunk(Extensible):
     model: str
     system_fingerprint: str | None = None
     choices: list[CompletionChoice]
-    usage: Usage | None = None
+    usage: Usage | None = Field(
+        default=None,
+        description="On the last chunk, with stream_options.include_usage; on every chunk (usage so far), with "
+        "stream_options.continuous_usage_stats",
+    )
 
 
 # --- models --------------------------------------------------------------------------
@@ -197,6 +227,13 @@ class QueueState(ResponseModel):
     shutting_down: bool
 
 
+class ConvergerState(ResponseModel):
+    """One plugin's convergence on this replica."""
+
+    converged: bool
+    reasons: list[str]
+
+
 class ReplicaState(ResponseModel):
     """This replica's convergence to the desired state in the shared database."""
 
@@ -205,12 +242,23 @@ class ReplicaState(ResponseModel):
     reasons: list[str] = Field(description="Why this replica differs from the desired state, one line each")
     checked_at: float | None
     interval_s: float
+    convergers: dict[str, ConvergerState] = Field(
+        description="Each plugin's part of the desired state (probes, rulesets, steering), converged here or why not"
+    )
 
 
 class Health(ResponseModel):
     """``GET /api/health``."""
 
-    status: Literal["ok", "loading", "unloading", "failed", "no_model"]
+    status: Literal["ok", "loading", "unloading", "measuring", "degraded", "shutting_down", "failed", "no_model"] = (
+        Field(
+            description="ok: generation routes serve the resident model. loading, unloading, shutting_down, "
+            "degraded (the engine failed or is restarting, or a generation stalled), failed and no_model: "
+            "they refuse or cannot answer. measuring: admin work on the model runs (they refuse only if "
+            "its reason says so). Every status but ok comes with a reason."
+        )
+    )
+    reason: str | None = Field(default=None, description="Why the status is not ok, and what requests get meanwhile")
     model: str | None = Field(description="The resident model, the one loading, or the start model that failed")
     engine: str | None
     phase: str | None

@@ -16,7 +16,8 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,20 @@ class AmbiguousModelName(MillmError):
     """A name that fits several models (a repository with several quantizations or checkpoints)."""
 
     status, code = 400, "AMBIGUOUS_MODEL_NAME"
+
+
+#: Admin work on the resident model that ``/api/health`` names as its status (``ModelRegistry.activity``).
+ACTIVITIES = ("measuring",)
+
+
+@dataclass(eq=False)
+class Activity:
+    """Admin work in progress on the resident model (``ModelRegistry.activity``)."""
+
+    kind: str
+    reason: str
+    #: Generation routes answer ``503 model_busy`` (with the reason) while it runs.
+    refuses: bool = False
 
 
 class ModelState(str, enum.Enum):
@@ -108,6 +123,8 @@ class ModelRegistry:
         self._idle = asyncio.Event()
         self._idle.set()
         self.start_model: ModelEntry | None = None
+        #: Admin work in progress (``activity``), oldest first.
+        self.activities: list[Activity] = []
 
     # --- discovery ----------------------------------------------------------------
     def engine_for(self, fmt: str) -> list[EngineSpec]:
@@ -250,7 +267,8 @@ class ModelRegistry:
 
     # --- residency ----------------------------------------------------------------
     def check_available(self, entry: ModelEntry) -> None:
-        """Refuse at once (``model_busy``) while another model's load or any unload runs."""
+        """Refuse at once (``model_busy``) while another model's load, any unload, or admin work that
+        refuses (``activity(..., refuses=True)``) runs."""
         if self._transition is not None:
             kind, target, _ = self._transition
             if not (kind == "load" and target is entry):
@@ -258,6 +276,29 @@ class ModelRegistry:
                     f"model {target.id!r} is {'loading' if kind == 'load' else 'unloading'}; retry once it finishes",
                     param="model",
                 )
+        refusing = next((a for a in self.activities if a.refuses), None)
+        if refusing is not None and self.resident is entry:  # admin work that excludes serving
+            raise ModelBusy(
+                f"model {entry.id!r} is {refusing.kind} ({refusing.reason}); retry once it finishes", param="model"
+            )
+
+    @contextmanager
+    def activity(self, kind: str, reason: str, *, refuses: bool = False) -> Iterator[Activity]:
+        """Admin work on the resident model, reported by ``/api/health`` while the block runs.
+
+        ``with host.registry.activity("measuring", "probe capacity of layers 4-12 (run 2 of 3)"):``
+        makes ``/api/health`` answer ``status: measuring`` with that ``reason``. With
+        ``refuses=True`` generation routes also answer ``503 model_busy`` (naming the
+        reason) until it ends. Any thread may enter it; ``kind`` is one of ``ACTIVITIES``.
+        """
+        if kind not in ACTIVITIES:
+            raise ValueError(f"unknown activity {kind!r}; one of {', '.join(ACTIVITIES)}")
+        activity = Activity(kind, reason, refuses)
+        self.activities.append(activity)
+        try:
+            yield activity
+        finally:
+            self.activities.remove(activity)
 
     async def acquire(self, entry: ModelEntry) -> Lease:
         """A lease on ``entry`` as the resident model, loading it first if needed."""

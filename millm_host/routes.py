@@ -70,6 +70,8 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/api/health/live", health, suffix="live")
     add_route("/api/health/ready", health, suffix="ready")
     add_route("/api/health/inference", health, suffix="inference")
+    add_route("/health", health, suffix="alias")  # vLLM's and llama.cpp's liveness path (load balancers, guidellm)
+    add_route("/ping", health, suffix="alias")  # SageMaker's and vLLM's
     add_route("/metrics", MetricsResource(host))
     add_route("/api/settings", SettingsResource(host))
     add_route("/api/models", ManagedModels(host))

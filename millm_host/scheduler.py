@@ -27,7 +27,9 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any, TypeVar
 
+from .cancellation import when_set
 from .errors import GenerationStalled, MillmError, QueueFull, RequestCancelled, ShuttingDown
+from .threadcache import ThreadCache
 
 T = TypeVar("T")
 
@@ -129,6 +131,7 @@ class Scheduler:
         self._beat: float | None = None  # last progress of the running generations; None while none runs
         #: Generations running on threads of their own (``submit_beside``): a drain waits for them too.
         self._beside: set[Future] = set()
+        self._generation_threads = ThreadCache("millm-generation")
         self._generations = 0  # running (several at once when the engine batches)
         #: Set when shutdown begins: new requests are refused (``503 shutting_down``).
         self.closing = False
@@ -253,7 +256,8 @@ class Scheduler:
         return self._engine.submit(fn, *args)
 
     def submit_beside(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """Run ``fn(*args)`` now on a thread of its own (a generation the engine batches with others).
+        """Run ``fn(*args)`` now on a thread of its own (a generation the engine batches with others;
+        an idle thread of an earlier one when there is one).
 
         Admission still bounds how many run: one per admitted request.
         """
@@ -276,7 +280,7 @@ class Scheduler:
                 with self._lock:
                     self._beside.discard(future)
 
-        threading.Thread(target=body, name="millm-generation", daemon=True).start()
+        self._generation_threads.run(body)
         return future
 
     async def run(self, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None) -> T:
@@ -302,16 +306,24 @@ class Scheduler:
         waiter = asyncio.wrap_future(future)
         if cancel is None:
             return await waiter
-        while True:
-            done, _ = await asyncio.wait({waiter}, timeout=TICK)
-            if done:
-                return waiter.result()
-            if cancel.is_set() and future.cancel():
-                raise RequestCancelled()
-            error = self.why_not_started()
-            if error is not None and future.cancel():
-                cancel.set()
-                raise error
+        # Woken the moment the request is cancelled (its client gone): it leaves the queue at once.
+        # The tick remains for a stall, the end of the shutdown grace, or a plugin's plain Event.
+        cancelled, forget = when_set(cancel)
+        waiting = {waiter} if cancelled is None else {waiter, cancelled}
+        try:
+            while True:
+                done, _ = await asyncio.wait(waiting, timeout=TICK, return_when=asyncio.FIRST_COMPLETED)
+                if waiter in done:
+                    return waiter.result()
+                if cancel.is_set() and future.cancel():
+                    raise RequestCancelled()
+                waiting.discard(cancelled)  # set, but the call already runs: wait for its end
+                error = self.why_not_started()
+                if error is not None and future.cancel():
+                    cancel.set()
+                    raise error
+        finally:
+            forget()
 
     def run_sync(
         self, fn: Callable[..., T], *args: Any, timeout: float | None = None, priority: int | None = None

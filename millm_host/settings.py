@@ -116,6 +116,13 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_FILES_MAX_BYTES", int, 200 * 1024 * 1024, "Largest file POST /v1/files accepts (413 above)"),
+    Setting(
+        "MILLM_BODY_TIMEOUT_S",
+        float,
+        30.0,
+        "Seconds a request body may go without a byte arriving (one shorter than its Content-Length); "
+        "then 408 request_timeout and the connection is closed (0: wait for ever)",
+    ),
     Setting("MILLM_BATCH_MAX_LINES", int, 50_000, "Most lines (requests) one batch input file may hold"),
     Setting(
         "MILLM_BATCH_CONCURRENCY",

@@ -244,3 +244,17 @@ def test_a_refused_line_keeps_a_custom_id_that_follows_its_body(app_factory):
     assert done.status == "completed", done
     [error] = read_jsonl(client, done.error_file_id)
     assert error["custom_id"] == "late" and error["response"]["status_code"] == 400
+
+
+def test_file_content_is_served_as_documented(app):
+    """/openapi.json says what GET /v1/files/{id}/content serves: the bytes, application/octet-stream."""
+    client = app.openai()
+    data = jsonl([chat_line("a"), chat_line("b")])
+    uploaded = client.files.create(file=("two.jsonl", data), purpose="batch")
+    with app.http() as http:
+        documented = http.get("/openapi.json").json()["paths"]["/v1/files/{file_id}/content"]["get"]["responses"]
+        served = http.get(f"/v1/files/{uploaded.id}/content")
+    assert served.status_code == 200 and served.content == data
+    assert list(documented["200"]["content"]) == [served.headers["content-type"]] == ["application/octet-stream"]
+    assert documented["200"]["content"]["application/octet-stream"]["schema"] == {"type": "string", "format": "binary"}
+    client.files.delete(uploaded.id)

@@ -127,7 +127,8 @@ REFUSED = [
     ("completions", "top_logprobs", 2),
     ("completions", "response_format", {"type": "json_object"}),
     ("completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("completions", "echo", True),
+    ("completions", "prompt_logprobs", 1),  # echo alone is served everywhere; with logprobs it needs scoring
+    ("completions", "ignore_eos", True),
     ("completions", "best_of", 3),
     ("completions", "suffix", "end"),
     ("chat.completions", "dimensions", 16),

@@ -24,3 +24,18 @@ def test_ready_while_a_model_is_loaded_and_not_while_draining(app_factory):
     assert_error(draining, 503, "not_ready")
     assert "shutting down" in draining.json()["error"]["message"]
     assert live.status_code == 200
+
+
+def test_health_and_ping_are_liveness_aliases(app_factory):
+    """``GET /health`` and ``GET /ping`` (vLLM's paths) answer as ``/api/health/live``: open, also while draining,
+    and in ``/openapi.json``."""
+    app = app_factory(env={"MILLM_API_KEYS": "k", "MILLM_ADMIN_API_KEYS": "admin"})
+    with app.http() as http:
+        for path in ("/health", "/ping"):
+            assert http.get(path).json() == {"status": "live"}
+        paths = http.get("/openapi.json").json()["paths"]
+        app.host.begin_shutdown()
+        draining = [http.get(path) for path in ("/health", "/ping")]
+    for path in ("/health", "/ping"):
+        assert "/api/health/live" in paths[path]["get"]["summary"]
+    assert [r.status_code for r in draining] == [200, 200]

@@ -180,6 +180,36 @@ def test_sigterm_waits_the_grace_then_fails_the_rest(server_factory, long_model)
     print(f"exited {exited:.1f} s after SIGTERM (grace 1 s)")
 
 
+def test_after_sigterm_new_requests_get_503_until_the_listener_closes(server_factory, long_model):
+    """The listener stays open while an admitted request finishes: a new connection is answered
+    503 shutting_down (health still answers), not refused at TCP; it closes once nothing is left."""
+    server = server_factory(
+        long_model,
+        env={"MILLM_QUEUE_MAX": "16", "FAULT_INJECTION": f"slow:2:{BLOCK_S}", "MILLM_SHUTDOWN_GRACE_S": "30"},
+    )
+    held = HeldStream(server)  # admitted and generating: the drain lasts until it ends
+    try:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        wait_for(lambda: health(server)["queue"]["shutting_down"], "the shutdown to begin")
+        with httpx.Client(base_url=server.base_url, timeout=30) as http:  # a new connection
+            refused = http.post("/v1/chat/completions", json=chat_body(server.model_id, max_tokens=1))
+            assert_error(refused, 503, "shutting_down")  # with Retry-After, as every 503
+            assert_error(http.get("/v1/models"), 503, "shutting_down")
+            assert_error(http.get("/api/health/ready"), 503, "not_ready")
+            assert http.get("/api/health/live").status_code == 200
+        assert server.proc.poll() is None
+    finally:
+        held.close()  # its generation is cancelled: nothing admitted is left
+    closed = time.monotonic()
+    try:
+        server.proc.wait(30)  # well inside the 30 s grace: the drain ended when the last request did
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"millm serve still running 30 s after its last request ended:\n{server.log()}")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.base_url}/api/health/live", timeout=5)
+    print(f"exited {time.monotonic() - closed:.1f} s after the last admitted request ended")
+
+
 def test_a_stalled_generation_fails_with_503(server_factory, tiny_model_dir):
     """No token for MILLM_GENERATION_STALL_S: 503; what waits behind the hung thread fails too; SIGTERM still exits."""
     server = server_factory(

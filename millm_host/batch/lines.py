@@ -2,7 +2,8 @@
 
 A line is ``{"custom_id": "...", "method": "POST", "url": "<the batch's endpoint>",
 "body": {...}}``. A line that is not that, or whose body its endpoint would refuse
-(``Serving.precheck``: protocol, fields, model name, plugins' ``validate_request``),
+(its ``precheck``: for the host's endpoints protocol, fields, model name, plugins'
+``validate_request``; for a plugin's, what its route would refuse),
 gets an error line with its ``custom_id`` and an OpenAI-shaped error, and never
 runs. Only what makes the whole file unusable (not UTF-8, empty, too many lines,
 a ``custom_id`` used twice) fails the batch.
@@ -20,14 +21,7 @@ from ..jsonslices import top_level_strings
 from ..protocol import BodyRefused, parse_json_body
 
 if TYPE_CHECKING:
-    from ..serving.base import Serving
-
-#: The batch endpoints OpenAI's clients name, and the ``host.serving`` key serving each.
-ENDPOINTS: Mapping[str, str] = {
-    "/v1/chat/completions": "chat.completions",
-    "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings",
-}
+    from .endpoints import BatchEndpoint
 
 
 @dataclass
@@ -137,13 +131,13 @@ def _read_line(number: int, text: str, url: str, max_depth: int, max_containers:
     return item
 
 
-def precheck(serving: Serving, lines: list[InputLine]) -> None:
+def precheck(endpoint: BatchEndpoint, lines: list[InputLine]) -> None:
     """Check each well-formed line's body as its endpoint would, before admission (worker thread)."""
     for item in lines:
         if item.body is None:
             continue
         try:
-            serving.precheck(item.body, {})
+            endpoint.precheck(item.body, {})
         except MillmError as exc:
             item.error, item.body = exc, None
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import falcon
 import falcon.asgi
+from pydantic import Field, create_model
 
 from ..errors import InvalidParameter, MillmError
-from ..openapi import Param, operation
+from ..openapi import Operation, Param, operation
 from ..protocol import validate
 from ..resources.common import JsonResource
+from .endpoints import collect
 from .schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject, FileUpload
 from .store import FileTooLarge, shown_filename
 
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 
 #: Room for a multipart form's boundaries and part headers around the file itself.
 FORM_OVERHEAD = 64 * 1024
+ENDPOINT_DESCRIPTION = "The URL every line names: the host's OpenAI endpoints and those its plugins register"
 LIMIT = Param("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "How many to list")
 AFTER = Param("after", description="The id the previous page ended with")
 
@@ -120,7 +124,9 @@ class File(JsonResource):
     async def on_delete(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, file_id: str) -> None:
         resp.media = await asyncio.to_thread(self.store.delete, file_id)
 
-    @operation("A file's bytes, as uploaded or written", errors=(404,))
+    # OpenAI's document calls this application/json (a string); the bytes are JSONL, which a client that
+    # honours the type could not parse as one JSON document, so they are served, and documented, as bytes.
+    @operation("A file's bytes, as uploaded or written", errors=(404,), media_type="application/octet-stream")
     async def on_get_content(self, req: falcon.asgi.Request, resp: falcon.asgi.Response, file_id: str) -> None:
         row = await asyncio.to_thread(self.store.get, file_id)
         resp.content_type = "application/octet-stream"
@@ -135,11 +141,26 @@ class Batches(JsonResource):
         super().__init__(host)
         self.runner = runner
 
+    def describe_operation(self, method: str, suffix: str | None) -> Operation | None:
+        """``POST``: the request as this server takes it, ``endpoint`` an enum of the URLs registered here
+        (plugins add theirs), which the static ``CreateBatchRequest`` cannot list."""
+        if method != "POST" or suffix is not None:
+            return None
+        described: Operation = self.on_post.__openapi__  # type: ignore[attr-defined]
+        request = create_model(
+            "CreateBatchRequest",
+            __base__=CreateBatchRequest,
+            __doc__=CreateBatchRequest.__doc__,
+            endpoint=(Literal[tuple(self.runner.endpoints)], Field(description=ENDPOINT_DESCRIPTION)),  # type: ignore[arg-type]
+        )
+        return replace(described, request=(request,))
+
     @operation(
         "Create a batch over an uploaded JSONL file", request=CreateBatchRequest, response=BatchObject, errors=(404,)
     )
     async def on_post(self, req: falcon.asgi.Request, resp: falcon.asgi.Response) -> None:
         params = validate(CreateBatchRequest, await self.json(req))
+        self.runner.endpoints.check(params.endpoint)
         resp.media = await self.runner.create(
             input_file_id=params.input_file_id,
             endpoint=params.endpoint,
@@ -172,6 +193,7 @@ class OneBatch(JsonResource):
 def install(host, add_route) -> None:
     """Add the routes (``routes.install``)."""
     runner = host.batches
+    runner.endpoints = collect(host)  # the host's and the plugins' (hook register_batch_endpoints)
     files, batches = File(host, runner.store), OneBatch(host, runner)
     add_route("/v1/files", Files(host, runner.store))
     add_route("/v1/files/{file_id}", files)

@@ -1,7 +1,8 @@
 """Batches: created over an uploaded file, run line by line in the background, resumed after a restart.
 
 ``validating`` (every line checked, the lines stored) → ``in_progress`` (pending
-lines run through ``host.serving[endpoint].handle``, as live requests are) →
+lines run through the batch's endpoint, as live requests to its URL are; see
+``endpoints``: the host's OpenAI endpoints and those plugins register) →
 ``finalizing`` (output and error files written) → ``completed``; or ``failed``
 (the input file is unusable), ``cancelling`` → ``cancelled``, ``expired`` (past
 its completion window; unrun lines go to the error file).
@@ -32,8 +33,8 @@ from ..admission import BACKGROUND
 from ..errors import ClientDisconnected, InternalError, MillmError, ShuttingDown
 from ..paging import page
 from . import lease
+from .endpoints import BatchEndpoints
 from .lines import (
-    ENDPOINTS,
     InputFileInvalid,
     InputLine,
     error_line,
@@ -110,6 +111,8 @@ class BatchRunner:
         self.owner = host.convergence.replica_id
         self.lease_s = max(0.3, float(host.settings["MILLM_BATCH_LEASE_S"]))
         self._sweeper: asyncio.Task | None = None
+        #: The URLs a batch may name (``endpoints.collect``, as the routes are installed).
+        self.endpoints = BatchEndpoints()
 
     # --- the routes' operations (event loop; database work on a worker thread) ----------------
     async def create(self, *, input_file_id: str, endpoint: str, window: str, metadata: Any) -> dict[str, Any]:
@@ -260,6 +263,12 @@ class BatchRunner:
             row = await asyncio.to_thread(self._row, batch_id)
             if row.status == "cancelling":
                 self._cancel_event(batch_id).set()
+            if row.status in ("validating", "in_progress") and row.endpoint not in self.endpoints:
+                # stored before a restart without the plugin that served it: nothing here can run its lines
+                message = f"no endpoint {row.endpoint} on this server (is the plugin that serves it installed?)"
+                row = await asyncio.to_thread(
+                    self._fail, batch_id, [{"code": "endpoint_unavailable", "message": message}]
+                )
             if row.status == "validating":
                 row = await self._validate(row)
             if row.status in ("in_progress", "cancelling"):
@@ -293,7 +302,7 @@ class BatchRunner:
             return await asyncio.to_thread(self._fail, row.id, [{"code": exc.code, "message": exc.message}])
         except InputFileInvalid as exc:
             return await asyncio.to_thread(self._fail, row.id, [e.to_dict() for e in exc.errors])
-        await asyncio.to_thread(precheck, self.host.serving[ENDPOINTS[row.endpoint]], lines)
+        await asyncio.to_thread(precheck, self.endpoints[row.endpoint], lines)
         return await asyncio.to_thread(self._store_lines, row.id, lines)
 
     def _store_lines(self, batch_id: str, lines: list[InputLine]) -> Batch:
@@ -336,7 +345,7 @@ class BatchRunner:
     async def _run_lines(self, row: Batch) -> None:
         pending = await asyncio.to_thread(self._pending, row.id)
         cancelled = self._cancel_event(row.id)
-        serving = self.host.serving[ENDPOINTS[row.endpoint]]
+        endpoint = self.endpoints[row.endpoint] if row.endpoint in self.endpoints else None  # None: cancelling
         todo: Iterator[tuple[int, str, dict[str, Any]]] = iter(pending)
 
         stopping = self._stopping
@@ -353,7 +362,7 @@ class BatchRunner:
             for line, custom_id, body in todo:  # one shared iterator: each line taken once
                 if cancelled.is_set() or stopping.is_set() or time.time() >= row.expires_at:
                     return
-                record = await self._run_line(serving, custom_id, body, gone)
+                record = await self._run_line(endpoint, custom_id, body, gone)
                 if record is not None:
                     await asyncio.to_thread(self._record, row.id, line, *record)
 
@@ -369,12 +378,12 @@ class BatchRunner:
             )
 
     async def _run_line(
-        self, serving: Any, custom_id: str, body: dict[str, Any], gone: Any
+        self, endpoint: Any, custom_id: str, body: dict[str, Any], gone: Any
     ) -> tuple[str, dict[str, Any]] | None:
         """``("done"|"failed", output line)``, or None when the line was cut off (batch cancelled, server stopping)."""
         for attempt in range(RETRIES + 1):
             try:
-                result = await serving.observed(body, {}, gone=gone)  # counted in /metrics like a live request
+                result = await endpoint.observed(body, {}, gone=gone)  # counted in /metrics like a live request
             except ClientDisconnected:
                 return None
             except ShuttingDown:

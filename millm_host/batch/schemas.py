@@ -48,7 +48,9 @@ class CreateBatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     input_file_id: str = Field(max_length=40)
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+    #: Any URL registered as a batch endpoint (``endpoints``): checked by the route, which names them on a 400,
+    #: and listed as an enum in ``/openapi.json`` (``Batches.describe_operation``).
+    endpoint: str = Field(max_length=200)
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     #: Accepted and not applied: output files are kept until deleted.

@@ -1,8 +1,11 @@
-"""``GET /api/health``, the load balancer's two questions (``/api/health/live`` and ``/api/health/ready``),
-and ``/api/health/inference``: how generations are being run."""
+"""``GET /api/health`` (whether generation routes serve now, and why not), the load balancer's two
+questions (``/api/health/live`` and ``/api/health/ready``), and ``/api/health/inference``: how
+generations are being run. ``GET /health`` and ``GET /ping`` answer as ``/api/health/live``: the paths
+vLLM-style load balancers, Kubernetes examples and benchmark tools (guidellm) probe."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -11,9 +14,11 @@ from ..errors import SERVER_ERROR, MillmError
 from ..openapi import operation
 from ..protocol import ResponseModel
 from ..protocol_responses import Health as HealthBody
+from ..registry import ModelState
 
 if TYPE_CHECKING:
     from ..app import Host
+    from ..registry import ModelEntry
 
 
 class NotReady(MillmError):
@@ -48,7 +53,11 @@ class Inference(ResponseModel):
     running: int = Field(description="Generations running now (in the batch, prefilling, or alone)")
     waiting: int = Field(description="Admitted requests not yet generating (queued for the engine or the batch)")
     admitted: int = Field(description="Admitted requests, waiting or running")
-    batched: int = Field(default=0, description="Generations served in the batch since the model loaded")
+    batched: int = Field(default=0, description="Generations that entered the batch since the model loaded")
+    left_waiting: int = Field(
+        default=0,
+        description="Generations cancelled (their client gone) before they entered the batch, since the model loaded",
+    )
     steps: int | None = Field(default=None, description="Batched decode steps run since the model loaded")
     serial_reasons: dict[str, int] = Field(
         default_factory=dict,
@@ -72,9 +81,64 @@ def inference_report(host: Host) -> dict[str, Any]:
         "waiting": max(0, scheduler.admitted - running) + batch_waiting,
         "admitted": scheduler.admitted,
         "batched": report.get("batched", 0),
+        "left_waiting": report.get("left_waiting", 0),
         "steps": report.get("steps"),
         "serial_reasons": dict(report.get("serial_reasons", {})),
     }
+
+
+@dataclass
+class ServingState:
+    """What ``GET /api/health`` says of serving: its ``status``, about which model, and why."""
+
+    status: str
+    entry: ModelEntry | None = None
+    reason: str | None = None
+    #: The model's own phase: loading, unloading, failed, or loaded (None without a model).
+    phase: str | None = "loaded"
+    progress: str | None = None
+    error: str | None = None
+
+
+def serving_state(host: Host) -> ServingState:
+    """The first that holds: shutting down, a load or an unload, no model (or the start model failed),
+    a degraded engine or a stalled generation, admin work (``registry.activity``); else ok."""
+    registry, scheduler = host.registry, host.scheduler
+    if scheduler.closing:
+        entry = registry.resident
+        reason = "the server is shutting down; new requests get 503 shutting_down"
+        return ServingState("shutting_down", entry, reason, phase="loaded" if entry else None)
+    if registry._transition is not None:
+        kind, entry, _ = registry._transition
+        if kind == "load":
+            reason = f"model {entry.id!r} is loading; requests for other models get 503 model_busy"
+            return ServingState("loading", entry, reason, phase="loading", progress=entry.progress)
+        reason = (
+            f"model {entry.id!r} is unloading ({registry._leases} requests still running); "
+            "every generation route answers 503 model_busy until it ends"
+        )
+        return ServingState("unloading", entry, reason, phase="unloading", progress=entry.progress)
+    entry = registry.resident
+    if entry is None or registry.engine is None:
+        start = registry.start_model
+        if start is not None and start.state is ModelState.FAILED:
+            reason = f"the start model failed to load: {start.error}"
+            return ServingState("failed", start, reason, phase="failed", error=start.error)
+        return ServingState("no_model", None, "no model is loaded", phase=None)
+    engine_state = registry.engine.status().get("state")
+    if engine_state in ("failed", "closed", "restarting"):
+        return ServingState("degraded", entry, f"the engine is {engine_state}; requests fail or wait until it is back")
+    if scheduler.stalled():
+        reason = (
+            f"a generation made no progress for {scheduler.stalled_for():.0f} s "
+            f"(MILLM_GENERATION_STALL_S={scheduler.stall_s:g}); requests behind it get 503 generation_stalled"
+        )
+        return ServingState("degraded", entry, reason)
+    if registry.activities:
+        work = registry.activities[0]
+        refusing = "; generation routes answer 503 model_busy meanwhile" if work.refuses else ""
+        return ServingState(work.kind, entry, work.reason + refusing)
+    return ServingState("ok", entry)
 
 
 class Health:
@@ -86,26 +150,17 @@ class Health:
         registry = self.host.registry
         scheduler = self.host.scheduler
         report = self.host.report
-        start = registry.start_model
-        entry, progress, error = registry.resident, None, None
-        if registry.resident is not None:
-            status = "ok"
-        elif registry._transition is not None:
-            kind, entry = registry._transition[0], registry._transition[1]
-            status = "loading" if kind == "load" else "unloading"
-            progress = entry.progress
-        elif start is not None and start.state.value == "FAILED":
-            status, entry, error = "failed", start, start.error
-        else:
-            status = "no_model"
+        state = serving_state(self.host)
+        entry = state.entry
         resp.media = {
-            "status": status,
+            "status": state.status,
+            "reason": state.reason,
             # The model the status is about: the resident one, the one loading, or the start model that failed.
             "model": entry.id if entry else None,
             "engine": entry.spec.name if entry else None,
-            "phase": {"ok": "loaded"}.get(status, status) if entry else None,
-            "progress": progress,
-            "error": error,
+            "phase": state.phase,
+            "progress": state.progress,
+            "error": state.error,
             "engine_status": dict(registry.engine.status()) if registry.engine is not None else None,
             "engines": [spec.name for spec in self.host.engines],
             "plugins": [{"name": r.name, "version": r.version} for r in report.loaded],
@@ -131,6 +186,10 @@ class Health:
     @operation("Liveness: the server answers (for a load balancer or an orchestrator)", response=Live)
     async def on_get_live(self, req, resp) -> None:
         resp.media = {"status": "live"}
+
+    @operation("Liveness, as GET /api/health/live: the path vLLM, llama.cpp and load balancers probe", response=Live)
+    async def on_get_alias(self, req, resp) -> None:
+        await self.on_get_live(req, resp)
 
     @operation(
         "Readiness: a model is loaded, the replica has converged and is not draining (503 not_ready otherwise)",

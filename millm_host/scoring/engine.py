@@ -49,6 +49,17 @@ class NextTokenScores:
     top: list[TokenLogprob] = field(default_factory=list)
 
 
+@dataclass
+class PromptTokenScores:
+    """One prompt token's score (the second token on): its log-probability after the tokens before it,
+    its ``rank`` in that distribution (1: the most probable) and the ``top`` most probable tokens there,
+    best first. Unscaled (no temperature), over the whole vocabulary."""
+
+    token: TokenLogprob
+    rank: int
+    top: list[TokenLogprob] = field(default_factory=list)
+
+
 class InvalidScoringRequest(MillmError):
     """A scoring token id outside the vocabulary, or a prompt that tokenises to nothing."""
 

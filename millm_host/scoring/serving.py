@@ -76,10 +76,14 @@ def is_scoring_request(endpoint: str, body: dict[str, Any]) -> bool:
     ``top_logprobs`` on a request for one token (``max_tokens: 1``) that is not
     streamed. A malformed value (``logprobs: 5`` on chat) is a scoring request
     too, so scoring validation refuses it rather than generation ignoring it.
-    Logprobs on a longer or streamed request are generation logprobs.
+    Logprobs on a longer or streamed request are generation logprobs, and so are they
+    with ``echo`` or ``prompt_logprobs`` (the prompt's logprobs, then the completion's,
+    as lm-evaluation-harness asks with ``echo: true, logprobs: 1, max_tokens: 1``).
     """
     if body.get("allowed_token_ids") is not None:
         return True
+    if endpoint == "completions" and (body.get("echo") not in (None, False) or body.get("prompt_logprobs") is not None):
+        return False
     logprobs = body.get("logprobs")
     asks = (logprobs is not None and logprobs is not False) or (
         endpoint == "chat.completions" and body.get("top_logprobs") is not None

@@ -193,6 +193,8 @@ class Serving:
         """
         host = self.host
         await asyncio.to_thread(self.validate, ctx)
+        if ctx.cancel_event.is_set():  # its client has gone: it never takes a queue place
+            raise RequestCancelled()
         admission = await admit(host, ctx.entry)
         try:
             ctx.engine = admission.engine

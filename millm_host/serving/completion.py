@@ -1,4 +1,5 @@
-"""``POST /v1/completions``: ``ServingCompletion`` (scoring-mode bodies go to its ``ServingScoring``)."""
+"""``POST /v1/completions``: ``ServingCompletion`` (scoring-mode bodies go to its ``ServingScoring``; the
+prompt's own logprobs, ``echo`` and ``prompt_logprobs``: ``prompt_logprobs``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from ..context import RequestContext
 from ..errors import InvalidParameter
 from ..protocol import CompletionRequest
 from ..protocol_responses import CompletionChunk, CompletionResponse
+from . import prompt_logprobs
 from .prompts import completion_prompts, refuse_out_of_vocabulary
 from .run import ServingGeneration
 
@@ -23,6 +25,7 @@ class ServingCompletion(ServingGeneration):
         most = self.host.settings["MILLM_MAX_PROMPTS"]
         if len(ctx.params.prompts) > most:
             raise InvalidParameter(f"at most {most} prompts per request", param="prompt")
+        ctx.plan = prompt_logprobs.read(ctx)  # echo, prompt_logprobs
 
     def prompt_texts(self, ctx: RequestContext) -> list[list[str]]:
         return [[p] for p in ctx.params.prompts if isinstance(p, str)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from ..context import RequestContext, SequenceOutput
 from ..engine import GENERATION_CANCEL, LayerHook, LogitsProcessorFactory
 from ..errors import InternalError, MillmError, RequestCancelled, ShuttingDown
 from ..output import OutputFilter, OutputFilterFactory
+from . import prompt_logprobs
 from .logprobs import SequenceLogprobs, prompt_chars
 from .text import TextAssembler
 
@@ -46,6 +47,11 @@ def flatten(results: Iterable[Any]) -> list[Any]:
         else:
             items.append(result)
     return items
+
+
+def _nothing() -> Generator[int, None, None]:
+    """No tokens: what a generation of ``max_tokens: 0`` reads."""
+    yield from ()
 
 
 def derive_seed(seed: int | None, choice: int) -> int | None:
@@ -80,6 +86,9 @@ class GenerationJob:
                 ctx.interrupted = "cancelled"
                 raise ShuttingDown("the server is shutting down; this request did not finish within the grace period")
             contributions = flatten(hookcalls.request(self.host.pm, "before_forward", ctx=ctx))
+            if ctx.cancel_event.is_set():  # it ended while plugins prepared: it never reaches the engine
+                raise RequestCancelled()
+            prompt_logprobs.score(ctx)  # echo or prompt_logprobs: scoring's pass over each prompt first
             hooks = ctx.layer_hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
             filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
@@ -172,7 +181,8 @@ class GenerationJob:
         prompt_index = out.prompt_index
         params = replace(ctx.sampling, seed=derive_seed(ctx.sampling.seed, choice))
         seq_filters = [f.make(out.index) for f in filters]
-        assembler = TextAssembler(engine.decode, ctx.params.stop_list)
+        # vLLM's min_tokens: no stop sequence ends the text before it (ignore_eos leaves stops be)
+        assembler = TextAssembler(engine.decode, ctx.params.stop_list, stops_after=ctx.params.min_tokens or 0)
         eos = engine.info.eos_token_ids
         finish = "length"
         logprobs = None
@@ -180,7 +190,17 @@ class GenerationJob:
             logprobs = SequenceLogprobs(engine, prompt_chars(ctx, engine, prompt_index))
             self._logprobs[out.index] = logprobs
             out.logprobs = logprobs.entries
-        tokens = engine.generate(prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors])
+        if self.emit:  # the echoed prompt (and its logprobs) comes first
+            echo = prompt_logprobs.echoed(ctx, prompt_index)
+            listed = prompt_logprobs.listed(ctx, prompt_index)
+            if echo is not None or listed is not None:
+                self.emit(("prompt", out.index, (*(echo or ("", None)), listed)))
+        if params.max_tokens:
+            tokens = engine.generate(
+                prompt, params, hooks=hooks, logits_processors=[p.make(out.index) for p in processors]
+            )
+        else:  # max_tokens 0 (echo or prompt_logprobs): the prompt was scored, nothing is generated
+            tokens = _nothing()
         beat, mark = self.host.scheduler.beat, ctx.timing.token
         ctx.timing.sequence()
         try:
@@ -216,6 +236,7 @@ class GenerationJob:
             result = seq_filter.finish(out.finish_reason)
             if result.text:
                 self._send(out, result.text, seq_filters[position + 1 :])
+            self._stream_deltas(out, [seq_filter])  # what finish settled (e.g. the calls' last deltas)
             if result.finish_reason:
                 out.finish_reason = result.finish_reason
             out.message_extras.update(result.message_extras)
@@ -227,15 +248,26 @@ class GenerationJob:
             self.emit(("finish", out.index, out.finish_reason))
 
     def _send(self, out: SequenceOutput, text: str, filters: list[OutputFilter]) -> None:
+        fed = 0
         for seq_filter in filters:
             text = seq_filter.feed(text)
+            fed += 1
             if not text:
-                return
-        out.text += text
-        if not self.emit:
-            return
-        logprobs = self._logprobs.get(out.index)
-        if logprobs is None:
-            self.emit(("delta", out.index, text))
-        else:
-            self.emit(("delta_logprobs", out.index, (text, logprobs.pending())))
+                break
+        if text:
+            out.text += text
+            if self.emit:
+                logprobs = self._logprobs.get(out.index)
+                if logprobs is None:
+                    self.emit(("delta", out.index, text))
+                else:
+                    self.emit(("delta_logprobs", out.index, (text, logprobs.pending())))
+        self._stream_deltas(out, filters[:fed])  # after the text: it came before them
+
+    def _stream_deltas(self, out: SequenceOutput, filters: list[OutputFilter]) -> None:
+        """Deltas a filter has ready as the text grows (``take_deltas``: a tool call's name, then its arguments)."""
+        for seq_filter in filters:
+            take = getattr(seq_filter, "take_deltas", None)
+            for delta in take() if take is not None else ():
+                if self.emit:
+                    self.emit(("delta_extra", out.index, delta))

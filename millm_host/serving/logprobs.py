@@ -62,7 +62,8 @@ class Alternative:
 class TokenEntry(Alternative):
     """One generated token's logprobs: itself, its alternatives and where it starts in the text."""
 
-    top: list[Alternative] = field(default_factory=list)
+    #: None (and ``logprob`` None) only for an echoed prompt's first token (``prompt_logprobs``).
+    top: list[Alternative] | None = field(default_factory=list)
     #: Characters before this token in prompt plus completion (completions' ``text_offset``).
     offset: int = 0
 
@@ -113,8 +114,11 @@ def render(ctx: RequestContext, entries: Sequence[TokenEntry] | None) -> dict[st
         return None
     if ctx.is_chat:
         return {"content": [_chat_entry(e) for e in entries], "refusal": None}
-    tops: list[dict[str, float]] = []
+    tops: list[dict[str, float] | None] = []
     for entry in entries:
+        if entry.top is None:  # an echoed prompt's first token: nothing before it to score it
+            tops.append(None)
+            continue
         top: dict[str, float] = {}
         for alt in entry.top:
             top.setdefault(alt.token, alt.logprob)  # ids that decode alike share the best entry
@@ -133,5 +137,5 @@ def _chat_entry(entry: TokenEntry) -> dict[str, Any]:
         "token": entry.token,
         "logprob": entry.logprob,
         "bytes": entry.bytes,
-        "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": a.bytes} for a in entry.top],
+        "top_logprobs": [{"token": a.token, "logprob": a.logprob, "bytes": a.bytes} for a in entry.top or ()],
     }

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..context import RequestContext
+from ..context import RequestContext, SequenceOutput
 from ..default_fields import seed_scope
+from . import prompt_logprobs
 from .logprobs import render as render_logprobs
 
 
@@ -46,14 +47,7 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
                 }
             )
         else:
-            choices.append(
-                {
-                    "text": out.text,
-                    "index": out.index,
-                    "logprobs": render_logprobs(ctx, out.logprobs),
-                    "finish_reason": out.finish_reason,
-                }
-            )
+            choices.append(_completion_choice(ctx, out))
     return {
         "id": response_id(ctx),
         "object": "chat.completion" if ctx.is_chat else "text_completion",
@@ -65,8 +59,30 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
     }
 
 
+def _completion_choice(ctx: RequestContext, out: SequenceOutput) -> dict[str, Any]:
+    """A text completion's choice: after its echoed prompt (text and logprobs) when asked, with vLLM's
+    ``prompt_logprobs`` when asked."""
+    text, entries = out.text, out.logprobs
+    echo = prompt_logprobs.echoed(ctx, out.prompt_index)
+    if echo is not None:
+        prompt_text, prompt_entries = echo
+        text = prompt_text + text
+        if prompt_entries is not None and entries is not None:
+            entries = [*prompt_entries, *entries]
+    choice = {"text": text, "index": out.index, "logprobs": render_logprobs(ctx, entries)}
+    choice["finish_reason"] = out.finish_reason
+    listed = prompt_logprobs.listed(ctx, out.prompt_index)
+    if listed is not None:
+        choice["prompt_logprobs"] = listed
+    return choice
+
+
 def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    """One streamed chunk; with ``include_usage``, ``usage`` is null on all but the last (as OpenAI sends it)."""
+    """One streamed chunk; with ``include_usage``, ``usage`` is null on all but the last (as OpenAI sends it).
+
+    With ``continuous_usage_stats`` (vLLM's) every chunk carries the usage so far: the tokens generated
+    when the chunk is built (the engine may be a token or two ahead of the text it carries).
+    """
     assert ctx.engine is not None
     body: dict[str, Any] = {
         "id": response_id(ctx),
@@ -76,7 +92,9 @@ def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> d
         "system_fingerprint": system_fingerprint(ctx),
         "choices": choices,
     }
-    if wants_usage(ctx):
+    if continuous_usage(ctx):
+        body["usage"] = usage(ctx)
+    elif wants_usage(ctx):
         body["usage"] = None
     body.update(extra)
     return body
@@ -86,6 +104,12 @@ def wants_usage(ctx: RequestContext) -> bool:
     """The client asked for a usage chunk (``stream_options.include_usage``)."""
     options = ctx.params.stream_options
     return bool(options and options.include_usage)
+
+
+def continuous_usage(ctx: RequestContext) -> bool:
+    """The client asked for usage on every chunk (``stream_options.continuous_usage_stats``, vLLM's)."""
+    options = ctx.params.stream_options
+    return bool(options and options.continuous_usage_stats)
 
 
 def delta_choice(

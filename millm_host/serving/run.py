@@ -118,11 +118,14 @@ class ServingGeneration(Serving):
             raise InvalidParameter(f"{where} is empty (it tokenizes to nothing); every prompt needs text", param=where)
         if window is not None:
             refuse_past_window(ctx, window, longest)
-        max_tokens = requested or self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
+        max_tokens = requested if requested is not None else self.host.settings["MILLM_DEFAULT_MAX_TOKENS"]
         if window is not None and requested is None:
             max_tokens = min(max_tokens, window - longest)
+        # ignore_eos masks EOS from every draw; min_tokens from the first ones (stop sequences: ``generation``)
+        min_tokens = max_tokens if params.ignore_eos else min(params.min_tokens or 0, max_tokens)
         ctx.sampling = SamplingParams(
             max_tokens=max_tokens,
+            min_tokens=min_tokens,
             temperature=1.0 if params.temperature is None else params.temperature,
             top_p=1.0 if params.top_p is None else params.top_p,
             frequency_penalty=params.frequency_penalty or 0.0,
@@ -340,6 +343,12 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
             elif kind == "delta_logprobs":  # text and the logprobs of the tokens it came from
                 text, entries = payload
                 yield chunk(ctx, [delta_choice(ctx, index, text, logprobs=render_logprobs(ctx, entries))])
+            elif kind == "prompt":  # echo and prompt_logprobs: the prompt's text and logprobs, first
+                text, entries, listed = payload
+                choice = delta_choice(ctx, index, text, logprobs=render_logprobs(ctx, entries))
+                if listed is not None:
+                    choice["prompt_logprobs"] = listed
+                yield chunk(ctx, [choice])
             elif kind == "delta_extra":
                 yield chunk(ctx, [delta_choice(ctx, index, extra=payload)])
             elif kind == "finish":

@@ -37,7 +37,10 @@ class EngineConformance:
     supports_seed = True
     supports_embeddings = True
     poolings: tuple[str, ...] = ("mean",)
-    supports_scoring = False  # optional: Engine.score_next_token
+    supports_scoring = False  # optional: Engine.score_next_token and Engine.score_prompt
+    #: How far ``score_prompt``'s logprob of a token may be from scoring its prefix alone (one pass over the
+    #: whole prompt against one over the prefix: the same math on other shapes).
+    prompt_atol = 1e-5
 
     def test_info_is_complete(self, engine):
         info = engine.info
@@ -109,6 +112,20 @@ class EngineConformance:
         [subset] = engine.score_next_token([ids], ScoringParams(top=5, allowed_token_ids=allowed))
         assert {t.token_id for t in subset.top} == set(allowed)
         assert math.fsum(math.exp(t.logprob) for t in subset.top) == pytest.approx(1.0, abs=1e-6)
+
+    def test_prompt_scores_are_the_next_token_scores_of_each_prefix(self, engine):
+        if not self.supports_scoring:
+            pytest.skip("this engine does not score")
+        ids = engine.tokenize("The capital of France is Paris, and")
+        [rows] = engine.score_prompt([ids], 3)
+        assert [row.token.token_id for row in rows] == ids[1:]
+        for position, row in enumerate(rows, start=1):
+            [alone] = engine.score_next_token([ids[:position]], ScoringParams(top=3))
+            assert [t.token_id for t in row.top] == [t.token_id for t in alone.top]
+            assert [t.logprob for t in row.top] == pytest.approx([t.logprob for t in alone.top], abs=self.prompt_atol)
+            assert row.rank >= 1 and (row.rank == 1) == (row.token.token_id == alone.chosen.token_id)
+            if row.rank <= 3:
+                assert row.token == row.top[row.rank - 1]
 
     def test_embeddings_pool_and_are_unhooked(self, engine):
         if not self.supports_embeddings:

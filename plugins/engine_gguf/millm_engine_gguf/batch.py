@@ -8,8 +8,8 @@ from its own logits with its own generator. Rows join and leave between steps; a
 row's KV cells are removed when it leaves.
 
 Only plain sampling runs here (greedy, or temperature and top_p with a per-row
-seed); steering, penalties, logit_bias and logprobs run alone on the serial
-context (``serial_reason``).
+seed); steering, penalties, logit_bias, logprobs and min_tokens (ignore_eos) run
+alone on the serial context (``serial_reason``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def serial_reason(params: SamplingParams, vectors: dict) -> str | None:
     """Why a generation cannot be a row of the batch (None: it can)."""
     if vectors:
         return "steering"  # llama.cpp's control vector is one per context
+    if params.min_tokens:
+        return "min_tokens"  # the EOS mask is the serial chain's first stage (``distribution``)
     if needed(params):
         return "logprobs_or_logit_bias"
     if params.frequency_penalty or params.presence_penalty:

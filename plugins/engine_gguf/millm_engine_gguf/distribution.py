@@ -8,10 +8,14 @@ reach Python. When a request asks for logprobs or a ``logit_bias``, a
 the result over the temperature (unscaled when greedy). The rest of the chain
 (the nucleus cut, the temperature, the draw) runs on what it returns, so the
 logprobs are those of the distribution the token is drawn from, before the
-nucleus cut: what the transformers engine reports.
+nucleus cut: what the transformers engine reports. ``min_tokens`` (and ``ignore_eos``,
+``SamplingParams.min_tokens``) masks the end-of-sequence ids here too, with -inf,
+until that many tokens were drawn.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import numpy as np
 
@@ -21,8 +25,10 @@ from millm_host.api import GeneratedToken, SamplingParams, TokenLogprob
 class Distribution:
     """Called by llama.cpp once per token with the ids so far and the raw logits; returns the biased ones."""
 
-    def __init__(self, params: SamplingParams, n_vocab: int, prompt_length: int) -> None:
+    def __init__(self, params: SamplingParams, n_vocab: int, prompt_length: int, eos_ids: Collection[int] = ()) -> None:
         self.bias = np.zeros(n_vocab, dtype=np.float32)
+        self.eos = np.array(sorted(t for t in eos_ids if t < n_vocab), dtype=np.int64)
+        self.eos_until = params.min_tokens if self.eos.size else 0
         for token, bias in params.logit_bias.items():
             self.bias[token] += bias
         self.frequency = params.frequency_penalty
@@ -38,6 +44,8 @@ class Distribution:
         if self.frequency or self.presence:
             counts = np.bincount(np.asarray(input_ids[self.prompt_length :], dtype=np.int64), minlength=self.n_vocab)
             out -= self.frequency * counts[: self.n_vocab] + self.presence * (counts[: self.n_vocab] > 0)
+        if len(input_ids) - self.prompt_length < self.eos_until:
+            out[self.eos] = -np.inf
         if self.top is not None:
             scaled = out.astype(np.float64) / self.temperature
             peak = scaled.max()
@@ -58,4 +66,4 @@ class Distribution:
 
 def needed(params: SamplingParams) -> bool:
     """Whether a request needs the custom stage (llama.cpp's own chain serves the rest)."""
-    return params.logprobs is not None or bool(params.logit_bias)
+    return params.logprobs is not None or bool(params.logit_bias) or params.min_tokens > 0

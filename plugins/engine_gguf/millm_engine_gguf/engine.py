@@ -143,8 +143,10 @@ class GGUFEngine(GGUFTextEngine):
 
     def _tokens(self, prompt: list[int], params: SamplingParams, window: int) -> Generator[int, None, None]:
         greedy = params.temperature == 0
-        # logprobs or logit_bias: the first stage of the chain applies the bias and penalties itself
-        distribution = Distribution(params, self.llm.n_vocab(), len(prompt)) if needed(params) else None
+        # logprobs, logit_bias or min_tokens: the first stage of the chain applies the bias and penalties itself
+        distribution = (
+            Distribution(params, self.llm.n_vocab(), len(prompt), self.info.eos_token_ids) if needed(params) else None
+        )
         tokens = self.llm.generate(
             prompt,
             temp=0.0 if greedy else params.temperature,

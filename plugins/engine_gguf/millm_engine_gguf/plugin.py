@@ -15,6 +15,8 @@ from .spec import ENGINE_NAME, SPEC
 #: scoring fields stay unclaimed or are refused by capability before any load,
 #: and chat_template_kwargs and tool-call history are reported.
 EMBEDDING_FIELDS = ("input", "encoding_format", "pooling", "normalize")
+#: vLLM's names: the first stage of the sampler chain masks the end-of-sequence ids (``distribution``).
+EOS_FIELDS = ("ignore_eos", "min_tokens")
 
 
 @hookimpl
@@ -25,8 +27,11 @@ def register_engines(register) -> None:
 
 @hookimpl
 def register_request_fields(register) -> None:
-    """Claim the embedding fields the GGUF engine serves (pooling only as ``mean``)."""
+    """Claim the embedding fields the GGUF engine serves (pooling only as ``mean``), and ``ignore_eos`` and
+    ``min_tokens`` on generation."""
     register("embeddings", EMBEDDING_FIELDS, engines=[ENGINE_NAME])
+    register("chat.completions", EOS_FIELDS, engines=[ENGINE_NAME])
+    register("completions", EOS_FIELDS, engines=[ENGINE_NAME])
 
 
 @hookimpl

@@ -38,7 +38,7 @@ COMPLETIONS_REFUSED = [
         ("allowed_token_ids", [1, 2]),
         ("return_tokens_as_token_ids", True),
         ("scoring_precision", "float32"),
-        ("echo", True),
+        ("prompt_logprobs", 1),  # the prompt's logprobs are scoring's pass, which llama.cpp is not loaded for
         ("best_of", 2),
         ("suffix", "!"),
         ("response_format", {"type": "json_object"}),
@@ -94,6 +94,16 @@ def test_steering_is_served_and_checked_before_any_load(gguf_server, endpoint):
     assert_error(response, 400, "SAE_NOT_ATTACHED" if STEERING_INSTALLED else "field_not_honoured", "steering")
     assert model_state(gguf_server, SOLO_ID) == "READY"
     assert model_state(gguf_server, DEFAULT_ID) == "LOADED"
+
+
+def test_echo_is_served_but_not_with_logprobs(gguf_server):
+    """``echo`` alone puts the prompt before the completion; with ``logprobs`` (the prompt's logprobs) it is
+    refused before any load: a GGUF model cannot score (llama.cpp would need every position's logits kept)."""
+    refused = post(gguf_server, "completions", body("completions", SOLO_ID, echo=True, logprobs=1))
+    assert "cannot score" in assert_error(refused, 400, "field_not_honoured", "echo")["message"]
+    assert model_state(gguf_server, SOLO_ID) == "READY"
+    served = post(gguf_server, "completions", body("completions", DEFAULT_ID, echo=True, temperature=0))
+    assert served.status_code == 200 and served.json()["choices"][0]["text"].startswith("Hello")
 
 
 def test_n_above_one_is_refused_through_the_sdk(gguf_server):

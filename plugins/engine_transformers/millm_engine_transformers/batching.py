@@ -1,7 +1,9 @@
 """Continuous batching: many generations share each decode step of the model.
 
 One scheduler thread owns the running batch. Between two steps it drops the rows
-whose consumer left (closed its generator: a disconnect, a stop string, EOS), starts
+whose consumer left (closed its generator: a disconnect, a stop string, EOS; a row
+still waiting leaves the moment its request is cancelled, whatever this thread is
+doing, so a request whose client has gone never enters the batch), starts
 a prefill for the requests waiting then (together, left-padded to the longest, on a
 cache of their own: requests that arrive together get their first tokens together;
 ``MILLM_BATCH_GATHER_MS`` can hold the first arrival back that long to gather more),
@@ -114,6 +116,23 @@ class Prefill:
     def padding(self, index: int) -> int:
         return self.ids.shape[1] - len(self.rows[index].prompt)
 
+    def cut_left(self) -> list[Row]:
+        """Cut the rows that left out of this prefill (their tokens and what they cached so far); returns them.
+
+        A long prompt prefills over several steps: one whose client has gone costs no chunk after that.
+        """
+        keep = [index for index, row in enumerate(self.rows) if not row.left]
+        if len(keep) == len(self.rows):
+            return []
+        leaving = [row for row in self.rows if row.left]
+        index = torch.tensor(keep, device=self.ids.device)
+        self.rows = [self.rows[i] for i in keep]
+        self.ids, self.mask, self.positions = (t.index_select(0, index) for t in (self.ids, self.mask, self.positions))
+        if self.done:  # the cache holds the chunks run so far
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+        return leaving
+
 
 @dataclass(eq=False)
 class Row:
@@ -198,6 +217,9 @@ class BatchScheduler:
         self._padded = False  # some row has left padding
         self.steps = 0
         self.prefills = 0  # prefills started (each for every request then waiting)
+        #: Rows that joined a prefill (entered the batch), and rows whose request was cancelled first.
+        self.joined = 0
+        self.left_waiting = 0
         self._thread = threading.Thread(target=self._loop, name="millm-batch", daemon=True)
         self._thread.start()
 
@@ -216,7 +238,7 @@ class BatchScheduler:
             params=params,
             processors=list(processors),
             generator=generator_for(params, self.device),
-            penalties=Penalties(params, self.vocab_size, self.device),
+            penalties=Penalties(params, self.vocab_size, self.device, self.eos_ids),
             bias=LogitBias(params, self.device),
             position=len(prompt_ids),
             cancel=generation_cancel(),
@@ -227,9 +249,17 @@ class BatchScheduler:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the batch scheduler is closed")
+            if row.left:  # cancelled before it was handed over: it never waits, let alone prefills
+                self.left_waiting += 1
+                return
             row.arrived = time.monotonic()
             self._waiting.append(row)
             self._cond.notify()
+        # The host's cancellation calls back when it is set (``Cancellation.add_callback``): a row
+        # still waiting leaves then, even while this thread is held up by a long step or model work.
+        add_callback = getattr(row.cancel, "add_callback", None)
+        if add_callback is not None:
+            add_callback(lambda: self._leave_waiting(row))
         try:
             while True:
                 item = row.out.get()
@@ -242,6 +272,15 @@ class BatchScheduler:
             row.gone = True
             with self._cond:
                 self._cond.notify()
+
+    def _leave_waiting(self, row: Row) -> None:
+        """``row`` was cancelled (any thread): if it still waits, it leaves now and its consumer hears so."""
+        with self._cond:
+            if row not in self._waiting:
+                return  # it joined a prefill: it leaves at the next step
+            self._waiting.remove(row)
+            self.left_waiting += 1
+        row.out.put(_END)
 
     def replay(self, rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[LayerHook]]]) -> None:
         """Run ``rows`` (prompt, given tokens, hooks) through the batch as generations that arrive together.
@@ -379,16 +418,21 @@ class BatchScheduler:
         return max(0.0, self._waiting[0].arrived + self.gather_s - time.monotonic())
 
     def _step(self) -> None:
-        """Drop the rows that left, one chunk of every prefill, then one decode step of the batch."""
+        """Drop the rows that left (decoding, prefilling or waiting), one chunk of every prefill, then one
+        decode step of the batch."""
         self._drop([row for row in self.rows if row.left])
-        for group in [group for group in self._prefilling if all(row.left for row in group.rows)]:
-            self._prefilling.remove(group)
-            self._end(group.rows)
+        for group in [group for group in self._prefilling if any(row.left for row in group.rows)]:
+            if all(row.left for row in group.rows):
+                self._prefilling.remove(group)
+                self._end(group.rows)
+            else:
+                self._end(group.cut_left())
         if self._waiting:  # the lock only when someone waits: this runs at every step
             with self._cond:
                 cancelled = [row for row in self._waiting if row.left]
                 for row in cancelled:
                     self._waiting.remove(row)
+                self.left_waiting += len(cancelled)
             self._end(cancelled)
         self._admit()
         self._prefill_chunks()
@@ -406,6 +450,7 @@ class BatchScheduler:
             room = self.max_rows - self.running
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
         if joining:
+            self.joined += len(joining)
             self._prefilling.append(Prefill.of(joining, self.device))
             self.prefills += 1
 

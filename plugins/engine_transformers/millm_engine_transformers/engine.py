@@ -26,6 +26,7 @@ from millm_host.api import (
     ModelInfo,
     NextTokenScores,
     NoChatTemplate,
+    PromptTokenScores,
     SamplingParams,
     ScoringParams,
     TokenIterator,
@@ -39,7 +40,7 @@ from .float32 import score_in_float32
 from .intraop import IntraOp, in_passing_thread
 from .loader import load_model
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
-from .scoring import last_logits, next_token_scores
+from .scoring import every_logits, last_logits, next_token_scores, prompt_token_scores
 from .spec import ENGINE_NAME, SETTINGS
 from .token_span import TokenFloor
 
@@ -126,7 +127,6 @@ class TransformersEngine(Engine):
             raise ValueError(f"MILLM_BATCHING={mode!r}: use serial or continuous")
         self._serial_reasons: collections.Counter[str] = collections.Counter()
         self._counting = threading.Lock()
-        self._batched = 0
         self.batch: BatchScheduler | None = None
         self.batching_unavailable = None if mode == "serial" else batchable_model(self.model)
         self.concurrent_generation = mode == "continuous" and self.batching_unavailable is None
@@ -212,7 +212,11 @@ class TransformersEngine(Engine):
 
     def detokenize(self, ids: Sequence[int]) -> str:
         with self._tokenizer() as tokenizer:
-            return tokenizer.decode(list(ids), skip_special_tokens=False)  # spaces a word-piece joins are kept
+            if tokenizer.clean_up_tokenization_spaces:  # transformers cleans the text up after the library decodes
+                return tokenizer.decode(list(ids), skip_special_tokens=False)  # spaces a word-piece joins are kept
+            # The same text, but the library's decode_batch lets the GIL go while it decodes, where decode holds
+            # it (500,000 ids: 100-200 ms, the event loop waiting); converting the ids still holds it, ~6-14 ms.
+            return tokenizer.backend_tokenizer.decode_batch([list(ids)], skip_special_tokens=False)[0]
 
     def render_chat(
         self,
@@ -260,8 +264,6 @@ class TransformersEngine(Engine):
         if self.batch is not None:
             reason = self._serial_reason(hooks)
             if reason is None:
-                with self._counting:
-                    self._batched += 1
                 return self.batch.submit(prompt_ids, params, logits_processors, hooks)
             self._count_serial(reason)
         return self._serial(prompt_ids, params, hooks, logits_processors)
@@ -352,7 +354,6 @@ class TransformersEngine(Engine):
         batch = self.batch
         with self._counting:
             reasons = dict(self._serial_reasons)
-            batched = self._batched
         return {
             "backend": "continuous" if batch is not None else "serial",
             "batching_unavailable": self.batching_unavailable,
@@ -360,7 +361,9 @@ class TransformersEngine(Engine):
             "running": batch.running if batch is not None else None,
             "waiting": batch.waiting if batch is not None else None,
             "steps": batch.steps if batch is not None else None,
-            "batched": batched,
+            # Rows that joined the batch: a generation cancelled while it waited never did.
+            "batched": batch.joined if batch is not None else 0,
+            "left_waiting": batch.left_waiting if batch is not None else 0,
             "serial_reasons": reasons,
         }
 
@@ -372,7 +375,7 @@ class TransformersEngine(Engine):
         processors: Sequence[Callable[[Sequence[int], Any], Any]],
     ) -> Generator[int, None, None]:
         generator = generator_for(params, self.device)
-        penalties = Penalties(params, self.info.vocab_size, self.device)
+        penalties = Penalties(params, self.info.vocab_size, self.device, self.info.eos_token_ids)
         bias = LogitBias(params, self.device)
         cache = transformers.DynamicCache()
         window = self.info.context_window
@@ -445,6 +448,18 @@ class TransformersEngine(Engine):
                 score,
             )
         )
+
+    def score_prompt(self, prompts: Sequence[Sequence[int]], top: int) -> list[list[PromptTokenScores]]:
+        """Scoring's pass over each prompt, every position kept (``scoring.every_logits``), no hook."""
+
+        def score() -> list[list[PromptTokenScores]]:
+            with self._typed_out_of_memory("scoring the prompt beside the model"):
+                return [
+                    prompt_token_scores(every_logits(self.model, ids, self.device), ids, top, index)
+                    for index, ids in enumerate(prompts)
+                ]
+
+        return self._model_work(score)
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         def run() -> list[float]:

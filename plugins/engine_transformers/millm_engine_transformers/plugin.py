@@ -13,6 +13,8 @@ from .spec import ENGINE_NAME, SPEC
 # Scoring mode (next-token log-probabilities); scoring_precision is served on completions only.
 COMPLETION_SCORING_FIELDS = ("logprobs", "allowed_token_ids", "return_tokens_as_token_ids", "scoring_precision")
 CHAT_SCORING_FIELDS = ("logprobs", "top_logprobs", "allowed_token_ids", "return_tokens_as_token_ids")
+#: vLLM's names: the sampler masks the end-of-sequence ids (``sampling.Penalties``).
+EOS_FIELDS = ("ignore_eos", "min_tokens")
 
 
 @hookimpl
@@ -23,8 +25,10 @@ def register_engines(register) -> None:
 @hookimpl
 def register_request_fields(register) -> None:
     engines = [ENGINE_NAME]
-    register("chat.completions", ("seed", "n", "chat_template_kwargs", *CHAT_SCORING_FIELDS), engines=engines)
-    register("completions", ("seed", "n", *COMPLETION_SCORING_FIELDS), engines=engines)
+    register(
+        "chat.completions", ("seed", "n", "chat_template_kwargs", *CHAT_SCORING_FIELDS, *EOS_FIELDS), engines=engines
+    )
+    register("completions", ("seed", "n", *COMPLETION_SCORING_FIELDS, *EOS_FIELDS), engines=engines)
     register("embeddings", ("pooling",), engines=engines)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -23,21 +23,34 @@ def generator_for(params: SamplingParams, device: torch.device) -> torch.Generat
 
 
 class Penalties:
-    """OpenAI's frequency and presence penalties over the tokens generated so far."""
+    """What depends on the tokens generated so far: OpenAI's frequency and presence penalties, and
+    vLLM's ``min_tokens`` (``SamplingParams.min_tokens``): the ``eos_ids`` get -inf until that many
+    tokens were drawn (``ignore_eos``: all of them)."""
 
-    def __init__(self, params: SamplingParams, vocab: int, device: torch.device) -> None:
+    def __init__(self, params: SamplingParams, vocab: int, device: torch.device, eos_ids: Collection[int] = ()) -> None:
         self.frequency = params.frequency_penalty
         self.presence = params.presence_penalty
-        self.active = bool(self.frequency or self.presence)
-        self.counts = torch.zeros(vocab, device=device) if self.active else None
+        counting = bool(self.frequency or self.presence)
+        self.counts = torch.zeros(vocab, device=device) if counting else None
+        self.eos_until = params.min_tokens if eos_ids else 0
+        self.eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device) if self.eos_until else None
+        self.drawn = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether ``apply`` changes the next token's logits."""
+        return self.counts is not None or self.drawn < self.eos_until
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.counts is None:  # not active
-            return logits
-        return logits - self.frequency * self.counts - self.presence * (self.counts > 0).float()
+        if self.counts is not None:
+            logits = logits - self.frequency * self.counts - self.presence * (self.counts > 0).float()
+        if self.eos is not None and self.drawn < self.eos_until:
+            logits = logits.index_fill(0, self.eos, float("-inf"))
+        return logits
 
     def record(self, token: int) -> None:
-        if self.counts is not None:  # active
+        self.drawn += 1
+        if self.counts is not None:
             self.counts[token] += 1
 
 

@@ -7,14 +7,51 @@ from typing import Any
 
 import torch
 
-from millm_host.api import NextTokenScores, NonFiniteLogits, ScoringParams, TokenLogprob
+from millm_host.api import NextTokenScores, NonFiniteLogits, PromptTokenScores, ScoringParams, TokenLogprob
 
 
 @torch.inference_mode()
 def last_logits(model: Any, ids: Sequence[int], device: torch.device) -> torch.Tensor:
     """The next-token logits after ``ids``, as float32 (no cache, nothing generated)."""
-    output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False, logits_to_keep=1)
-    return output.logits[0, -1].float()
+    return _logits(model, ids, device, keep=1)[-1]
+
+
+@torch.inference_mode()
+def every_logits(model: Any, ids: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The next-token logits after each prefix of ``ids`` (``[len(ids), vocab]``), from the pass ``last_logits``
+    makes, keeping every position (a prompt's own logprobs: ``echo``, ``prompt_logprobs``)."""
+    return _logits(model, ids, device, keep=0)
+
+
+def _logits(model: Any, ids: Sequence[int], device: torch.device, keep: int) -> torch.Tensor:
+    """One pass over ``ids``, no cache: the last ``keep`` positions' logits (0: all), as float32."""
+    output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False, logits_to_keep=keep)
+    return output.logits[0].float()
+
+
+def prompt_token_scores(logits: torch.Tensor, ids: Sequence[int], top: int, index: int) -> list[PromptTokenScores]:
+    """Each of ``ids[1:]`` scored from ``logits`` (``every_logits`` of ``ids``): the log-softmax of the row
+    before it, as ``next_token_scores`` normalises a row with no temperature and no allowed set."""
+    rows = logits[:-1]
+    invalid = torch.isnan(rows) | torch.isposinf(rows)
+    if bool(invalid.any()):
+        position, token = (int(v) for v in invalid.nonzero()[0])
+        raise NonFiniteLogits(
+            f"the logit of token {token} after prompt token {position} is {float(rows[position, token])}",
+            index=index,
+        )
+    logprobs = torch.log_softmax(rows, dim=-1)
+    targets = torch.tensor(list(ids[1:]), device=logits.device)
+    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=1) + 1
+    values, best = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
+    alternatives = zip(best.tolist(), values.tolist(), strict=True)
+    return [
+        PromptTokenScores(
+            TokenLogprob(int(token), logprob), int(rank), [TokenLogprob(t, v) for t, v in zip(*row, strict=True)]
+        )
+        for token, logprob, rank, row in zip(ids[1:], chosen.tolist(), ranks.tolist(), alternatives, strict=True)
+    ]
 
 
 def next_token_scores(logits: torch.Tensor, params: ScoringParams, index: int) -> NextTokenScores:

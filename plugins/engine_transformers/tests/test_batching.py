@@ -371,3 +371,51 @@ def test_probe_force_serial_runs_probed_generations_alone(tiny_model_dir):
 def test_an_unknown_backend_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="MILLM_BATCHING"):
         load(tiny_model_dir, MILLM_BATCHING="paged")
+
+
+def test_a_row_cancelled_mid_prefill_is_cut_out_and_its_neighbour_computes_as_alone(serial, batched, monkeypatch):
+    """Two long prompts prefill together over many chunks; one's request is cancelled halfway. It leaves
+    at the next step (its tokens and cache cut out of the prefill), and the other's answer is its serial one."""
+    from millm_engine_transformers.batching import Prefill
+
+    cut: list[tuple[int, int]] = []  # (columns prefilled, rows that left) at each cut
+    original = Prefill.cut_left
+
+    def spy(group):
+        done, leaving = group.done, original(group)
+        if leaving:
+            cut.append((done, len(leaving)))
+        return leaving
+
+    monkeypatch.setattr(Prefill, "cut_left", spy)
+    kept_ids, dropped_ids = serial.tokenize("word " * 60 + "end"), serial.tokenize("other " * 50 + "end")
+    params = SamplingParams(max_tokens=6, temperature=0)
+    want = run(serial, kept_ids, params)
+    cancels = [threading.Event(), threading.Event()]
+    results: list = [None, None]
+
+    def work(index, ids):
+        def submit():
+            GENERATION_CANCEL.set(cancels[index])
+            return run(batched, ids, params)
+
+        results[index] = contextvars.copy_context().run(submit)
+
+    prefills = batched.batch.prefills
+    with batched.batch.held():  # both arrive before the next step: one prefill for the two
+        threads = [threading.Thread(target=work, args=(i, ids)) for i, ids in enumerate((kept_ids, dropped_ids))]
+        for thread in threads:
+            thread.start()
+        while batched.batch.waiting < 2:
+            threading.Event().wait(0.001)
+    while not (batched.batch._prefilling and batched.batch._prefilling[0].done):
+        threading.Event().wait(0.0005)
+    with batched.batch.held():
+        group = batched.batch._prefilling[0]
+        assert len(group.rows) == 2 and 0 < group.done < group.ids.shape[1]  # halfway through
+        cancels[1].set()
+    for thread in threads:
+        thread.join(60)
+    assert batched.batch.prefills == prefills + 1
+    assert results == [want, []]
+    assert cut and cut[0][0] > 0 and cut[0][1] == 1  # cut out with its cache, before the prefill ended

@@ -8,7 +8,6 @@ server goes on; ``/api/health/inference`` reports it all.
 from __future__ import annotations
 
 import json
-
 import threading
 import time
 

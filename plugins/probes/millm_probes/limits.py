@@ -181,10 +181,12 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
         stop = Stop(host, engine, runtime.settings["PROBE_MEASURE_TIMEOUT_S"])
         runtime.measuring[model_id] = stop
         try:
-            async with host.engine_slot(model_id) as slot:
-                if slot.engine is not engine:
-                    raise ModelBusy("the model changed while measuring started; retry", param="model_id")
-                measurement = await slot.run(measure, engine, model_id, host, stop)
+            reason = f"timing {model_id!r} and its probes' costs (probe capacity; serving goes on)"
+            with host.registry.activity("measuring", reason):  # /api/health says so while it runs
+                async with host.engine_slot(model_id) as slot:
+                    if slot.engine is not engine:
+                        raise ModelBusy("the model changed while measuring started; retry", param="model_id")
+                    measurement = await slot.run(measure, engine, model_id, host, stop)
         finally:
             runtime.measuring.pop(model_id, None)
         await asyncio.to_thread(capacity_store.write, host.db, model_id, measurement=measurement)

@@ -13,7 +13,7 @@ from typing import Any
 
 from millm_host.api import hookimpl
 
-from . import capacity_store, hub_routes, live, routes, sessions, set_routes, store
+from . import batch_lines, capacity_store, hub_routes, live, routes, sessions, set_routes, store
 from .converge import Converger
 from .retention import Retention
 from .runtime import Runtime
@@ -60,6 +60,12 @@ def register_routes(host, add_route) -> None:
     routes.install(runtime, add_route)
     set_routes.install(runtime, add_route)  # behaviour sets and each model's Probe capacity
     hub_routes.install(runtime, add_route)  # Browse Hub
+
+
+@hookimpl
+def register_batch_endpoints(host, register) -> None:
+    """``/api/probes/score`` lines in the Batch API."""
+    register(batch_lines.URL, batch_lines.ScoreLines(_start(host)))
 
 
 @hookimpl

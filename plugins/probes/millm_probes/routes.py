@@ -6,7 +6,7 @@ import asyncio
 
 import falcon
 
-from millm_host.api import InvalidParameter, JsonResource, Param, operation
+from millm_host.api import InvalidParameter, JsonResource, Param, ResponseModel, operation
 
 from . import manage, session_routes, stateless, store
 from .definition import WINDOWS, ProbeDefinition
@@ -15,6 +15,17 @@ from .manage import ArmRequest, RecalibrationRequest
 from .params import bool_param
 from .runtime import Runtime
 from .stateless import ScoreRequest
+
+
+class ProbeResultCount(ResponseModel):
+    probe_id: str | None  # None: results of no probe (rule signals and other plugins' results)
+    results: int
+    fired: int
+
+
+class ProbeResultCounts(ResponseModel):
+    object: str
+    data: list[ProbeResultCount]
 
 
 class _Resource(JsonResource):
@@ -145,6 +156,24 @@ class Events(_Resource):
             after=req.get_param("after"),
         )
 
+    @operation(
+        "How many results each probe has, and how many fired: every stored result, under the list's filters",
+        response=ProbeResultCounts,
+        query=[Param("probe_id"), Param("fired", {"type": "boolean"}), Param("window", {"enum": list(WINDOWS)})],
+    )
+    async def on_get_counts(self, req, resp) -> None:
+        window = req.get_param("window")
+        if window is not None and window not in WINDOWS:
+            raise InvalidParameter(f"window must be one of {', '.join(WINDOWS)}", param="window")
+        counts = await asyncio.to_thread(
+            store.count_events,
+            self.runtime.host.db,
+            probe_id=req.get_param("probe_id"),
+            fired=bool_param(req, "fired"),
+            window=window,
+        )
+        resp.media = {"object": "list", "data": counts}
+
     @operation("One result, with its text", errors=(404,))
     async def on_get_detail(self, req, resp, result_id: str) -> None:
         resp.media = await asyncio.to_thread(store.get_event, self.runtime.host.db, result_id)
@@ -157,6 +186,7 @@ def install(runtime: Runtime, add_route) -> None:
     add_route("/api/probes/score", Score(runtime))
     add_route("/api/probes/status", Status(runtime))
     add_route("/api/probes/events", events)
+    add_route("/api/probes/events/counts", events, suffix="counts")  # a literal: never read as a result id
     add_route("/api/probes/events/{result_id}", events, suffix="detail")
     session_routes.install(runtime, add_route)  # sessions, transcripts and the live feed
     add_route("/api/probes/{probe_id}", item)

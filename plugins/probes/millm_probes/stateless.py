@@ -185,11 +185,11 @@ def _score_one(
     return readings, {w: window_text(engine, item.ids, layout, w) for w in windows}
 
 
-async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    """Score every input with every chosen probe; nothing is stored."""
-    host = runtime.host
+def check(runtime: Runtime, body: dict[str, Any]) -> ScoreRequest:
+    """``body`` as a request, refused for its shape and its limits before any probe or model is looked at
+    (worker thread: in proportion to the body). A Batch line is checked with it as it validates."""
     settings = runtime.settings
-    request = await asyncio.to_thread(validate, ScoreRequest, body)  # in proportion to the body: off the loop
+    request = validate(ScoreRequest, body)
     if len(request.inputs) > settings["PROBE_SCORE_MAX_INPUTS"]:
         raise InvalidParameter(
             f"at most {settings['PROBE_SCORE_MAX_INPUTS']} inputs per request (PROBE_SCORE_MAX_INPUTS)",
@@ -201,6 +201,14 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
         raise InvalidParameter(
             f"at most {maximum} probes per request (PROBE_MAX_ARMED)", param="probe_ids", code="PROBE_MAX_ARMED"
         )
+    return request
+
+
+async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """Score every input with every chosen probe; nothing is stored."""
+    host = runtime.host
+    settings = runtime.settings
+    request = await asyncio.to_thread(check, runtime, body)  # in proportion to the body: off the loop
     engine, entry = host.registry.current()
     identity = model_identity(host, entry.id)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids, request.behaviours)

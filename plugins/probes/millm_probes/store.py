@@ -382,6 +382,21 @@ def list_events(
     return list_page(page, has_more=len(rows) > limit, id_key="result_id")
 
 
+def count_events(db: Any, *, probe_id: str | None, fired: bool | None, window: str | None) -> list[dict[str, Any]]:
+    """How many stored results each probe has, and how many of them fired, under ``list_events``' filters:
+    every stored result, not one page of them (a page shows the newest; its totals would stop there)."""
+    fired_count = sa.func.count().filter(ProbeEvent.fired.is_(True))
+    query = sa.select(ProbeEvent.probe_id, sa.func.count(), fired_count).group_by(ProbeEvent.probe_id)
+    for column, value in ((ProbeEvent.probe_id, probe_id), (ProbeEvent.window, window)):
+        if value is not None:
+            query = query.where(column == value)
+    if fired is not None:
+        query = query.where(ProbeEvent.fired.is_(fired))
+    with db.session() as session:
+        rows = session.execute(query.order_by(ProbeEvent.probe_id)).all()
+    return [{"probe_id": key, "results": results, "fired": fired_n} for key, results, fired_n in rows]
+
+
 def get_event(db: Any, result_id: str) -> dict[str, Any]:
     with db.session() as session:
         row = session.scalar(sa.select(ProbeEvent).where(ProbeEvent.result_id == result_id))

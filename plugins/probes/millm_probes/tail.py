@@ -82,7 +82,9 @@ class Tail:
         floor = min(self.gaps) - 1 if self.gaps else self.high
         with self.db.engine.connect() as connection:
             rows = connection.execute(
-                sa.select(ProbeEvent.id, ProbeEvent.result, ProbeEvent.request_id, ProbeEvent.session_id, ProbeEvent.turn)
+                sa.select(
+                    ProbeEvent.id, ProbeEvent.result, ProbeEvent.request_id, ProbeEvent.session_id, ProbeEvent.turn
+                )
                 .where(ProbeEvent.id > floor)
                 .order_by(ProbeEvent.id)
                 .limit(BATCH_ROWS)

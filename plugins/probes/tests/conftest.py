@@ -397,6 +397,7 @@ def pytest_collection_modifyitems(items):
 
 STORED = frozenset(
     {
+        "test_batch_score.py",
         "test_behaviours.py",
         "test_capacity.py",
         "test_cost_model.py",
@@ -410,6 +411,7 @@ STORED = frozenset(
         "test_replicas.py",
         "test_whole_feed.py",
         "test_restarts.py",
+        "test_result_counts.py",
         "test_sae_paths.py",
         "test_session_turns_concurrent.py",
         "test_sessions.py",

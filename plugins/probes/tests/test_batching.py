@@ -124,7 +124,9 @@ def test_parity_checks_each_vector_in_the_batch_shape_that_serves_it(batching_se
     with batching_server.http() as http:
         identity = http.get(f"/api/models/{http.get('/api/health').json()['model']}").json()
         for rule in ("mean", "max", "attention"):
-            probe = helpers.import_probe(http, lab.definition(identity, name=f"batch-parity-{rule}", rule=rule, layer=2))
+            probe = helpers.import_probe(
+                http, lab.definition(identity, name=f"batch-parity-{rule}", rule=rule, layer=2)
+            )
             report = http.post(f"/api/probes/{probe['id']}/parity").json()
             http.delete(f"/api/probes/{probe['id']}")
             assert report["status"] == "passed", report

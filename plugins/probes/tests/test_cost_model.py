@@ -100,7 +100,9 @@ def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
         assert units[half]["layer"] > 0 and units[half]["mean"] == units["per_token"]["mean"]  # its arithmetic: its own
         assert measured["budget"][half]["budget_ms"] == pytest.approx(0.05 * step[f"ms_{half}"])
         assert measured["budget"][half]["batch_rows"] == int(rows)
-    assert set(recommendation["dense_cost_ms"]) == {"per_token", "per_1k_prompt"} | {f"per_token_rows_{n}" for n in batch}
+    assert set(recommendation["dense_cost_ms"]) == {"per_token", "per_1k_prompt"} | {
+        f"per_token_rows_{n}" for n in batch
+    }
     # the writes it timed left nothing behind
     assert http.get("/api/probes/events").json()["data"] == []
     assert http.get("/api/probes/sessions").json()["data"] == []
@@ -216,7 +218,8 @@ def test_a_set_must_fit_a_row_of_a_full_batch(http, server, model_id, measured, 
     assert "0.1 ms per token at 8 rows" in recommendation["explanation"]
     identity = http.get(f"/api/models/{model_id}").json()
     first, second = (
-        helpers.import_probe(http, lab.definition(identity, name=f"row-{i}", behaviour="rows", seed=i)) for i in range(2)
+        helpers.import_probe(http, lab.definition(identity, name=f"row-{i}", behaviour="rows", seed=i))
+        for i in range(2)
     )
     assert http.post(f"/api/probes/{first['id']}/arm", json={}).status_code == 200
     refusal = assert_error(http.post(f"/api/probes/{second['id']}/arm", json={}), 409, "PROBE_COST_BUDGET_EXCEEDED")

@@ -52,6 +52,8 @@ def test_a_cancelled_measurement_stops_and_stores_nothing(server):
     with server.http() as http:
         assert_error(http.delete(f"/api/models/{model_id}/probe-capacity/measure"), 404, "PROBE_CAPACITY_NOT_MEASURING")
         thread, answer = start_measure(server, model_id)
+        health = http.get("/api/health").json()  # serving goes on, and health says what runs
+        assert health["status"] == "measuring" and "probe capacity" in health["reason"], health
         began = time.monotonic()
         cancel = http.delete(f"/api/models/{model_id}/probe-capacity/measure")
         assert cancel.status_code == 200 and cancel.json()["cancelled"] is True

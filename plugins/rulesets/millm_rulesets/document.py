@@ -3,7 +3,10 @@
 The checks run in this order and the first failure is the refusal (``param`` is
 the JSON pointer of what failed):
 
-1. shape: ``format``, ``ruleset_id``, ``version`` and the types of the blocks;
+1. shape: ``format`` (``mi.ruleset/v1``, the default when absent), ``ruleset_id``,
+   ``version`` and the types of the blocks; the names (``ruleset_id``, ``version``,
+   each signal, expression and output column) follow the rules of every name shown
+   to operators (``_name``);
 2. each signal in document order: its kind and fields; a pattern RE2 refuses
    (back-references, look-around, …) is ``rule_pattern_refused``;
 3. each expression: its form, that every operand names a signal or an
@@ -33,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import re2
+
+from millm_host.api import InvalidParameter, check_display_name
 
 from .errors import (
     CodeRuleInWithinN,
@@ -142,6 +147,26 @@ def _string(value: Any, *where: str | int) -> str:
     return value
 
 
+def _name(value: str, label: str, *where: str | int) -> str:
+    """``value`` if it may name something operators read; else ``invalid_rule_set`` at ``where``.
+
+    The rules profiles, clusters and SAE ids follow: no hidden character (controls,
+    bidi and zero-width formatting: ``check_display_name``) and no path (``/``, ``\\``,
+    ``.``, ``..``), since names reach logs, headers, the web UI and datasets. The
+    message shows the name escaped (``repr``), never as sent.
+    """
+    param = pointer(*where)
+    try:
+        check_display_name(value, param)
+    except InvalidParameter as exc:
+        raise InvalidRuleSet(f"{label} {value!r}: {exc.message}", param=param) from None
+    if value in (".", "..") or "/" in value or "\\" in value:
+        raise InvalidRuleSet(
+            f"{label} {value!r} must be a plain name, not a path (no '/', '\\', '.' or '..')", param=param
+        )
+    return value
+
+
 def _object(value: Any, *where: str | int, required: bool = True) -> dict[str, Any]:
     if value is None and not required:
         return {}
@@ -202,6 +227,7 @@ def _phrases_regex(phrases: list[str], *where: str | int) -> Any:
 
 def _signal(name: str, raw: Any) -> Signal:
     where = ("signals", name)
+    _name(name, "signal name", "signals")  # the pointer to a bad key would carry it as sent
     spec = _object(raw, *where)
     kind = spec.get("kind")
     if kind not in SIGNAL_KINDS:
@@ -253,6 +279,7 @@ def _signal(name: str, raw: Any) -> Signal:
 
 def _expression(name: str, raw: Any) -> Expression:
     where = ("expressions", name)
+    _name(name, "expression name", "expressions")
     if isinstance(raw, str):  # a bare name counts that signal or expression
         return Expression(name, "signal", (raw,))
     spec = _object(raw, *where)
@@ -318,7 +345,7 @@ def _check_vetoes_and_outputs(doc: dict[str, Any], known: set[str]) -> None:
     columns: set[str] = set()
     for i, output in enumerate(_list(doc.get("outputs"), "outputs")):
         output = _object(output, "outputs", i)
-        column = _string(output.get("column"), "outputs", i, "column")
+        column = _name(_string(output.get("column"), "outputs", i, "column"), "output column", "outputs", i, "column")
         if column in columns:
             raise _refuse(f"output column {column!r} is listed twice", "outputs", i, "column")
         columns.add(column)
@@ -422,13 +449,14 @@ def _check_cases(doc: dict[str, Any], known: set[str]) -> list[dict[str, Any]]:
 def parse(doc: Any) -> RuleSet:
     """Checks 1–4 (the cases are run by ``manage.check``); the compiled set, or the first refusal."""
     doc = _object(doc)
-    if doc.get("format") != FORMAT:
+    if doc.get("format", FORMAT) != FORMAT:
         raise _refuse(f"format must be {FORMAT!r}", "format")
-    ruleset_id = _string(doc.get("ruleset_id"), "ruleset_id")
+    doc = {"format": FORMAT, **doc}  # the default, written in: the digest is the explicit document's
+    ruleset_id = _name(_string(doc.get("ruleset_id"), "ruleset_id"), "ruleset_id", "ruleset_id")
     version = doc.get("version")
     if isinstance(version, int) and not isinstance(version, bool):
         version = str(version)
-    version = _string(version, "version")
+    version = _name(_string(version, "version"), "version", "version")
     # what the rule_sets table holds (SQLite would store more; PostgreSQL refuses it)
     if len(ruleset_id) > 200:
         raise _refuse("ruleset_id has at most 200 characters", "ruleset_id")

@@ -48,10 +48,15 @@ def test_patterns_re2_refuses_are_refused_with_their_pointer(docs, pattern):
 
 def test_a_pointer_escapes_slash_and_tilde(docs):
     doc = docs.pii()
-    doc["signals"]["a/b~c"] = {"kind": "pattern", "pattern": "(?=x)"}
+    doc["signals"]["a~c"] = {"kind": "pattern", "pattern": "(?=x)"}
     with pytest.raises(PatternRefused) as refused:
         parse(doc)
-    assert refused.value.param == "/signals/a~1b~0c/pattern"
+    assert refused.value.param == "/signals/a~0c/pattern"
+    doc = docs.pii()  # a name may not hold '/' (it is no path); a word of a word list may
+    doc["signals"]["threat"]["words"]["and/or~"] = "heavy"
+    with pytest.raises(InvalidRuleSet) as refused:
+        parse(doc)
+    assert refused.value.param == "/signals/threat/words/and~1or~0"
 
 
 def test_catastrophic_backtracking_is_linear():

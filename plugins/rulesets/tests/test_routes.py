@@ -6,6 +6,19 @@ import copy
 
 import pytest
 
+from millm_host.testing import assert_error
+
+#: What profiles, clusters and SAE ids refuse (issue 35, finding 4): hidden characters and paths.
+UNSAFE_NAMES = [
+    "nul\x00",
+    "esc\x1b[31m",
+    "bidi\u202eover",
+    "zero\u200bwidth",
+    "crlf\r\nX-Injected: 1",
+    "../../etc/passwd",
+    "..",
+]
+
 
 @pytest.fixture(scope="module")
 def app(app_factory, rulesets_env):
@@ -57,6 +70,45 @@ def test_refusals_are_openai_errors_naming_the_pointer(http, docs):
     error = http.post("/api/rule-sets/import", json=doc).json()["error"]
     assert error["code"] == "code_rule_in_within_n" and error["expression"] == "near"
     assert http.get("/api/rule-sets").json()["data"] == []
+
+
+@pytest.mark.parametrize("name", UNSAFE_NAMES)
+def test_unsafe_names_are_refused_and_nothing_is_stored(http, docs, name):
+    """ruleset_id, version, signal, expression and output column names: each refused, naming where."""
+    renamed_signal = docs.pii()
+    renamed_signal["signals"][name] = renamed_signal["signals"].pop("threat")
+    renamed_signal["expressions"]["threat_words"] = {"signal": name}
+    renamed_expression = docs.pii()
+    renamed_expression["expressions"][name] = renamed_expression["expressions"].pop("no_threat")
+    renamed_expression["cases"] = [c for c in renamed_expression["cases"] if "no_threat" not in c["expect"]]
+    renamed_column = docs.pii()
+    renamed_column["outputs"][0]["column"] = name
+    renamed_column["cases"] = [{"text": "x", "expect": {}}]
+    documents = {
+        "/ruleset_id": docs.pii(ruleset_id=name),
+        "/version": docs.pii(version=name),
+        "/signals": renamed_signal,
+        "/expressions": renamed_expression,
+        "/outputs/0/column": renamed_column,
+    }
+    for param, document in documents.items():
+        for route in ("validate", "import"):
+            error = assert_error(http.post(f"/api/rule-sets/{route}", json=document), 400, "invalid_rule_set", param)
+            assert repr(name) in error["message"], error  # escaped, never as sent
+    assert http.get("/api/rule-sets").json()["data"] == []
+
+
+def test_format_defaults_to_mi_ruleset_v1(http, docs):
+    """The documented default (RuleSetDocument.format): a body without it is the same document."""
+    document = docs.pii()
+    del document["format"]
+    checked = http.post("/api/rule-sets/validate", json=document)
+    assert checked.status_code == 200, checked.text
+    assert checked.json()["digest"] == http.post("/api/rule-sets/validate", json=docs.PII).json()["digest"]
+    made = http.post("/api/rule-sets/import", json=document)
+    assert made.status_code == 201, made.text
+    assert http.get(f"/api/rule-sets/{made.json()['id']}").json()["document"]["format"] == "mi.ruleset/v1"
+    assert_error(http.post("/api/rule-sets/validate", json=docs.pii(format="mi.ruleset/v2")), 400, "invalid_rule_set")
 
 
 def test_a_set_failing_its_cases_is_refused(http, docs):

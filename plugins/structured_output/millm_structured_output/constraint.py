@@ -75,7 +75,10 @@ class ConstraintCompiler:
         if schema is False:
             raise ResponseFormatUnsupported("the schema false accepts no document", param=PARAM)
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+            if fmt.lark is not None:
+                grammar = llguidance.LLMatcher.grammar_from_lark(fmt.lark)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
         except ValueError as exc:
             raise ResponseFormatUnsupported(f"the schema cannot be compiled: {exc}", param=PARAM) from None
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
@@ -105,6 +108,10 @@ class ConstraintCompiler:
         """A fresh matcher for one sequence (engine thread), copied from the cached one."""
         return self.prepare(engine, fmt).deep_copy()
 
+    def warm(self, engine: Engine) -> None:
+        """Build what ``prepare`` needs of ``engine`` (its llguidance tokenizer) ahead of any request."""
+        self._engine_cache(engine)
+
     def forget(self, engine: Engine) -> None:
         """Drop what was built for ``engine`` (it is being unloaded)."""
         with self._lock:
@@ -128,7 +135,12 @@ def llm_tokenizer(engine: Engine) -> llguidance.LLTokenizer:
     if hf_tokenizer is None:
         raise ResponseFormatUnsupported(f"the {engine.name} engine exposes no tokenizer to constrain with", param=PARAM)
     eos = sorted(engine.info.eos_token_ids)
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     try:
+        if backend is not None and backend.padding is None and backend.truncation is None:
+            # what llguidance.hf.from_tokenizer builds, without its copy of the tokenizer (made only to turn
+            # padding and truncation off): the copy held the GIL another 120 ms
+            return llguidance.LLTokenizer(backend.to_str(), n_vocab=engine.info.vocab_size, eos_token=eos)
         return llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=engine.info.vocab_size, eos_token=eos)
     except ValueError as exc:  # e.g. a slow (Python) tokenizer, which llguidance cannot read
         raise ResponseFormatUnsupported(

@@ -35,6 +35,7 @@ from .tools.filter import ToolCallFilter
 from .tools.formats import CallFormat
 from .tools.generic import describe_tools, reply_format, show_tools, write_generic_history
 from .tools.generic_filter import GenericToolFilter
+from .tools.grammar import combined_format
 from .tools.history import add_tool_history, write_calls_into_content
 from .tools.request import ToolRequest, parse_tool_request
 from .tools.template import template_traits
@@ -96,6 +97,8 @@ class Plan:
     verdicts: list[dict[str, Any]] | None = None
     #: The generic format's reply constraint (set when the tools are shown that way).
     generic: ResponseFormat | None = None
+    #: Tools shown with a response_format: one grammar, calls or the document (``tools/grammar.py``).
+    combined: ResponseFormat | None = None
 
 
 @hookimpl
@@ -132,8 +135,7 @@ def validate_request(ctx) -> None:
 
 
 def _refuse_combinations(ctx, fmt: ResponseFormat, tools: ToolRequest | None) -> None:
-    if tools is not None and tools.tools:
-        raise FieldNotHonoured(f"tools cannot be combined with a {fmt.kind} response_format", param="tools")
+    # tools are not refused: the reply is a call or the document, under one grammar (``tools/grammar.py``)
     refused = (
         (bool(ctx.params.stop_list), "cannot be combined with stop (a stop string could cut the document)"),
         (ctx.scoring, "cannot be used on a scoring request"),
@@ -162,12 +164,16 @@ def before_tokenize(ctx) -> None:
             plan.generic = _prepare_generic(ctx.engine, tools)
     if plan.history:
         _write_history(ctx, plan, traits)
+    if tools is not None and tools.shown and plan.response_format is not None:
+        plan.combined = _prepare_combined(ctx.engine, tools, plan.call_format, plan.response_format)
     if plan.generic is not None:
         assert tools is not None  # generic is set above, for tools shown
         ctx.chat_tools = None  # the system message shows them, in the shapes the constraint allows
+        text = describe_tools(tools, document=plan.combined is not None)
         for conversation in ctx.conversations:
-            show_tools(conversation, describe_tools(tools), info.chat_template)
-    if tools is not None and tools.opens_call and plan.call_format is not None:
+            show_tools(conversation, text, info.chat_template)
+    # with one grammar for calls and document, the grammar forces the call: no opening is written
+    if tools is not None and tools.opens_call and plan.call_format is not None and plan.combined is None:
         plan.opening = plan.call_format.opening(tools.forced)
         for conversation in ctx.conversations:
             _open_call(conversation, plan.opening)
@@ -181,6 +187,20 @@ def _prepare_generic(engine, tools: ToolRequest) -> ResponseFormat:
     except ResponseFormatUnsupported as exc:
         raise InvalidParameter(f"the tools' parameters cannot be enforced: {exc.message}", param="tools") from None
     return fmt
+
+
+def _prepare_combined(
+    engine, tools: ToolRequest, call_format: CallFormat | None, fmt: ResponseFormat
+) -> ResponseFormat:
+    """The one grammar for calls or the document, compiled for ``engine`` (a failure refuses the request)."""
+    combined = combined_format(tools, call_format, fmt, getattr(engine, "tokenizer", None))
+    try:
+        COMPILER.prepare(engine, combined)
+    except ResponseFormatUnsupported as exc:
+        raise InvalidParameter(
+            f"the tools cannot be combined with this response_format: {exc.message}", param="tools"
+        ) from None
+    return combined
 
 
 def _write_history(ctx, plan: Plan, traits) -> None:
@@ -210,18 +230,25 @@ def before_forward(ctx) -> list[Any] | None:
         return None
     installed: list[Any] = []
     engine = ctx.engine
-    if plan.response_format is not None:
+    live = plan.combined is not None  # one grammar: calls may stream before they end
+    if plan.combined is not None:
+        installed.append(_constraint(engine, plan.combined))
+    elif plan.response_format is not None:
         installed.append(_constraint(engine, plan.response_format))
     if plan.generic is not None and plan.tools is not None:
         names, parallel = plan.tools.names, not plan.tools.one_call
-        installed.append(_constraint(engine, plan.generic))
-        installed.append(OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel), owner=NAME))
+        if plan.combined is None:
+            installed.append(_constraint(engine, plan.generic))
+        installed.append(
+            OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel, document=live), owner=NAME)
+        )
     if plan.call_format is not None:  # set exactly when the tools are shown natively
         tools, call_format, opening = plan.tools, plan.call_format, plan.opening
         assert tools is not None
         installed.append(
             OutputFilterFactory(
-                make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening), owner=NAME
+                make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening, live=live),
+                owner=NAME,
             )
         )
     return installed or None
@@ -247,6 +274,8 @@ def after_generate(ctx) -> None:
         return
     verdicts: list[dict[str, Any]] = []
     for out in ctx.outputs:
+        if out.finish_reason == "tool_calls":
+            continue  # tools with a response_format: this reply is calls, not the document
         if out.finish_reason != "stop":  # "length": max_tokens cut the document, which is reported, not validated
             verdicts.append({"index": out.index, "status": "incomplete"})
             continue
@@ -278,6 +307,19 @@ def render_headers(ctx) -> dict[str, str] | None:
     if plan is None or plan.response_format is None:
         return None
     return {HEADER: constrained_header(plan.response_format)}
+
+
+@hookimpl
+def model_loaded(engine) -> None:
+    """Build llguidance's view of the model's tokenizer now, while it loads, not on its first
+    constrained request (tools or response_format): that build holds the GIL 150-200 ms, and the
+    event loop waited behind it however off the loop it ran."""
+    if getattr(engine, "tokenizer", None) is None:
+        return
+    try:
+        COMPILER.warm(engine)
+    except ResponseFormatUnsupported:
+        pass  # the request that asks is refused, saying why
 
 
 @hookimpl

@@ -20,15 +20,22 @@ JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """A constrained reply: ``json_object`` or ``json_schema`` (with its name)."""
+    """A constrained reply: ``json_object`` or ``json_schema`` (with its name).
+
+    ``lark``: a whole llguidance grammar compiled instead of ``schema`` (``tools``
+    with a response_format: calls or the document, ``tools/grammar.py``).
+    """
 
     kind: str
     name: str | None
     schema: dict[str, Any] | bool
+    lark: str | None = None
 
     @cached_property
     def key(self) -> str:
-        """The schema as canonical JSON: what compiled constraints are cached by."""
+        """The schema as canonical JSON (or the grammar): what compiled constraints are cached by."""
+        if self.lark is not None:
+            return "lark:" + self.lark
         return json.dumps(self.schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

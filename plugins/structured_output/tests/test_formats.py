@@ -145,7 +145,69 @@ def test_filter_streams_text_before_a_call_and_holds_the_call():
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert call["function"] == {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}
     assert "content" not in result.message_extras  # the text before the call stays content
-    assert result.stream_delta == {"tool_calls": [{"index": 0, **call}]}
+    assert accumulate(flt.take_deltas()) == [call]  # unconstrained: sent once its arguments are whole
+
+
+def accumulate(deltas: list[dict]) -> list[dict]:
+    """Stream deltas put together as the openai SDK does: the first of an index opens it, the rest add arguments."""
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta["tool_calls"]:
+            if part["index"] not in calls:
+                assert set(part) == {"index", "id", "type", "function"} and part["function"]["arguments"] == ""
+                calls[part["index"]] = {"id": part["id"], "type": part["type"], "function": dict(part["function"])}
+            else:
+                assert set(part) == {"index", "function"} and set(part["function"]) == {"arguments"}
+                calls[part["index"]]["function"]["arguments"] += part["function"]["arguments"]
+    return [calls[i] for i in sorted(calls)]
+
+
+def test_a_constrained_call_streams_its_name_then_its_arguments_as_written():
+    flt = ToolCallFilter(HERMES, NAMES, parallel=True, live=True)
+    weather = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris"}}\n</tool_call>'
+    reply = weather + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    deltas = []
+    for i in range(0, len(reply), 3):  # a few characters at a time, as tokens come
+        assert flt.feed(reply[i : i + 3]) == ""
+        deltas.append(flt.take_deltas())
+    assert sum(1 for d in deltas if d) > 4  # the arguments arrive piece by piece, not in one delta at the end
+    first = next(d for d in deltas if d)[0]["tool_calls"][0]
+    assert first["function"] == {"name": "get_weather", "arguments": ""}  # the name before any argument
+    result = flt.finish("stop")
+    streamed = accumulate([*(d for batch in deltas for d in batch), *flt.take_deltas()])
+    assert result.finish_reason == "tool_calls" and result.message_extras["tool_calls"] == streamed
+    assert [json.loads(c["function"]["arguments"]) for c in streamed] == [{"city": "Pa}ris"}, {}]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "reply", "kept"),
+    [
+        (
+            HERMES,
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "argum',
+            1,
+        ),
+        (HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', 0),
+        (
+            LLAMA3_JSON,
+            '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {"ci',
+            1,
+        ),
+        (PYTHONIC, "<|tool_call_start|>[get_weather(city='Paris'), get_time(city='Os", 1),
+        (PYTHONIC, "<|tool_call_start|>[get_weather(ci", 0),
+    ],
+)
+@pytest.mark.parametrize("live", [False, True])
+def test_a_call_cut_by_max_tokens_is_dropped_and_the_complete_ones_kept(fmt, reply, kept, live):
+    flt = ToolCallFilter(fmt, NAMES, parallel=True, live=live)
+    assert flt.feed(reply) == ""
+    result = flt.finish("length")
+    assert result.text == ""  # never the call syntax as content
+    calls = result.message_extras.get("tool_calls") or []
+    assert [c["function"]["name"] for c in calls] == ["get_weather"][:kept]
+    if kept:
+        assert result.finish_reason == "length" and result.message_extras["content"] is None
+        assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
 
 
 def test_filter_releases_a_partial_marker_that_turns_out_not_to_be_one():
@@ -185,7 +247,7 @@ def test_filter_forced_opening_is_prompt_not_reply():
 
     flt = ToolCallFilter(HERMES, NAMES, parallel=True, opening=opening)
     flt.feed("garbage")
-    assert flt.finish("length").text == "garbage"  # the opening itself is never returned
+    assert flt.finish("length").text == ""  # a cut forced call is dropped: neither it nor its opening is content
 
 
 def test_llama_filter_releases_plain_replies_at_once():

@@ -196,7 +196,29 @@ def test_a_call_is_held_then_sent_as_tool_calls():
     (call,) = end.message_extras["tool_calls"]
     assert call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
-    assert end.stream_delta == {"tool_calls": [{"index": 0, **call}]}
+
+
+def test_a_call_streams_its_name_then_its_arguments_as_they_are_written():
+    fil = GenericToolFilter(frozenset(["get_weather", "get_time"]), True)
+    reply = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]}'
+    deltas = []
+    for ch in reply:
+        assert fil.feed(ch) == ""
+        deltas.append(fil.take_deltas())
+    end = fil.finish("stop")
+    deltas.append(fil.take_deltas())
+    parts = [part for batch in deltas for delta in batch for part in delta["tool_calls"]]
+    assert parts[0] == {
+        "index": 0,
+        "id": end.message_extras["tool_calls"][0]["id"],
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    first_arguments = [p["function"]["arguments"] for p in parts if p["index"] == 0 and "id" not in p]
+    assert len(first_arguments) == len('{"city": "Paris"}')  # a character at a time, as fed
+    assert "".join(first_arguments) == end.message_extras["tool_calls"][0]["function"]["arguments"]
+    assert [c["function"]["name"] for c in end.message_extras["tool_calls"]] == ["get_weather", "get_time"]
+    assert end.message_extras["tool_calls"][1]["function"]["arguments"] == "{}"
 
 
 def test_parallel_false_keeps_the_first_call():
@@ -208,20 +230,42 @@ def test_parallel_false_keeps_the_first_call():
 @pytest.mark.parametrize(
     "reply, content",
     [
-        (
-            '{"tool_calls": [{"name": "get_weather", "arguments": {"ci',
-            '{"tool_calls": [{"name": "get_weather", "arguments": {"ci',
-        ),
-        (
-            '{"tool_calls": [{"name": "other", "arguments": {}}]}',
-            '{"tool_calls": [{"name": "other", "arguments": {}}]}',
-        ),
+        ('{"tool_calls": [{"name": "get_weather", "arguments": {"ci', ""),  # a cut call is never content
+        ('{"tool_c', ""),
         ('{"response": "Sunny and wa', "Sunny and wa"),
     ],
 )
-def test_a_cut_or_unoffered_reply_is_content(reply, content):
+def test_a_cut_reply_is_its_text_and_a_cut_call_is_dropped(reply, content):
     sent, end = feed_all(reply, finish="length")
-    assert "".join(sent) + end.text == content and end.finish_reason is None
+    assert "".join(sent) + end.text == content and end.finish_reason is None and not end.message_extras
+
+
+def test_a_cut_second_call_is_dropped_and_the_first_kept():
+    reply = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_weather", "argu'
+    sent, end = feed_all(reply, finish="length")
+    assert not any(sent) and end.text == "" and end.finish_reason == "length"
+    (call,) = end.message_extras["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"} and end.message_extras["content"] is None
+
+
+def test_an_unoffered_call_is_content():
+    reply = '{"tool_calls": [{"name": "other", "arguments": {}}]}'
+    sent, end = feed_all(reply)
+    assert "".join(sent) + end.text == reply and end.finish_reason is None
+
+
+def test_with_a_response_format_the_document_is_content_streamed_and_a_call_still_a_call():
+    fil = GenericToolFilter(frozenset(["get_weather"]), True, document=True)
+    document = '{"label": "humor"}'
+    sent = [fil.feed(ch) for ch in document]
+    assert sent[:1] == [""] and "".join(sent) == document[: len("".join(sent))] and sent[-1] == "}"
+    end = fil.finish("stop")
+    assert "".join(sent) + end.text == document and end.finish_reason is None
+
+    fil = GenericToolFilter(frozenset(["get_weather"]), True, document=True)
+    call = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+    assert not any(fil.feed(ch) for ch in call)
+    assert fil.finish("stop").finish_reason == "tool_calls"
 
 
 def test_history_is_written_in_the_generic_shapes():
@@ -472,7 +516,7 @@ def test_stream_helper_and_a_round_trip_with_the_tool_result(client, tiny_server
         assert_valid_calls(after.choices[0].message, names=("get_weather",))
 
 
-def test_max_tokens_cutting_a_call_returns_its_text(client, tiny_server):
+def test_max_tokens_cutting_the_only_call_drops_it(client, tiny_server):
     choice = create(client, tiny_server.model_id, tool_choice="required", max_tokens=5).choices[0]
     assert choice.finish_reason == "length" and not choice.message.tool_calls
-    assert choice.message.content.startswith('{"tool_call')
+    assert not choice.message.content  # never the call's raw JSON

@@ -161,9 +161,19 @@ def test_json_object_format(http):
     assert response.headers["x-millm-constrained"] == "json_object"
 
 
-def test_tools_with_a_format_name_the_tools(http):
-    body = {"model": MODEL, "input": "x", "tools": [WEATHER], "text": {"format": {"type": "json_object"}}}
-    assert_error(http.post("/v1/responses", json=body), 400, "field_not_honoured", "tools")
+def test_tools_with_a_format_answer_a_call_or_the_document(http):
+    """Both in one request, as OpenAI allows: one grammar makes a random model's reply either one, valid."""
+    label = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
+    text = {"format": {"type": "json_schema", "name": "label", "schema": label}}
+    short = {**WEATHER, "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}}}
+    body = {"model": MODEL, "input": "x", "tools": [short], "text": text, "max_output_tokens": 150, "seed": 0}
+    response = http.post("/v1/responses", json={**body, "tool_choice": "required"})
+    assert response.status_code == 200, response.text
+    (call,) = response.json()["output"]
+    assert call["type"] == "function_call" and set(json.loads(call["arguments"])) <= {"city"}
+    response = http.post("/v1/responses", json={**body, "tool_choice": "none"})
+    assert response.status_code == 200, response.text
+    assert json.loads(response.json()["output"][0]["content"][0]["text"])["label"] in ("a", "b")
 
 
 def test_a_named_tool_choice(http):

@@ -86,7 +86,7 @@ def test_hermes_text_before_the_call_stays_content(http):
     assert_weather_call(only_choice(ask(http, "tiny-qwen25", "Let me look.\n" + HERMES_CALL)), "Let me look.\n")
 
 
-def test_hermes_stream_sends_content_then_one_call_delta(http):
+def test_hermes_stream_sends_content_then_the_call_name_then_its_arguments(http):
     body = {"model": "tiny-qwen25", "messages": QUESTION, "tools": [WEATHER_TOOL], "max_tokens": 80}
     chunks = sse_chunks(http, body, scripted("Checking. " + HERMES_CALL))
     assert chunks[-1] == "[DONE]"
@@ -95,15 +95,17 @@ def test_hermes_stream_sends_content_then_one_call_delta(http):
     content = "".join(d.get("content") or "" for d in deltas)
     assert content == "Checking. "
     call_deltas = [d for d in deltas if "tool_calls" in d]
-    assert len(call_deltas) == 1
-    (call,) = call_deltas[0]["tool_calls"]
-    assert call["index"] == 0 and call["id"].startswith("call_") and call["type"] == "function"
-    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert len(call_deltas) == 2  # unconstrained, the call goes out once its arguments are whole
+    (opening,) = call_deltas[0]["tool_calls"]
+    assert opening["index"] == 0 and opening["id"].startswith("call_") and opening["type"] == "function"
+    assert opening["function"] == {"name": "get_weather", "arguments": ""}
+    (arguments,) = call_deltas[1]["tool_calls"]
+    assert arguments == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
     finals = [c["choices"][0]["finish_reason"] for c in chunks[:-1] if c["choices"]]
     assert finals[-1] == "tool_calls" and all(f is None for f in finals[:-1])
     choice_chunks = [c for c in chunks[:-1] if c["choices"]]  # extension chunks (choices: []) end a stream
-    call_chunk = next(c for c in choice_chunks if "tool_calls" in c["choices"][0]["delta"])
-    assert choice_chunks.index(call_chunk) == len(choice_chunks) - 2
+    first_call_chunk = next(c for c in choice_chunks if "tool_calls" in c["choices"][0]["delta"])
+    assert choice_chunks.index(first_call_chunk) == len(choice_chunks) - 3
 
 
 def test_sdk_stream_helper_runs_to_completion(family_server):

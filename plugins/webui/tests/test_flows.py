@@ -11,6 +11,7 @@ ran would open a dialog, which fails the test)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -256,7 +257,7 @@ def test_delete_the_session_keeping_its_verdicts(server, ui_page, state):
 
 RULE_SET = {
     "format": "mi.ruleset/v1",
-    "ruleset_id": "pii <i>lite</i>",
+    "ruleset_id": "pii <i>lite<b>",  # markup, shown as text (a name holds no "/")
     "version": "1",
     "signals": {
         "card": {"kind": "pattern", "pattern": r"\b(?:\d[ -]?){13,19}\b"},
@@ -277,7 +278,7 @@ def test_import_a_rule_set_and_see_its_results(server, ui_page, state):
     page.page.fill("#ruleset-document", json.dumps(RULE_SET))
     page.page.click("#import-ruleset")
     card = page.settled(page.page.locator("section.ruleset"))
-    assert card.locator("h2").inner_text().startswith("pii <i>lite</i> v1")
+    assert card.locator("h2").inner_text().startswith("pii <i>lite<b> v1")
     assert card.locator(".status").inner_text() == "published"
     card.locator("input[name=text]").fill("write to someone@example.com")
     card.locator("form.try button").click()
@@ -514,3 +515,124 @@ def test_after_a_restart_the_armed_behaviours_come_back_with_one_click(server, u
     with api(server) as http:
         assert http.get(f"/api/probes/{state['probe_id']}").json()["armed"] is True
     page.shot("rearmed")
+
+
+# --- a probe's row: Check parity, Delete; counts over every result ------------------------------------------
+
+
+def import_probe(server, doc: dict) -> str:
+    with api(server) as http:
+        imported = http.post("/api/probes/import", json=doc)
+        assert imported.status_code == 201, imported.text
+        return imported.json()["id"]
+
+
+def test_check_parity_shows_the_report_on_the_probes_row(server, ui_page, lab, identity):
+    """The report as ``POST /api/probes/{id}/parity`` answers it: status, reason, shapes, and each vector's
+    score, recorded score, difference and per-shape result; one probe that passes, one whose test vectors
+    were recorded on another layer (it fails, and says why)."""
+    ids = {
+        "passed": import_probe(server, lab.definition(identity, name="parity <ok>", layer=2, rung=2, seed=41)),
+        "failed": import_probe(
+            server, lab.definition(identity, name="parity <off>", layer=2, vector_layer=3, rung=2, seed=42)
+        ),
+    }
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    for expected, probe_id in ids.items():
+        page.page.locator(f'tr[data-probe="{probe_id}"] button[data-parity]').click()
+        box = page.page.locator(f'.parity-report[id="parity-{probe_id}"]')
+        status = box.locator(".parity-status")
+        status.wait_for()
+        with api(server) as http:
+            [report] = http.get(f"/api/probes/{probe_id}/parity").json()["data"][:1]
+        assert status.get_attribute("data-status") == report["status"] == expected
+        assert (report["reason"] is None) == (expected == "passed")
+        if report["reason"]:
+            assert report["reason"] in status.inner_text()
+        assert f"shapes checked: {', '.join(report['shapes_checked'])}" in box.inner_text()
+        assert report["vectors"]
+        for vector in report["vectors"]:
+            row = box.locator(f'tr[data-vector="{vector["index"]}"]')
+            for field in ("score", "recorded", "difference"):
+                assert float(row.locator(f"td.{field}").inner_text()) == pytest.approx(vector[field], rel=1e-5)
+            for shape in report["shapes_checked"]:
+                cell = row.locator(f'td[data-shape="{shape}"]').inner_text()
+                assert cell.startswith("passed" if vector["shapes"][shape]["passed"] else "failed"), cell
+            assert row.locator("td.result").inner_text().startswith("passed" if vector["passed"] else "failed")
+        page.shot(f"parity-{expected}")
+    with api(server) as http:
+        for probe_id in ids.values():
+            http.delete(f"/api/probes/{probe_id}")
+
+
+def test_delete_a_probe_from_its_row_disarming_it_first(server, ui_page, lab, identity):
+    probe_id = import_probe(server, lab.definition(identity, name="doomed <x>", layer=2, rung=2, seed=43))
+    with api(server) as http:
+        assert http.post(f"/api/probes/{probe_id}/arm", json={}).status_code == 200
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    row = page.page.locator(f'tr[data-probe="{probe_id}"]')
+    dialog = page.page.locator("#delete-dialog")
+    row.locator("button[data-delete-probe]").click()
+    assert dialog.is_visible() and dialog.locator("#delete-armed").is_visible()
+    assert dialog.locator("#delete-name").inner_text() == f"doomed <x> ({probe_id})"  # the markup is text
+    dialog.locator("button", has_text="Cancel").click()  # asked, refused: nothing changes
+    with api(server) as http:
+        assert http.get(f"/api/probes/{probe_id}").json()["armed"] is True
+    row.locator("button[data-delete-probe]").click()
+    page.shot("delete-dialog")
+    dialog.locator("#delete-confirm").click()
+    page.settled(page.page.locator("#import"))
+    page.page.wait_for_function(f"!document.querySelector('tr[data-probe=\"{probe_id}\"]')")
+    with api(server) as http:
+        assert http.get(f"/api/probes/{probe_id}").status_code == 404
+        assert probe_id not in {a["probe_id"] for a in http.get("/api/probes/status").json()["armed"]}
+
+
+def test_the_counts_cover_every_result_not_the_newest_listed(server, ui_page, lab, identity):
+    """More results than the page lists (200): "N results · M fired" counts them all, as the events
+    list paged to its end does; the filters apply to the counts too."""
+    doc = lab.definition(
+        identity, name="counted", behaviour="counted", layer=2, rung=2, seed=44, threshold=0.0,
+        windows=["all", "prompt", "response", "last_user"],
+    )  # fmt: skip
+    probe_id = import_probe(server, doc)
+    with api(server) as http:
+        assert http.post(f"/api/probes/{probe_id}/arm", json={}).status_code == 200
+        model_id = http.get("/api/health").json()["model"]
+
+        def chat(i: int) -> int:  # four windows each: 51 chats, 204 results
+            body = {"model": model_id, "messages": [{"role": "user", "content": f"count {i}"}], "max_tokens": 1}
+            return http.post("/v1/chat/completions", json=body).status_code
+
+        with ThreadPoolExecutor(4) as pool:  # a few at once: the engine may batch them
+            assert set(pool.map(chat, range(51))) == {200}
+        stored, after = [], None
+        while True:
+            params = {"probe_id": probe_id, "limit": 500, **({"after": after} if after else {})}
+            listed = http.get("/api/probes/events", params=params)
+            assert listed.status_code == 200, listed.text
+            stored += listed.json()["data"]
+            if not listed.json()["has_more"]:
+                break
+            after = stored[-1]["result_id"]
+    fired = sum(1 for r in stored if r["fires"])
+    assert len(stored) == 204 and 0 < fired < 204  # some fire, some do not: the fired count is a real count
+    page = ui_page(server)
+    page.goto("/ui/probes")
+    results = page.page.locator(f'details.results[data-probe="{probe_id}"]')
+    assert results.locator(".count").inner_text() == f"204 results · {fired} fired"
+    assert results.locator("tbody tr").count() == 200 and "(the newest 200 listed)" in results.inner_text()
+    page.goto("/ui/probes?window=all")
+    assert page.page.locator(f'details.results[data-probe="{probe_id}"] .count').inner_text() == (
+        f"51 results · {sum(1 for r in stored if r['fires'] and r['window'] == 'all')} fired"
+    )
+    page.goto("/ui/probes?fired=true")
+    assert page.page.locator(f'details.results[data-probe="{probe_id}"] .count').inner_text() == (
+        f"{fired} results · {fired} fired"
+    )
+    page.shot("counts")
+    with api(server) as http:
+        http.post(f"/api/probes/{probe_id}/disarm")
+        http.delete(f"/api/probes/{probe_id}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,14 @@ class CallFormat:
         """The calls in ``text`` (which begins where ``hold_from`` pointed), or None."""
         raise NotImplementedError
 
+    def starts_call(self, text: str) -> bool:
+        """Whether held ``text`` is (the start of) a call, so that a reply cut there must not show it as content."""
+        raise NotImplementedError
+
+    def cut_calls(self, text: str) -> list[ParsedCall] | None:
+        """The complete calls at the head of a reply ``max_tokens`` cut (None: read them as they streamed)."""
+        return None
+
 
 class HermesFormat(CallFormat):
     """Hermes-style and Qwen2.5: ``<tool_call>`` JSON blocks."""
@@ -120,6 +129,9 @@ class HermesFormat(CallFormat):
             calls.append(call)
             pos = len(text) if close < 0 else close + len(self.end)
         return ParsedReply(calls, text[pos:]) if calls else None
+
+    def starts_call(self, text: str) -> bool:
+        return _begins_with(text.lstrip(), self.start)
 
 
 class PythonicFormat(CallFormat):
@@ -164,6 +176,22 @@ class PythonicFormat(CallFormat):
         calls = _pythonic_calls(body)
         return ParsedReply(calls) if calls else None
 
+    def starts_call(self, text: str) -> bool:
+        stripped = text.lstrip()
+        if _begins_with(stripped, self.start):
+            return True
+        return stripped == "[" or re.match(r'\[\s*(\{|"|[A-Za-z_][\w-]*(\(|$))', stripped) is not None
+
+    def cut_calls(self, text: str) -> list[ParsedCall] | None:
+        """The calls before the cut one: the longest prefix that a closing ``]`` makes a whole list."""
+        stripped = text.lstrip()
+        body = stripped[len(self.start) :] if stripped.startswith(self.start) else stripped
+        for end in (i + 1 for i in range(len(body) - 1, -1, -1) if body[i] in ")}"):
+            calls = _pythonic_calls(body[:end] + "]") or _json_calls(body[:end] + "]")
+            if calls:
+                return calls
+        return None
+
 
 class Llama3JsonFormat(CallFormat):
     """Llama 3.1 / 3.2 / 3.3 custom tools: the whole reply is ``{"name": …, "parameters": {…}}``.
@@ -202,6 +230,14 @@ class Llama3JsonFormat(CallFormat):
                 rest = rest[1:].lstrip()
             pos = len(body) - len(rest)
         return ParsedReply(calls) if calls else None
+
+    def starts_call(self, text: str) -> bool:
+        return _begins_with(re.sub(r"\s+", "", text), '{"name"')
+
+
+def _begins_with(text: str, marker: str) -> bool:
+    """``text`` begins with ``marker``, or is a non-empty start of it."""
+    return text.startswith(marker) or (bool(text) and marker.startswith(text))
 
 
 def _pythonic_calls(body: str) -> list[ParsedCall] | None:

@@ -112,8 +112,11 @@ def _rewrite(schema: Any, base: str) -> Any:
     return out  # objects are closed to their listed keys where every schema is compiled (grammar_schema)
 
 
-def describe_tools(request: ToolRequest) -> str:
-    """The system-message text that shows the tools and the reply's shapes."""
+def describe_tools(request: ToolRequest, *, document: bool = False) -> str:
+    """The system-message text that shows the tools and the reply's shapes.
+
+    ``document``: a response_format gives the answer's shape (a JSON document) instead of ``{"response": …}``.
+    """
     listed = "\n".join(
         json.dumps(
             {
@@ -133,10 +136,10 @@ def describe_tools(request: ToolRequest) -> str:
     elif request.choice == "required":
         how = f"Call one of the tools. Reply with a single JSON object and nothing else: {shape}"
     else:
-        how = (
-            "Reply with a single JSON object and nothing else, either\n"
-            f"- to call tools: {shape}\n"
-            '- or to answer the user directly: {"response": "<your answer>"}'
+        how = f"Reply with a single JSON object and nothing else, either\n- to call tools: {shape}\n" + (
+            "- or to answer the user directly: a JSON document in the requested format"
+            if document
+            else '- or to answer the user directly: {"response": "<your answer>"}'
         )
     return f"You can call these tools (each with the JSON Schema of its arguments):\n{listed}\n\n{how}"
 

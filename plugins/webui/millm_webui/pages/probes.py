@@ -1,6 +1,8 @@
 """``/ui/probes``: Probe Monitors. Import a definition or Browse Hub (``static/hub.js``); behaviour groups with Arm (the dialog with the
-gates and, below rung 2, the acknowledgement), Dry run and Disarm; each probe's results (N results ·
-M fired, filters for fired verdicts and one window) with a score histogram against its threshold.
+gates and, below rung 2, the acknowledgement), Dry run and Disarm; on each probe's row Check parity (the
+report, ``static/probes.js``) and Delete; each probe's results (N results · M fired over every stored
+result, from ``/api/probes/events/counts``; filters for fired verdicts and one window) with the newest
+listed and a score histogram of them against its threshold.
 Nothing here shows prompt or reply text: that is only on the event detail page."""
 
 from __future__ import annotations
@@ -29,14 +31,22 @@ async def load(api, req) -> dict[str, Any]:
     behaviours = await api.data("/api/probes/behaviours", default={"data": [], "rearm": []})
     status = await api.data("/api/probes/status", default={"armed": []})
     filters = filters_of(req)
+    # Every stored result counts, not only the newest RESULTS_SHOWN listed below (one query for all probes).
+    counted = await api.data("/api/probes/events/counts", filters, default=None)
+    totals = {c["probe_id"]: c for c in counted["data"]} if counted else None
     results, charts, thresholds = {}, {}, {}
     for probe in probes:
         answer = await api.data("/api/probes/events", {"probe_id": probe["id"], "limit": RESULTS_SHOWN, **filters})
         rows = (answer or {}).get("data", [])
+        more = bool((answer or {}).get("has_more"))
+        total = (totals or {}).get(probe["id"], {"results": 0, "fired": 0})
         results[probe["id"]] = {
             "rows": rows,
-            "more": bool((answer or {}).get("has_more")),
-            "fired": sum(1 for r in rows if r.get("fires")),
+            "more": more,
+            # without the counts (an older server): what the page lists, marked "+" when there are more
+            "total": total["results"] if totals is not None else len(rows),
+            "fired": total["fired"] if totals is not None else sum(1 for r in rows if r.get("fires")),
+            "exact": totals is not None or not more,
         }
         scores = [r["score"] for r in rows if r.get("score") is not None]
         # A probe may carry no bar (decision null): its scores are drawn with no threshold.

@@ -1,4 +1,5 @@
-// Probe Monitors: import, the arm dialog (gates, acknowledgement below rung 2), dry run, live verdicts.
+// Probe Monitors: import, the arm dialog (gates, acknowledgement below rung 2), dry run, a probe's
+// parity check (its report) and deletion, live verdicts.
 "use strict";
 
 (() => {
@@ -99,10 +100,87 @@
     }
   }
 
+  // --- Check parity: the report POST /api/probes/{id}/parity answers, vector by vector and shape by shape -----
+  // six significant digits; a difference far below the tolerance in exponent form, not a run of zeros
+  const number = (x) => (typeof x !== "number" ? "—" : x !== 0 && Math.abs(x) < 1e-3 ? x.toExponential(5) : x.toPrecision(6));
+
+  function renderParity(box, report) {
+    const shapes = report.shapes_checked || [];
+    const heading = el("p", { class: `parity-status ${report.status === "passed" ? "ok" : "refusal"}`,
+      "data-status": report.status }, `Parity ${report.status}`, report.reason ? `: ${report.reason}` : "");
+    const facts = el("p", { class: "muted" }, `tolerance ${report.tolerance} · shapes checked: ${shapes.join(", ") || "none"}`);
+    for (const [shape, why] of Object.entries(report.shapes_not_checked || {})) {
+      facts.append(` · ${shape} not checked: ${why}`);
+    }
+    const head = el("tr", {}, ...["Vector", "Score", "Recorded", "Difference", ...shapes, "Result"].map((h) => el("th", {}, h)));
+    const rows = (report.vectors || []).map((v) => el("tr", { "data-vector": v.index },
+      el("td", {}, String(v.index)), el("td", { class: "score" }, number(v.score)),
+      el("td", { class: "recorded" }, number(v.recorded)), el("td", { class: "difference" }, number(v.difference)),
+      ...shapes.map((shape) => {
+        const row = (v.shapes || {})[shape];
+        if (!row) return el("td", { "data-shape": shape }, "—");
+        const word = row.passed ? "passed" : `failed${row.reason || row.error ? ": " + (row.reason || row.error) : ""}`;
+        return el("td", { "data-shape": shape, class: row.passed ? "ok" : "refusal" },
+          `${word} (${number(row.score)}, difference ${number(row.difference)})`);
+      }),
+      el("td", { class: v.passed ? "ok result" : "refusal result" }, v.passed ? "passed" : `failed${v.reason ? ": " + v.reason : ""}`)));
+    box.replaceChildren(heading, facts, el("table", { class: "parity-vectors" }, el("thead", {}, head), el("tbody", {}, ...rows)));
+  }
+
+  async function checkParity(button) {
+    const id = button.dataset.parity;
+    const box = document.getElementById(`parity-${id}`);
+    box.hidden = false;
+    box.replaceChildren(el("p", { class: "muted" }, "Checking parity on the resident model…"));
+    button.disabled = true;
+    try {
+      const answer = await api("POST", `/api/probes/${encodeURIComponent(id)}/parity`);
+      if (answer.ok) renderParity(box, answer.data);
+      else box.replaceChildren(el("p", { class: "refusal parity-status", "data-status": "error" }, errorMessage(answer)));
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // --- Delete: asked in the page's own dialog; an armed probe is disarmed first ----------------------
+  const deleteDialog = document.getElementById("delete-dialog");
+  let deleting = null; // {id, armed}
+
+  function openDelete(button) {
+    deleting = { id: button.dataset.deleteProbe, armed: button.dataset.armed !== undefined };
+    document.getElementById("delete-name").textContent = `${button.dataset.name} (${deleting.id})`;
+    document.getElementById("delete-armed").hidden = !deleting.armed;
+    document.getElementById("delete-refusal").textContent = "";
+    deleteDialog.showModal();
+  }
+
+  async function confirmDelete(button) {
+    const url = `/api/probes/${encodeURIComponent(deleting.id)}`;
+    button.disabled = true;
+    try {
+      if (deleting.armed) {
+        const disarmed = await api("POST", `${url}/disarm`);
+        if (!disarmed.ok) { document.getElementById("delete-refusal").textContent = errorMessage(disarmed); return; }
+      }
+      const answer = await api("DELETE", url);
+      if (!answer.ok) { document.getElementById("delete-refusal").textContent = errorMessage(answer); return; }
+      deleteDialog.close();
+      window.location.reload();
+    } finally {
+      button.disabled = false;
+    }
+  }
+
   document.addEventListener("click", async (event) => {
     const button = event.target.closest("button");
     if (!button) return;
-    if (button.dataset.arm) {
+    if (button.dataset.parity) {
+      checkParity(button);
+    } else if (button.dataset.deleteProbe) {
+      openDelete(button);
+    } else if (button.id === "delete-confirm") {
+      confirmDelete(button);
+    } else if (button.dataset.arm) {
       // a group's Arm, or "Arm … again" after a restart: the lowest rung is on the button or its group
       const holder = button.dataset.minRung !== undefined ? button : button.closest("[data-behaviour]");
       const key = button.dataset.arm;

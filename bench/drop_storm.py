@@ -1,0 +1,177 @@
+"""A drop storm: do clients that open streams and drop them at once slow everyone else? (issue 35 §2)
+
+A real ``millm serve`` (continuous batching; a random 4-layer Llama by default,
+``--default-model`` for SmolLM2-135M). Six steady clients each ask, one after the
+other, for a non-streamed greedy completion of ``--max-tokens`` tokens, all run
+long. Two droppers beside them take turns with quiet: in each storm window each
+dropper opens a streamed completion and drops it once its headers are in, again
+and again; in each quiet window they do nothing. ``--mode send`` drops instead as
+soon as the request is sent (a connection flood: a client can open connections
+faster than the server accepts them, and the backlog spills into the next window),
+``--mode both`` alternates.
+
+The figure is the steady clients' completions in a storm window over the mean of
+the two quiet windows beside it (target ≥ 0.9): ``--pairs`` storms, each between
+two quiet windows of the same length, so a machine whose speed drifts (other
+work on it) is compared with itself a few seconds apart. Printed per window and
+as the median ratio; beside them, the drops made, how many generations entered
+the batch (``/api/health/inference`` ``batched``) against how many left it
+waiting (``left_waiting``), the most requests seen waiting during the storm, and
+``waiting`` once it ends (it should be 0). The first half second of each window
+is not counted (the droppers start or stop then).
+
+    python bench/drop_storm.py [--seconds 8] [--pairs 4] [--max-tokens 32] [--mode headers|send|both] [--default-model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from millm_host.testing import ServerProcess  # noqa: E402
+from millm_host.testing.tiny_models import tiny_llama  # noqa: E402
+
+STEADY, DROPPERS = 6, 2
+SETTLE_S = 0.5  # not counted at the start of a window
+
+
+def inference(server: ServerProcess) -> dict:
+    return httpx.get(f"{server.base_url}/api/health/inference", timeout=30).json()
+
+
+class Storm:
+    """The steady clients (always on) and the droppers (on while ``dropping`` is set)."""
+
+    def __init__(self, server: ServerProcess, model: str, max_tokens: int, mode: str) -> None:
+        self.server, self.model, self.max_tokens, self.mode = server, model, max_tokens, mode
+        self.stop, self.dropping = threading.Event(), threading.Event()
+        self.done: list[float] = []  # when each steady completion came back
+        self.refused: list[float] = []  # steady requests answered otherwise (e.g. 503 queue_full)
+        self.drops: list[float] = []
+        self.threads = [threading.Thread(target=self.steady) for _ in range(STEADY)]
+        self.threads += [threading.Thread(target=self.dropper) for _ in range(DROPPERS)]
+
+    def __enter__(self) -> Storm:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.dropping.set()
+        for thread in self.threads:
+            thread.join()
+
+    def steady(self) -> None:
+        body = {"model": self.model, "prompt": "Once upon a time", "max_tokens": self.max_tokens, "temperature": 0}
+        with httpx.Client(base_url=self.server.base_url, timeout=300) as http:
+            while not self.stop.is_set():
+                response = http.post("/v1/completions", json=body)
+                (self.done if response.status_code == 200 else self.refused).append(time.monotonic())
+
+    def dropper(self) -> None:
+        body = {"model": self.model, "prompt": "Tell me a long story", "max_tokens": 4 * self.max_tokens}
+        body["stream"] = True
+        payload = json.dumps(body).encode()
+        with httpx.Client(base_url=self.server.base_url, timeout=300) as http:
+            while not self.stop.is_set():
+                if not self.dropping.wait(0.1) or self.stop.is_set():
+                    continue
+                try:
+                    if self.mode == "headers" or (self.mode == "both" and len(self.drops) % 2):
+                        with http.stream("POST", "/v1/completions", json=body) as response:
+                            response.status_code  # noqa: B018 (the headers are in: drop it)
+                    else:
+                        self.drop_after_send(payload)
+                    self.drops.append(time.monotonic())
+                except (httpx.HTTPError, OSError):
+                    time.sleep(0.01)
+
+    def drop_after_send(self, payload: bytes) -> None:
+        """Send a whole streamed request and close the socket before any answer."""
+        with socket.create_connection(("127.0.0.1", self.server.port)) as sock:
+            head = (
+                "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            )
+            sock.sendall(head.encode() + payload)
+
+    def window(self, seconds: float, dropping: bool) -> dict:
+        """One window: its completions per second (after ``SETTLE_S``), its drops and the batch's counters."""
+        (self.dropping.set if dropping else self.dropping.clear)()
+        start = time.monotonic()
+        before = inference(self.server)
+        most_waiting = 0
+        while time.monotonic() < start + seconds:
+            most_waiting = max(most_waiting, inference(self.server)["waiting"])
+            time.sleep(0.2)
+        end = time.monotonic()
+        after = inference(self.server)
+        counted = start + SETTLE_S
+        return {
+            "dropping": dropping,
+            "per_s": sum(counted <= t < end for t in self.done) / (end - counted),
+            "refused": sum(start <= t < end for t in self.refused),
+            "drops": sum(start <= t < end for t in self.drops),
+            "batched": after["batched"] - before["batched"],
+            "left_waiting": after.get("left_waiting", 0) - before.get("left_waiting", 0),
+            "most_waiting": most_waiting,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0, help="each window")
+    parser.add_argument("--pairs", type=int, default=4, help="storm windows (each between two quiet ones)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--mode", choices=("headers", "send", "both"), default="headers", help="when droppers drop")
+    parser.add_argument("--default-model", action="store_true", help="SmolLM2-135M-Instruct instead of a tiny model")
+    args = parser.parse_args()
+    model_dir = None
+    if not args.default_model:
+        model_dir = tiny_llama("drop-storm", hidden_size=256, num_hidden_layers=4, intermediate_size=512)
+    env = {"MILLM_BATCHING": "continuous"}
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as data, ServerProcess(Path(data), model=model_dir, env=env) as server:
+        with Storm(server, server.model_id, args.max_tokens, args.mode) as storm:
+            storm.window(min(3.0, args.seconds), False)  # warm up
+            windows = [storm.window(args.seconds, False)]
+            for _ in range(args.pairs):
+                windows.append(storm.window(args.seconds, True))
+                windows.append(storm.window(args.seconds, False))
+            storm.dropping.clear()
+            time.sleep(0.3)
+            settled = inference(server)  # the storm is over: nothing of a dropped request is left
+    print(f"{STEADY} steady clients, {DROPPERS} droppers ({args.mode}), windows of {args.seconds:g} s")
+    ratios = []
+    for index, window in enumerate(windows):
+        line = f"  {'storm' if window['dropping'] else 'quiet'}: {window['per_s']:.2f} completions/s"
+        if window["dropping"]:
+            ratio = window["per_s"] / statistics.mean([windows[index - 1]["per_s"], windows[index + 1]["per_s"]])
+            ratios.append(ratio)
+            line += (
+                f" (x{ratio:.2f}), {window['drops']} drops, batched +{window['batched']}, "
+                f"left waiting +{window['left_waiting']}, waiting at most {window['most_waiting']}"
+            )
+        if window["refused"]:
+            line += f", {window['refused']} steady requests refused"
+        print(line)
+    print(f"after the storm: waiting {settled['waiting']}, admitted {settled['admitted']}")
+    print(f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+    print(f"ratio, storm over quiet (median of {len(ratios)}): {statistics.median(ratios):.2f}  (target >= 0.90)")
+
+
+if __name__ == "__main__":
+    main()
