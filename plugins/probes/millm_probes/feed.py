@@ -96,7 +96,13 @@ class Feed:
             self.clients = self.clients - {client}
 
     def publish(
-        self, results: list[dict[str, Any]], *, request_id: str | None, endpoint: str, session: Any, turn: int | None
+        self,
+        results: list[dict[str, Any]],
+        *,
+        request_id: str | None,
+        endpoint: str | None,
+        session: Any,
+        turn: int | None,
     ) -> None:
         clients = self.clients
         if not clients or not results:

@@ -8,6 +8,7 @@ and stateless scoring all show this same object (the header a subset of it).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -219,7 +220,7 @@ def ordered(pairs: list[tuple[ProbeView, str]]) -> list[tuple[ProbeView, str]]:
     return sorted(pairs, key=lambda p: (p[0].group, p[0].name, p[0].probe_id, WINDOW_ORDER[p[1]]))
 
 
-def behaviour_sets(pairs: list[tuple[ProbeView, str]], blocks: dict[str, Any]) -> dict[str, Any]:
+def behaviour_sets(pairs: Sequence[tuple[ProbeView, str]], blocks: dict[str, Any]) -> dict[str, Any]:
     """Each behaviour -> the ``set`` block its probes' results carry, for the results other plugins list beside
     them (hook ``monitor_results``): a rule result says what its behaviour's probe results say of the set."""
     found: dict[str, Any] = {}

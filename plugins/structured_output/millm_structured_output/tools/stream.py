@@ -117,8 +117,8 @@ class CallStream:
                     if not seen.complete:
                         seen.arguments = written
                     final.append(seen)
-        for index, call in enumerate(final):
-            self._send(index, call)
+        for index, streamed in enumerate(final):
+            self._send(index, streamed)
         return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in final]
 
     def _head(self, region: str) -> bool:
