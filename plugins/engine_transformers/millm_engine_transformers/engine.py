@@ -40,7 +40,7 @@ from .float32 import score_in_float32
 from .intraop import IntraOp, in_passing_thread
 from .loader import load_model
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
-from .scoring import every_logits, last_logits, next_token_scores, prompt_token_scores
+from .scoring import last_logits, next_token_scores, prompt_scores
 from .spec import ENGINE_NAME, SETTINGS
 from .token_span import TokenFloor
 
@@ -450,12 +450,12 @@ class TransformersEngine(Engine):
         )
 
     def score_prompt(self, prompts: Sequence[Sequence[int]], top: int) -> list[list[PromptTokenScores]]:
-        """Scoring's pass over each prompt, every position kept (``scoring.every_logits``), no hook."""
+        """Scoring's pass over each prompt, in chunks of positions (``scoring.prompt_scores``), no hook."""
 
         def score() -> list[list[PromptTokenScores]]:
             with self._typed_out_of_memory("scoring the prompt beside the model"):
                 return [
-                    prompt_token_scores(every_logits(self.model, ids, self.device), ids, top, index)
+                    prompt_scores(self.model, ids, self.device, top, index, self._cache_arg)
                     for index, ids in enumerate(prompts)
                 ]
 

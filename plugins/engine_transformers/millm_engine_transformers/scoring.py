@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import transformers
 
 from millm_host.api import NextTokenScores, NonFiniteLogits, PromptTokenScores, ScoringParams, TokenLogprob
 
@@ -16,33 +17,54 @@ def last_logits(model: Any, ids: Sequence[int], device: torch.device) -> torch.T
     return _logits(model, ids, device, keep=1)[-1]
 
 
-@torch.inference_mode()
-def every_logits(model: Any, ids: Sequence[int], device: torch.device) -> torch.Tensor:
-    """The next-token logits after each prefix of ``ids`` (``[len(ids), vocab]``), from the pass ``last_logits``
-    makes, keeping every position (a prompt's own logprobs: ``echo``, ``prompt_logprobs``)."""
-    return _logits(model, ids, device, keep=0)
-
-
 def _logits(model: Any, ids: Sequence[int], device: torch.device, keep: int) -> torch.Tensor:
     """One pass over ``ids``, no cache: the last ``keep`` positions' logits (0: all), as float32."""
     output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=False, logits_to_keep=keep)
     return output.logits[0].float()
 
 
-def prompt_token_scores(logits: torch.Tensor, ids: Sequence[int], top: int, index: int) -> list[PromptTokenScores]:
-    """Each of ``ids[1:]`` scored from ``logits`` (``every_logits`` of ``ids``): the log-softmax of the row
-    before it, as ``next_token_scores`` normalises a row with no temperature and no allowed set."""
-    rows = logits[:-1]
+#: Prompt positions whose logits a prompt's own scoring holds at once: 512 x the vocabulary's floats
+#: (100 MB at SmolLM2's 49,152), whatever the prompt's length (a whole 8,192-token prompt's would be 1.6 GB).
+PROMPT_CHUNK = 512
+
+
+@torch.inference_mode()
+def prompt_scores(
+    model: Any,
+    ids: Sequence[int],
+    device: torch.device,
+    top: int,
+    index: int,
+    cache_arg: str,
+    chunk: int = PROMPT_CHUNK,
+) -> list[PromptTokenScores]:
+    """Each of ``ids[1:]`` scored by the model after the tokens before it (``echo``, ``prompt_logprobs``): the
+    log-softmax of that row, as ``next_token_scores`` normalises a row with no temperature and no allowed set.
+
+    The prompt runs in chunks of ``chunk`` positions on a KV cache, so memory holds one chunk's logits, not
+    the whole prompt's; a prompt of at most ``chunk`` tokens is the one pass scoring makes.
+    """
+    cache = transformers.DynamicCache()
+    scores: list[PromptTokenScores] = []
+    for start in range(0, len(ids) - 1, chunk):
+        piece = list(ids[start : start + chunk])
+        output = model(input_ids=torch.tensor([piece], device=device), use_cache=True, **{cache_arg: cache})
+        targets = list(ids[start + 1 : start + 1 + len(piece)])
+        scores += _scored_rows(output.logits[0, : len(targets)].float(), targets, top, index, start)
+    return scores
+
+
+def _scored_rows(rows: torch.Tensor, targets: list[int], top: int, index: int, offset: int) -> list[PromptTokenScores]:
+    """``targets[i]`` scored by ``rows[i]`` (the logits after prompt token ``offset + i``)."""
     invalid = torch.isnan(rows) | torch.isposinf(rows)
     if bool(invalid.any()):
         position, token = (int(v) for v in invalid.nonzero()[0])
         raise NonFiniteLogits(
-            f"the logit of token {token} after prompt token {position} is {float(rows[position, token])}",
+            f"the logit of token {token} after prompt token {offset + position} is {float(rows[position, token])}",
             index=index,
         )
     logprobs = torch.log_softmax(rows, dim=-1)
-    targets = torch.tensor(list(ids[1:]), device=logits.device)
-    chosen = logprobs.gather(1, targets.unsqueeze(1)).squeeze(1)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=rows.device).unsqueeze(1)).squeeze(1)
     ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=1) + 1
     values, best = logprobs.topk(min(top, logprobs.shape[-1]), dim=-1)
     alternatives = zip(best.tolist(), values.tolist(), strict=True)
@@ -50,7 +72,7 @@ def prompt_token_scores(logits: torch.Tensor, ids: Sequence[int], top: int, inde
         PromptTokenScores(
             TokenLogprob(int(token), logprob), int(rank), [TokenLogprob(t, v) for t, v in zip(*row, strict=True)]
         )
-        for token, logprob, rank, row in zip(ids[1:], chosen.tolist(), ranks.tolist(), alternatives, strict=True)
+        for token, logprob, rank, row in zip(targets, chosen.tolist(), ranks.tolist(), alternatives, strict=True)
     ]
 
 

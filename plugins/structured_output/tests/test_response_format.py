@@ -10,7 +10,7 @@ import pytest
 
 from millm_host.testing import assert_error, chat_body, sse_events
 
-from .family import WEATHER_TOOL, scripted
+from .family import scripted
 
 MODEL = "tiny-qwen25"
 JUDGE = {
@@ -169,7 +169,6 @@ def resident(http) -> str:
     "extra, code, param",
     [
         ({"stop": ["}"]}, "response_format_unsupported", "response_format"),
-        ({"tools": [WEATHER_TOOL]}, "field_not_honoured", "tools"),
         (
             {
                 "response_format": {
