@@ -46,7 +46,8 @@ What is here:
   ``stateless_monitor_results(host, monitored)`` calls the hook for a stateless
   route (``POST /api/probes/score``), with ``ctx=None``. ``current_trace_id()``: the
   trace of the request served in this context (its span's when tracing is on, the
-  caller's ``traceparent``, or minted), the one its log lines name.
+  caller's ``traceparent``, or minted), the one its log lines name;
+  ``caller_trace(headers)``: a valid W3C ``traceparent``'s (trace id, parent id).
 - Batch lines for a plugin's route (hook ``register_batch_endpoints``): ``BatchEndpoint``
   (what ``register(url, endpoint)`` takes: ``precheck`` and ``observed``) and
   ``BatchResult`` (what ``observed`` returns for a line: ``body``, ``headers``, ``request_id``).
@@ -135,7 +136,7 @@ from .monitoring import (
     stateless_monitor_results,
 )
 from .naming import check_display_name, split_gguf_name
-from .observability.ids import current_trace_id
+from .observability.ids import caller_trace, current_trace_id
 from .openapi import Param, operation
 from .output import (
     ORDER_PROBE_VERDICTS,
@@ -170,6 +171,7 @@ __all__ = [
     "ModelLoadFailed",
     "percent_encode",
     "check_display_name",
+    "caller_trace",
     "current_trace_id",
     "confined_path",
     "plain_name",

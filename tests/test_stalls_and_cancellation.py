@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from millm_host.testing import assert_error, chat_body, stream_post
+from millm_host.testing.replicas import wait_until
 from millm_host.testing.tiny_models import tiny_llama
 
 BLOCK_S = 120  # how long a FAULT request blocks the engine thread unless cancelled
@@ -43,13 +44,6 @@ def health(server) -> dict:
     return httpx.get(f"{server.base_url}/api/health", timeout=30).json()
 
 
-def wait_for(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 class HeldStream:
     """A FAULT stream whose generation is holding the engine thread; closing it disconnects."""
 
@@ -59,7 +53,7 @@ class HeldStream:
         self._cm = self.client.stream("POST", f"{server.v1}/chat/completions", json=body)
         self.response = self._cm.__enter__()
         assert self.response.status_code == 200, self.response.read()
-        wait_for(lambda: health(server)["queue"]["generating"], "the generation to start")
+        wait_until(lambda: health(server)["queue"]["generating"], "the generation to start", interval=0.05)
 
     def close(self) -> None:
         self._cm.__exit__(None, None, None)
@@ -83,12 +77,12 @@ def test_streams_that_leave_free_their_places_at_once(server):
         with ThreadPoolExecutor(16) as pool:
             assert list(pool.map(open_and_leave, range(16))) == ["admitted"] * 16
             left = time.perf_counter()
-            wait_for(lambda: health(server)["queue"]["admitted"] == 1, "the places to be freed")
+            wait_until(lambda: health(server)["queue"]["admitted"] == 1, "the places to be freed", interval=0.05)
             freed = time.perf_counter() - left
             assert list(pool.map(open_and_leave, range(16))) == ["admitted"] * 16  # no 503 queue_full
     finally:
         held.close()
-    wait_for(lambda: health(server)["queue"]["admitted"] == 0, "every place to be free")
+    wait_until(lambda: health(server)["queue"]["admitted"] == 0, "every place to be free", interval=0.05)
     print(f"16 queued streams whose clients left: places free {freed * 1000:.0f} ms after the last left")
 
 
@@ -100,9 +94,9 @@ def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(server):
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
         )
-        wait_for(lambda: health(server)["queue"]["generating"], "the generation to start")
+        wait_until(lambda: health(server)["queue"]["generating"], "the generation to start", interval=0.05)
     # Not cancelled, it would hold its place and the engine thread for BLOCK_S seconds.
-    wait_for(lambda: health(server)["queue"]["admitted"] == 0, "the place to be freed", timeout=30)
+    wait_until(lambda: health(server)["queue"]["admitted"] == 0, "the place to be freed", timeout=30, interval=0.05)
     with server.http(timeout=30) as http:
         response = http.post("/v1/chat/completions", json=chat_body(server.model_id, max_tokens=1))
     assert response.status_code == 200, response.text
@@ -155,13 +149,13 @@ def test_sigterm_waits_the_grace_then_fails_the_rest(server_factory, long_model)
     model = server.model_id
     results: dict = {}
     threads = [_post_in_thread(server, chat_body(model, content="FAULT", max_tokens=50, stream=True), results, "held")]
-    wait_for(lambda: health(server)["queue"]["generating"], "the generation to start")
+    wait_until(lambda: health(server)["queue"]["generating"], "the generation to start", interval=0.05)
     threads += [
         _post_in_thread(server, chat_body(model, max_tokens=50, stream=True), results, f"queued-{i}") for i in range(2)
     ]
     # Short: once the grace ends it would finish in a few ms if let go before its own cancellation.
     threads.append(_post_in_thread(server, chat_body(model, max_tokens=2), results, "plain"))
-    wait_for(lambda: health(server)["queue"]["admitted"] == 4, "four admitted requests")
+    wait_until(lambda: health(server)["queue"]["admitted"] == 4, "four admitted requests", interval=0.05)
     signalled = time.monotonic()
     os.killpg(server.proc.pid, signal.SIGTERM)
     try:
@@ -190,7 +184,7 @@ def test_after_sigterm_new_requests_get_503_until_the_listener_closes(server_fac
     held = HeldStream(server)  # admitted and generating: the drain lasts until it ends
     try:
         os.killpg(server.proc.pid, signal.SIGTERM)
-        wait_for(lambda: health(server)["queue"]["shutting_down"], "the shutdown to begin")
+        wait_until(lambda: health(server)["queue"]["shutting_down"], "the shutdown to begin", interval=0.05)
         with httpx.Client(base_url=server.base_url, timeout=30) as http:  # a new connection
             refused = http.post("/v1/chat/completions", json=chat_body(server.model_id, max_tokens=1))
             assert_error(refused, 503, "shutting_down")  # with Retry-After, as every 503

@@ -6,7 +6,9 @@ Each works with a real server (``ServerProcess``) or an in-process app
 
 from __future__ import annotations
 
+import json
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +48,30 @@ def chat(
 ) -> httpx.Response:
     """POST ``chat_body(model, content, **fields)`` to ``/v1/chat/completions``; the response, whatever its status."""
     return client.post("/v1/chat/completions", json=chat_body(model, content, **fields), headers=headers)
+
+
+def post_retrying_busy(base: str, path: str, body: dict[str, Any], tries: int = 100) -> httpx.Response:
+    """POST ``body`` to ``base + path`` on a new connection, retrying a 503 (a worker or replica still loading
+    or converging answers so, with Retry-After) as clients do; the last answer."""
+    for _ in range(tries):
+        reply = httpx.post(f"{base}{path}", timeout=60, json=body)
+        if reply.status_code != 503:
+            break
+        time.sleep(0.2)
+    return reply
+
+
+def sent_raw(base_url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    """A socket that has sent ``body`` as one whole POST to ``path`` and reads nothing yet: a client that
+    can leave at any moment (close it), streamed or not."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", int(base_url.rsplit(":", 1)[1])))
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    return sock
 
 
 def assert_error(response: httpx.Response, status: int, code: str, param: str | None = _ANY) -> dict[str, Any]:

@@ -37,10 +37,10 @@ def shared_database_url(directory: Path, postgres_url: str | None = None) -> str
     return sa.engine.make_url(base).set(database=name).render_as_string(hide_password=False)
 
 
-def wait_until(condition: Callable[[], T], what: str, timeout: float = 120) -> T:
-    """``condition()``'s first truthy value, polled; fails naming ``what`` after ``timeout`` seconds."""
+def wait_until(condition: Callable[[], T], what: str, timeout: float = 120, interval: float = 0.1) -> T:
+    """``condition()``'s first truthy value, polled every ``interval`` s; fails naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not (found := condition()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+        time.sleep(interval)
     return found

@@ -10,12 +10,13 @@ runs again none of them joins the batch: ``/api/health/inference`` counts them a
 
 from __future__ import annotations
 
-import json
-import socket
 import time
 
 import httpx
 import pytest
+
+from millm_host.testing.helpers import sent_raw
+from millm_host.testing.replicas import wait_until
 
 BLOCK_S = 120  # the FAULT stream holds the batch thread this long unless cancelled
 DROPS = 6
@@ -31,47 +32,36 @@ def inference(server) -> dict:
     return httpx.get(f"{server.base_url}/api/health/inference", timeout=30).json()
 
 
-def wait_for(condition, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def sent(server, body: dict) -> socket.socket:
-    """A socket that has sent ``body`` as a whole completion request and reads nothing yet."""
-    payload = json.dumps(body).encode()
-    sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
-        + payload
-    )
-    return sock
-
-
 def test_requests_dropped_while_waiting_for_the_batch_never_enter_it(server):
     model = server.model_id
     before = inference(server)
-    held = sent(server, {"model": model, "prompt": "FAULT", "max_tokens": 50, "stream": True})
+    held = sent_raw(
+        server.base_url, "/v1/completions", {"model": model, "prompt": "FAULT", "max_tokens": 50, "stream": True}
+    )
     try:
-        wait_for(lambda: inference(server)["batched"] == before["batched"] + 1, "the held stream to join the batch")
+        wait_until(
+            lambda: inference(server)["batched"] == before["batched"] + 1,
+            "the held stream to join the batch",
+            interval=0.01,
+        )
         time.sleep(0.2)  # its 2nd token: the batch thread is held
         streamed = {"model": model, "prompt": "a story", "max_tokens": 20, "stream": True}
         plain = {"model": model, "prompt": "a story", "max_tokens": 20}
-        waiting = [sent(server, streamed if i % 2 else plain) for i in range(DROPS)]
-        wait_for(lambda: inference(server)["waiting"] == DROPS, "every request to wait for the batch")
+        waiting = [sent_raw(server.base_url, "/v1/completions", streamed if i % 2 else plain) for i in range(DROPS)]
+        wait_until(lambda: inference(server)["waiting"] == DROPS, "every request to wait for the batch", interval=0.01)
         for sock in waiting:
             sock.close()
         left = time.perf_counter()
-        wait_for(lambda: inference(server)["waiting"] == 0, "the dropped requests to leave", timeout=10)
+        wait_until(
+            lambda: inference(server)["waiting"] == 0, "the dropped requests to leave", timeout=10, interval=0.01
+        )
         gone_after = time.perf_counter() - left
         report = inference(server)
         assert report["admitted"] == 1  # the held stream alone, still holding the batch thread
         assert report["left_waiting"] == before["left_waiting"] + DROPS
     finally:
         held.close()
-    wait_for(lambda: inference(server)["admitted"] == 0, "the held stream to be cancelled")
+    wait_until(lambda: inference(server)["admitted"] == 0, "the held stream to be cancelled", interval=0.01)
     with httpx.Client(base_url=server.base_url, timeout=60) as http:  # and the batch goes on
         answer = http.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 4})
     assert answer.status_code == 200, answer.text

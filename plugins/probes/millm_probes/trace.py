@@ -8,28 +8,17 @@ any request's context, the caller's ``traceparent``, or a new trace.
 
 from __future__ import annotations
 
-import re
 import secrets
 
-from millm_host.api import current_trace_id
+from millm_host.api import caller_trace, current_trace_id
 
 from .results import Trace
-
-# version "00" - 32 hex trace id - 16 hex parent id - 2 hex flags (lower-case only)
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
 def trace_id_from(traceparent: str | None) -> str | None:
     """The trace id of a valid ``traceparent``; None for a missing, malformed or repeated one."""
-    if not traceparent or "," in traceparent:  # a repeated header arrives joined by commas
-        return None
-    match = _TRACEPARENT.match(traceparent.strip())
-    if match is None:
-        return None
-    version, trace_id, parent_id, _, rest = match.groups()
-    if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or parent_id == "0" * 16:
-        return None
-    return trace_id
+    caller = caller_trace({"traceparent": traceparent or ""})
+    return caller[0] if caller else None
 
 
 def new_trace(headers: dict[str, str]) -> Trace:

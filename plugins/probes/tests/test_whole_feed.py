@@ -18,6 +18,7 @@ import httpx
 from websockets.sync.client import connect
 
 from millm_host.testing.gunicorn import workers
+from millm_host.testing.helpers import post_retrying_busy
 from millm_host.testing.replicas import FAST_CONVERGE, shared_database_url, wait_until
 
 CHAT = [{"role": "user", "content": "Tell me about the lighthouse."}]
@@ -61,13 +62,7 @@ def arm(http: httpx.Client, lab, helpers) -> str:
 
 
 def chat(base: str, model: str) -> dict[str, Any]:
-    for _ in range(100):  # a worker still converging answers 503 with Retry-After: retry, as clients do
-        reply = httpx.post(
-            f"{base}/v1/chat/completions", timeout=60, json={"model": model, "messages": CHAT, "max_tokens": 2}
-        )
-        if reply.status_code != 503:
-            break
-        time.sleep(0.2)
+    reply = post_retrying_busy(base, "/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 2})
     assert reply.status_code == 200, reply.text
     return reply.json()
 

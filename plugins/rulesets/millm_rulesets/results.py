@@ -63,30 +63,23 @@ def rule_result(
 ) -> dict[str, Any]:
     """The result of expression ``name``; ``outcome`` None means undecided (``reason`` says why)."""
     decided = outcome is not None
-    return {
-        "schema": SCHEMA,
-        "kind": "rule",
-        "result_id": str(uuid6.uuid7()),
-        "request_id": request_id,
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "probe_id": None,
-        "name": name,
-        "behaviour": behaviour,
-        "version": loaded.version,
-        "rule_set_id": loaded.id,
-        "ruleset_id": loaded.ruleset_id,
-        "rule_set_digest": loaded.digest,
-        "window": window,
-        "outcome": result_outcome or ("completed" if decided else "failed"),
-        "reason": reason,
-        "status": status or ("final" if decided else "unavailable"),
-        "persistence": persistence,
-        "fires": outcome.fires if outcome is not None else None,
-        "count": outcome.count if outcome is not None else 0,
-        "recorded_at": now_iso(),
-        "set": set_block,
-    }
+    return _result(
+        {"version": loaded.version, "rule_set_id": loaded.id, "ruleset_id": loaded.ruleset_id},
+        loaded.digest,
+        name,
+        window,
+        outcome=result_outcome or ("completed" if decided else "failed"),
+        reason=reason,
+        status=status or ("final" if decided else "unavailable"),
+        fires=outcome.fires if outcome is not None else None,
+        count=outcome.count if outcome is not None else 0,
+        behaviour=behaviour,
+        request_id=request_id,
+        trace_id=trace_id,
+        span_id=span_id,
+        persistence=persistence,
+        set_block=set_block,
+    )
 
 
 def not_attached(
@@ -104,6 +97,44 @@ def not_attached(
     attached by another process and not loaded here): the rules are unknown, so the probes decide alone.
 
     Named after the set (its expressions are unknown), ``skipped`` / ``rule_set_not_attached``."""
+    return _result(
+        {"version": None, "rule_set_id": rule_set_id, "ruleset_id": None},
+        None,
+        rule_set_id,
+        window,
+        outcome="skipped",
+        reason="rule_set_not_attached",
+        status="unavailable",
+        fires=None,
+        count=0,
+        behaviour=behaviour,
+        request_id=request_id,
+        trace_id=trace_id,
+        span_id=span_id,
+        persistence=persistence,
+        set_block=set_block,
+    )
+
+
+def _result(
+    names: dict[str, Any],
+    digest: str | None,
+    name: str,
+    window: str | None,
+    *,
+    outcome: str,
+    reason: str | None,
+    status: str,
+    fires: bool | None,
+    count: int,
+    behaviour: str | None,
+    request_id: str | None,
+    trace_id: str | None,
+    span_id: str | None,
+    persistence: str,
+    set_block: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A rule result object (``mi.probe.result/v1``, ``kind: "rule"``), its keys in the published order."""
     return {
         "schema": SCHEMA,
         "kind": "rule",
@@ -112,19 +143,17 @@ def not_attached(
         "trace_id": trace_id,
         "span_id": span_id,
         "probe_id": None,
-        "name": rule_set_id,
+        "name": name,
         "behaviour": behaviour,
-        "version": None,
-        "rule_set_id": rule_set_id,
-        "ruleset_id": None,
-        "rule_set_digest": None,
+        **names,
+        "rule_set_digest": digest,
         "window": window,
-        "outcome": "skipped",
-        "reason": "rule_set_not_attached",
-        "status": "unavailable",
+        "outcome": outcome,
+        "reason": reason,
+        "status": status,
         "persistence": persistence,
-        "fires": None,
-        "count": 0,
+        "fires": fires,
+        "count": count,
         "recorded_at": now_iso(),
         "set": set_block,
     }

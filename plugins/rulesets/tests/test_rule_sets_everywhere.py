@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from millm_host.testing.gunicorn import workers
+from millm_host.testing.helpers import post_retrying_busy
 from millm_host.testing.replicas import FAST_CONVERGE, shared_database_url, wait_until
 
 BEHAVIOUR = "pii"
@@ -28,13 +29,7 @@ def arm_probe(http: httpx.Client, lab) -> None:
 
 
 def rule_results(base: str, model: str) -> list[dict[str, Any]]:
-    for _ in range(100):  # a worker still converging its probes answers 503: retry, as clients do
-        reply = httpx.post(
-            f"{base}/v1/chat/completions", timeout=60, json={"model": model, "messages": CHAT, "max_tokens": 2}
-        )
-        if reply.status_code != 503:
-            break
-        time.sleep(0.2)
+    reply = post_retrying_busy(base, "/v1/chat/completions", {"model": model, "messages": CHAT, "max_tokens": 2})
     assert reply.status_code == 200, reply.text
     return [r for r in reply.json().get("millm_probe_verdicts", []) if r["kind"] == "rule"]
 
