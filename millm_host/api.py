@@ -48,6 +48,8 @@ What is here:
   trace of the request served in this context (its span's when tracing is on, the
   caller's ``traceparent``, or minted), the one its log lines name;
   ``caller_trace(headers)``: a valid W3C ``traceparent``'s (trace id, parent id).
+- Replicas and admin work (``services``): ``add_converger``, ``converge_soon``,
+  ``replica_alone`` and ``admin_activity`` (what ``/api/health`` reports while it runs).
 - Batch lines for a plugin's route (hook ``register_batch_endpoints``): ``BatchEndpoint``
   (what ``register(url, endpoint)`` takes: ``precheck`` and ``observed``) and
   ``BatchResult`` (what ``observed`` returns for a line: ``body``, ``headers``, ``request_id``).
@@ -161,6 +163,7 @@ from .scoring.engine import (
     ScoringPrecisionUnavailable,
     TokenLogprob,
 )
+from .services import add_converger, admin_activity, converge_soon, replica_alone
 from .settings import Setting, Settings
 
 __all__ = [
@@ -171,6 +174,10 @@ __all__ = [
     "ModelLoadFailed",
     "percent_encode",
     "check_display_name",
+    "add_converger",
+    "admin_activity",
+    "converge_soon",
+    "replica_alone",
     "caller_trace",
     "current_trace_id",
     "confined_path",

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from millm_host.api import InvalidParameter, MillmError, ModelBusy, validate
+from millm_host.api import InvalidParameter, MillmError, ModelBusy, converge_soon, validate
 
 from . import capacity, gates, store
 from .errors import GateRefused
@@ -280,7 +280,7 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
             raise
         rows = await asyncio.to_thread(store.list_probes, db)
         group = await asyncio.to_thread(_group, runtime, key, [r for r in rows if r.behaviour == key])
-    host.convergence.poke()
+    converge_soon(host)
     return {**group, "armed_now": [v.probe_id for v in todo], **report}
 
 
@@ -316,7 +316,7 @@ async def disarm_behaviour(runtime: Runtime, key: str) -> dict[str, Any]:
             users.setdefault(point, []).append(a.view.behaviour or a.view.name)
         rows = [r for r in await asyncio.to_thread(store.list_probes, db) if r.behaviour == key]
         group = await asyncio.to_thread(_group, runtime, key, rows)
-    runtime.host.convergence.poke()
+    converge_soon(runtime.host)
     return {
         **group,
         "disarmed_now": gone,

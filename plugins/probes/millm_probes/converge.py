@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class Converger:
-    """The probes plugin's converger (``host.convergence.add``)."""
+    """The probes plugin's converger (``add_converger``)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime

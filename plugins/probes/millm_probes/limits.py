@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from millm_host.api import MillmError, ModelBusy, validate
+from millm_host.api import MillmError, ModelBusy, admin_activity, validate
 
 from . import capacity, capacity_store
 from .errors import GateRefused, ProbeArmed
@@ -182,7 +182,7 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
         runtime.measuring[model_id] = stop
         try:
             reason = f"timing {model_id!r} and its probes' costs (probe capacity; serving goes on)"
-            with host.registry.activity("measuring", reason):  # /api/health says so while it runs
+            with admin_activity(host, "measuring", reason):  # /api/health says so while it runs
                 async with host.engine_slot(model_id) as slot:
                     if slot.engine is not engine:
                         raise ModelBusy("the model changed while measuring started; retry", param="model_id")

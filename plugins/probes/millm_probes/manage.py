@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.api import Engine, InvalidParameter, ModelBusy, check_display_name, plain_name, validate
+from millm_host.api import Engine, InvalidParameter, ModelBusy, check_display_name, converge_soon, plain_name, validate
 
 from . import capacity, digests, gates, store
 from .definition import Decision, ProbeDefinition, parse
@@ -207,7 +207,7 @@ async def arm(runtime: Runtime, probe_id: str, body: dict[str, Any]) -> dict[str
     async with runtime.lock:
         row = await asyncio.to_thread(store.get_probe, runtime.host.db, probe_id)
         result = await arm_here(runtime, row, request.acknowledgement, desired=True)
-    runtime.host.convergence.poke()
+    converge_soon(runtime.host)
     return result
 
 
@@ -271,7 +271,7 @@ async def disarm(runtime: Runtime, probe_id: str) -> dict[str, Any]:
         if row.armed:  # disarmed on every replica (desired state), even one this replica never armed
             await asyncio.to_thread(store.set_disarmed, host.db, "disarmed", probe_id)
             row.disarmed_reason = "disarmed"
-        host.convergence.poke()
+        converge_soon(host)
         return probe_json(runtime, row, runtime.view(row))
 
 

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from millm_host.api import hookimpl
+from millm_host.api import add_converger, hookimpl, replica_alone
 
 from . import batch_lines, capacity_store, hub_routes, live, routes, sessions, set_routes, store
 from .converge import Converger
@@ -73,9 +73,9 @@ def startup(host) -> None:
     """Nothing is armed after a restart of the only replica: mark what the last process left armed as
     disarmed. A replica joining others keeps the armed state, and converges to it (converge.py)."""
     runtime = _start(host)
-    if host.convergence.alone():
+    if replica_alone(host):
         store.set_disarmed(host.db, "restart")
-    host.convergence.add("probes", Converger(runtime))
+    add_converger(host, "probes", Converger(runtime))
     runtime.set_members(members_of(store.probe_states(host.db)))
     runtime.retention = Retention(host.db, host.settings)
     runtime.retention.start()
@@ -108,7 +108,7 @@ def model_unloading(host, engine) -> None:
     disarmed = runtime.disarm_all()
     if disarmed:
         log.info("model unloading: disarmed %s", ", ".join(disarmed))
-        if host.convergence.alone():
+        if replica_alone(host):
             store.set_disarmed(host.db, "model_unloaded")
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Converger:
-    """The rulesets plugin's converger (``host.convergence.add``)."""
+    """The rulesets plugin's converger (``add_converger``)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime

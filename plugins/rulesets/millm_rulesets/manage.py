@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.api import InvalidParameter, MillmError, validate
+from millm_host.api import InvalidParameter, MillmError, converge_soon, validate
 
 from . import store
 from .code_runner import UNAVAILABLE
@@ -125,7 +125,7 @@ def import_document(runtime: Runtime, raw: bytes, document: Any) -> dict[str, An
     with runtime.lock:
         store.insert(runtime.host.db, row)
         runtime.put(loaded)
-    runtime.host.convergence.poke()
+    converge_soon(runtime.host)
     return describe(runtime, loaded)
 
 
@@ -145,7 +145,7 @@ def delete(runtime: Runtime, rule_set_id: str) -> dict[str, Any]:
     with runtime.lock:
         store.delete(runtime.host.db, rule_set_id)
         runtime.drop(rule_set_id)
-    runtime.host.convergence.poke()
+    converge_soon(runtime.host)
     return {"id": rule_set_id, "object": "rule_set", "deleted": True}
 
 
@@ -252,7 +252,7 @@ def attach(runtime: Runtime, behaviour: str, body: dict[str, Any]) -> dict[str, 
             runtime.put(loaded)
         stamp = store.attach(runtime.host.db, behaviour, loaded.id)
         runtime.set_attachment(behaviour, (loaded.id, stamp))
-    runtime.host.convergence.poke()
+    converge_soon(runtime.host)
     return behaviour_view(runtime, behaviour)
 
 
@@ -260,7 +260,7 @@ def detach(runtime: Runtime, behaviour: str) -> dict[str, Any]:
     with runtime.lock:
         detached = store.detach(runtime.host.db, behaviour)
         runtime.set_attachment(behaviour, None)
-    runtime.host.convergence.poke()
+    converge_soon(runtime.host)
     if not detached:
         raise MillmError(
             f"behaviour {behaviour!r} has no rule signals attached",

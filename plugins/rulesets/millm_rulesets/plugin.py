@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from millm_host.api import hookimpl
+from millm_host.api import add_converger, hookimpl
 
 from . import live, routes
 from .converge import Converger
@@ -50,7 +50,7 @@ def startup(host) -> None:
     follow the stored sets and attachments, which any process may change (converge.py)."""
     runtime = _start(host)
     runtime.load()
-    host.convergence.add("rulesets", Converger(runtime))
+    add_converger(host, "rulesets", Converger(runtime))
 
 
 @hookimpl

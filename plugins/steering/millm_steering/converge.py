@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from millm_host.api import MillmError
+from millm_host.api import MillmError, converge_soon
 
 from . import desired
 from .documents import read_circuit
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Converger:
-    """The steering plugin's converger (``host.convergence.add``), and the catch-up before a local change."""
+    """The steering plugin's converger (``add_converger``), and the catch-up before a local change."""
 
     def __init__(self, service: SteeringService) -> None:
         self.service = service
@@ -56,7 +56,7 @@ class Converger:
         async with self._lock:
             self.applied = await asyncio.to_thread(desired.write, self.service.host.db, document)
             self.reasons = []
-        self.service.host.convergence.poke()
+        converge_soon(self.service.host)
 
     async def _apply(self, document: dict[str, Any]) -> list[str]:
         service, state = self.service, self.service.state

@@ -17,7 +17,9 @@ from millm_host.api import (
     STEERING_VECTORS,
     ResponseExtra,
     Setting,
+    add_converger,
     hookimpl,
+    replica_alone,
 )
 
 from . import desired, request, routes
@@ -140,10 +142,10 @@ def startup(host) -> None:
     replica joining others converges to the desired state they share (converge.py).
     """
     steering = host.state[STATE_KEY] = SteeringService(host)
-    if host.convergence.alone():
+    if replica_alone(host):
         desired.write(host.db, desired.EMPTY)
     steering.converger = Converger(steering)
-    host.convergence.add("steering", steering.converger)
+    add_converger(host, "steering", steering.converger)
 
 
 @hookimpl
@@ -177,7 +179,7 @@ def model_unloading(host, engine) -> None:
     desired state too; while others run, the next model loaded here attaches them again."""
     steering = service(host)
     snap = steering.state.model_unloading()
-    if host.convergence.alone():
+    if replica_alone(host):
         desired.write(host.db, desired.document_of(snap))
     steering.converger.applied = -1  # reach the desired state again with the next model
 
