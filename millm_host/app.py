@@ -25,7 +25,7 @@ from .bodytimeout import App
 from .db import Database, database_url
 from .draining import Draining
 from .engine import EngineSpec
-from .errors import MillmError, ModelNotFound
+from .errors import MillmError
 from .fields import ENDPOINTS, FieldRegistry
 from .jsonencode import PiecewiseJSONHandler
 from .observability.ids import RequestIdsMiddleware
@@ -135,10 +135,7 @@ class Host:
 
     def model_detail(self, model_id: str) -> dict[str, Any]:
         """A model's state and identity, as ``GET /api/models/{id}`` reports it (404 for an unknown id)."""
-        entry = self.registry.entries.get(model_id)
-        if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist; {self.registry.known_models()}", param="model")
-        return self.registry.detail(entry)
+        return self.registry.detail(self.registry.by_id(model_id))
 
     def listed_models(self) -> list[Any]:
         """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""

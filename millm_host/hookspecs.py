@@ -10,9 +10,9 @@ Every hook reaches the host: startup and lifecycle hooks take ``host``, request
 hooks ``ctx.host``. A plugin keeps its per-host object in ``host.state[<its
 name>]`` (made at ``startup``), never in module-level state.
 
-What happens when an implementation raises is one of five named policies
-(``millm_host.hookcalls``: startup, lifecycle, request, after_generate,
-rendering); each spec ends with the policy it is called under.
+What happens when an implementation raises is one of the named policies in
+``millm_host.hookcalls.POLICIES`` (startup, lifecycle, request, after_generate,
+rendering, monitor); each spec ends with the policy it is called under.
 
 Threads: startup hooks run on the main thread before the server accepts
 connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
@@ -222,9 +222,6 @@ def model_unloading(host: Host, engine: Engine) -> None:
 
     Called on the engine thread before its memory is released; plugins drop
     what they attached to it (SAEs detach, probes disarm).
-
-    Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
-    plugin still runs.
 
     Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
     plugin still runs.

@@ -218,6 +218,13 @@ class ModelRegistry:
             )
         raise ModelNotFound(f"the model {name!r} does not exist; {self.known_models()}", param="model")
 
+    def by_id(self, model_id: str) -> ModelEntry:
+        """The model with this id (management names models by id only); 404 for an unknown one."""
+        entry = self.entries.get(model_id)
+        if entry is None:
+            raise ModelNotFound(f"the model {model_id!r} does not exist; {self.known_models()}", param="model")
+        return entry
+
     def known_models(self) -> str:
         """A sentence naming the models ``/v1/models`` lists (for a 404), the first few when there are many."""
         ids = sorted(e.id for e in self.host.listed_models())

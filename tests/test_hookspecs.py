@@ -57,3 +57,11 @@ def test_hookspec_names_its_call_policy(name):
 
     doc = " ".join((inspect.getdoc(getattr(hookspecs, name)) or "").split())
     assert f"Policy: {POLICIES[name]} (``millm_host.hookcalls``)" in doc
+    assert doc.count("Policy:") == 1, f"{name} states its policy more than once"
+
+
+def test_module_docstring_lists_every_policy():
+    from millm_host.hookcalls import POLICIES
+
+    listed = " ".join((hookspecs.__doc__ or "").split())
+    assert f"({', '.join(dict.fromkeys(POLICIES.values()))})" in listed

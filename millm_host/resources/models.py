@@ -61,25 +61,18 @@ class ManagedModel:
     def __init__(self, host: Host) -> None:
         self.host = host
 
-    def _entry(self, model_id: str) -> ModelEntry:
-        registry = self.host.registry
-        entry = registry.entries.get(model_id)  # management names models by id only
-        if entry is None:
-            raise ModelNotFound(f"the model {model_id!r} does not exist; {registry.known_models()}", param="model")
-        return entry
-
     @operation("A model's state, and its identity while resident", response=ModelDetail, errors=(404,))
     async def on_get(self, req, resp, model_id: str) -> None:
-        resp.media = model_detail(self.host, self._entry(model_id))
+        resp.media = model_detail(self.host, self.host.registry.by_id(model_id))
 
     @operation("Make the model resident (unloading the one that is)", response=ModelDetail, errors=(404, 503))
     async def on_post_load(self, req, resp, model_id: str) -> None:
-        entry = self._entry(model_id)
+        entry = self.host.registry.by_id(model_id)
         await self.host.registry.load(entry)
         resp.media = model_detail(self.host, entry)
 
     @operation("Unload the model", response=ModelDetail, errors=(404, 503))
     async def on_post_unload(self, req, resp, model_id: str) -> None:
-        entry = self._entry(model_id)
+        entry = self.host.registry.by_id(model_id)
         await self.host.registry.unload(entry)
         resp.media = model_detail(self.host, entry)

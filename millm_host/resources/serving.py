@@ -43,7 +43,7 @@ class ServingResource:
         result = await serving.observed(body, lower_headers(req), gone=client_gone(req))
         resp.set_headers(result.headers)
         if result.stream is not None:
-            resp.sse = _events(result.stream, named=getattr(serving, "named_events", False))
+            resp.sse = _events(result.stream, named=serving.named_events)
         else:
             resp.media = result.body
 

@@ -75,9 +75,20 @@ class Serving:
     #: Statuses a request can be refused with besides 400 and 500: an unknown model, a conflict
     #: (scoring precision), the queue full, the model busy or not loaded.
     refusals: tuple[int, ...] = (404, 409, 503)
+    #: Stream events carry their ``type`` as the SSE ``event:`` name (the Responses API's stream).
+    named_events: bool = False
 
     def __init__(self, host: Host) -> None:
         self.host = host
+
+    @property
+    def route(self) -> str:
+        """The key of ``host.serving`` and the name requests are recorded under (the endpoint's own)."""
+        return self.endpoint
+
+    def streams(self, params: Any) -> bool:
+        """Whether the validated request asks for a stream (no endpoint streams unless it says so)."""
+        return False
 
     def describe(self) -> Operation:
         """This endpoint in ``/openapi.json``: its protocol, its response and its stream's chunks."""
@@ -99,7 +110,7 @@ class Serving:
         The request is recorded once it is over: when ``handle`` refuses it, when it
         returns a body, or when its stream ends.
         """
-        observation = self.host.observe(getattr(self, "route", self.endpoint), headers)
+        observation = self.host.observe(self.route, headers)
         if observation is None:
             return await self.handle(body, headers, gone=gone)
         token = CURRENT.set(observation)
@@ -164,7 +175,7 @@ class Serving:
             settings=host.settings,
             host=host,
             engine_capabilities=entry.spec.capabilities,
-            streaming=bool(getattr(params, "stream", False)),
+            streaming=self.streams(params),
         )
         observation = CURRENT.get()
         if observation is not None:

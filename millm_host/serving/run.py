@@ -68,14 +68,20 @@ class ServingGeneration(Serving):
         #: Serves this endpoint's bodies in scoring mode.
         self.scoring = ServingScoring(host, self)
 
+    def scoring_for(self, body: dict[str, Any]) -> ServingScoring | None:
+        """The scoring-mode serving when ``body`` asks for scoring, else None (generation)."""
+        return self.scoring if is_scoring_request(self.endpoint, body) else None
+
     async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
-        if is_scoring_request(self.endpoint, body):
-            return await self.scoring.handle(body, headers, gone=gone)
+        scoring = self.scoring_for(body)
+        if scoring is not None:
+            return await scoring.handle(body, headers, gone=gone)
         return await super().handle(body, headers, gone=gone)
 
     def precheck(self, body: dict[str, Any], headers: dict[str, str]) -> None:
-        if is_scoring_request(self.endpoint, body):
-            return self.scoring.precheck(body, headers)
+        scoring = self.scoring_for(body)
+        if scoring is not None:
+            return scoring.precheck(body, headers)
         return super().precheck(body, headers)
 
     def describe(self) -> Operation:
@@ -83,6 +89,9 @@ class ServingGeneration(Serving):
         own, scoring = super().describe(), self.scoring.describe()
         assert own.request and own.response and scoring.request and scoring.response
         return replace(own, request=(*own.request, *scoring.request), response=(*own.response, *scoring.response))
+
+    def streams(self, params: Any) -> bool:
+        return bool(params.stream)
 
     def read(self, ctx: RequestContext) -> None:
         ctx.n = ctx.params.n or 1

@@ -10,13 +10,15 @@ A refusal names the location in the Responses body (``text.format``, not
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from ...context import RequestContext
 from ...errors import MillmError
 from ...fields import strict_mode
 from ...openapi import Operation
-from ..base import ClientGone, Result, Serving
+from ..base import ClientGone, Result
 from ..chat import ServingChat
 from .events import response_events
 from .protocol import ResponseObject, ResponsesRequest, ResponseStreamEvent
@@ -42,24 +44,40 @@ class ServingResponses(ServingChat):
             errors=self.refusals,
         )
 
-    async def handle(self, body: dict[str, Any], headers: dict[str, str], *, gone: ClientGone | None = None) -> Result:
-        translation: Translation | None = None
-        try:
-            translation = await asyncio.to_thread(translate, body, strict_mode(headers))
-            ctx = await asyncio.to_thread(self.build_context, translation.chat, headers)
-            ctx.plan = translation
-            ctx.unused_fields = [*translation.reported, *ctx.unused_fields]
-            # Serving.serve, not ServingGeneration.handle: a Responses body is never scoring mode
-            result = await Serving.serve(self, ctx, gone)
-        except MillmError as exc:
-            if translation is not None and exc.param is not None:
-                renamed = translation.param(exc.param)
-                if renamed != exc.param:  # the message names the chat field too: name the Responses one
-                    exc.message = exc.message.replace(exc.param, renamed or "", 1)
-                    exc.args = (exc.message,)
-                exc.param = renamed
-            raise
+    def scoring_for(self, body: dict[str, Any]) -> None:
+        """A Responses body is never scoring mode."""
+        return None
+
+    def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
+        """The chat completion's context, built from the translated body (worker thread)."""
+        translation = translate(body, strict_mode(headers))
+        with _named_in_responses_terms(translation):
+            ctx = super().build_context(translation.chat, headers)
+        ctx.plan = translation
+        ctx.unused_fields = [*translation.reported, *ctx.unused_fields]
+        return ctx
+
+    async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
+        """The chat completion, rendered as a Responses object or its stream of events."""
+        translation: Translation = ctx.plan
+        with _named_in_responses_terms(translation):
+            result = await super().serve(ctx, gone)
         if result.stream is not None:
             return Result(headers=result.headers, stream=response_events(result.stream, ctx, translation))
         assert result.body is not None
         return Result(headers=result.headers, body=from_completion(ctx, translation, result.body))
+
+
+@contextmanager
+def _named_in_responses_terms(translation: Translation) -> Iterator[None]:
+    """A refusal names the Responses body's field (``text.format``), not the chat body's it became."""
+    try:
+        yield
+    except MillmError as exc:
+        if exc.param is not None:
+            renamed = translation.param(exc.param)
+            if renamed != exc.param:  # the message names the chat field too: name the Responses one
+                exc.message = exc.message.replace(exc.param, renamed or "", 1)
+                exc.args = (exc.message,)
+            exc.param = renamed
+        raise
