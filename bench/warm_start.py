@@ -89,7 +89,7 @@ def mark(name):
 from millm_host import cli
 mark("import millm_host.cli (plugins, settings)")
 if hold:
-    from millm_host import gcpause
+    from millm_host.bodies import collector as gcpause
     gcpause.hold_startup()
 import uvicorn
 from millm_host.access import Access

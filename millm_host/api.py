@@ -66,7 +66,7 @@ What is here:
 - Small helpers engines share: ``split_gguf_name``, ``save_atomically``,
   ``available_memory``, ``fallback_chat_render``; ``free_later(obj)``, which frees a
   long list (a long text's token ids) a slice at a time on a thread of its own once
-  nothing else holds it (``millm_host.graveyard``), not in one call that holds the GIL.
+  nothing else holds it (``millm_host.bodies.release``), not in one call that holds the GIL.
 - ``testing``: ``millm_host.testing`` (a real server, tiny models, SSE reading, the
   engine conformance suite), imported on first use so that plugins never load it.
 """
@@ -77,6 +77,8 @@ from typing import Any
 
 from .app import Host
 from .batch.endpoints import BatchEndpoint, BatchResult
+from .bodies.release import keep_if_long as free_later
+from .bodies.validate import loc_to_param, validate
 from .context import RequestContext, SequenceOutput
 from .db import Database
 from .engine import (
@@ -118,7 +120,6 @@ from .errors import (
     ModelNotLoaded,
 )
 from .files import save_atomically
-from .graveyard import keep_if_long as free_later
 from .headers import (
     Item,
     Token,
@@ -151,10 +152,10 @@ from .output import (
 )
 from .paging import page as list_page
 from .paths import confined_path, plain_name
-from .protocol import ChatMessage, ResponseModel, loc_to_param, message_text, validate
-from .protocol_responses import ErrorResponse
+from .protocol import ChatMessage, ResponseModel, message_text
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
+from .response_bodies import ErrorResponse
 from .scoring.engine import (
     NextTokenScores,
     NonFiniteLogits,

@@ -16,18 +16,19 @@ import falcon.asgi
 import pluggy
 from pydantic import BaseModel
 
-from . import gcpause, hookcalls
+from . import hookcalls
 from .access import Access
 from .admission import Admission, engine_slot
 from .batch.runner import BatchRunner
 from .batch.store import FileStore
-from .bodytimeout import App
+from .bodies import collector
+from .bodies.encode import PiecewiseJSONHandler
+from .bodies.timeout import App
 from .db import Database, database_url
 from .draining import Draining
 from .engine import EngineSpec
 from .errors import MillmError
 from .fields import ENDPOINTS, FieldRegistry
-from .jsonencode import PiecewiseJSONHandler
 from .observability.ids import RequestIdsMiddleware
 from .observability.metrics import Metrics
 from .observability.request import CURRENT, Observation
@@ -183,7 +184,7 @@ class Host:
         try:
             await self._load_start_model()
         finally:
-            gcpause.end_startup()
+            collector.end_startup()
 
     async def _load_start_model(self) -> None:
         entry = self.registry.start_model

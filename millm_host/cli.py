@@ -8,7 +8,7 @@ import os
 import socket
 import sys
 
-from . import gcpause
+from .bodies import collector
 from .plugins import build_plugin_manager
 from .settings import Settings
 
@@ -49,7 +49,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    gcpause.hold_startup()  # until the start model is loaded (Host.load_start_model): see gcpause
+    collector.hold_startup()  # until the start model is loaded (Host.load_start_model): see bodies.collector
     # The port first: a second server on a busy port fails at once, before loading anything.
     try:
         sock = _bind(args.host, args.port)

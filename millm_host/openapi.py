@@ -28,7 +28,7 @@ from falcon.routing import map_http_methods
 from pydantic import BaseModel, create_model
 from pydantic.json_schema import models_json_schema
 
-from .protocol_responses import ErrorResponse
+from .response_bodies import ErrorResponse
 
 F = TypeVar("F", bound=Callable[..., Any])
 

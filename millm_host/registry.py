@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import gcpause, hookcalls
+from . import hookcalls
+from .bodies import collector
 from .default_model import default_model_path, describe_default
 from .engine import Engine, EngineSpec, ModelDescriptor
 from .errors import (
@@ -400,7 +401,7 @@ class ModelRegistry:
         hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
         # What is alive now (torch, transformers, the weights' modules) lives as long as the model: frozen,
         # the collector's full passes skip it (they held the GIL for tens of ms each, issue 11 §0).
-        gcpause.freeze_survivors()
+        collector.freeze_survivors()
         self.host.convergence.poke()  # the new model runs the gates of what is armed and steered
         return engine
 

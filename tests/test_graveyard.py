@@ -10,8 +10,10 @@ import gc
 import threading
 import time
 
-from millm_host import graveyard, protocol
-from millm_host.protocol import EmbeddingRequest, validate
+from millm_host.bodies import read, release as graveyard
+from millm_host.bodies.validate import validate
+from millm_host.errors import InvalidParameter
+from millm_host.protocol import EmbeddingRequest
 
 
 class Noted:
@@ -56,7 +58,7 @@ def test_a_parsed_body_s_long_lists_are_kept_and_untracked():
     held) and kept by the graveyard, from the parser and from sliced validation alike."""
     settled()
     raw = b'{"model":"m","input":[' + b"7," * 100_000 + b"7]}"
-    body = protocol.parse_json_body(raw, 64)
+    body = read.parse_json_body(raw, 64)
     assert not gc.is_tracked(body["input"])
     params = validate(EmbeddingRequest, body)
     assert params.input == body["input"] and params.input is not body["input"]
@@ -69,7 +71,7 @@ def test_a_parsed_body_s_long_lists_are_kept_and_untracked():
 def test_a_list_of_containers_is_kept_but_stays_tracked():
     settled()
     raw = b'{"x":[' + b"[1]," * 20_000 + b"[1]]}"
-    body = protocol.parse_json_body(raw, 64)
+    body = read.parse_json_body(raw, 64)
     assert gc.is_tracked(body["x"]) and graveyard.pending() == 1
     del body
     settled()
@@ -80,8 +82,8 @@ def test_a_refused_body_carries_no_parser_exception():
     parsed of it, alive as long as the 400 (freed on the event loop)."""
     raw = b'{"x":[' + b"[]," * 70_000 + b"[]]}"
     try:
-        protocol.parse_json_body(raw, 64, 65_536)
-    except protocol.InvalidParameter as exc:
+        read.parse_json_body(raw, 64, 65_536)
+    except InvalidParameter as exc:
         assert exc.__context__ is None and exc.__cause__ is None
     else:
         raise AssertionError("not refused")

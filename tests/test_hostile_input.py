@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from tokenizers import Tokenizer
 
+from millm_host.bodies.validate import validate
 from millm_host.errors import InvalidParameter
 from millm_host.headers import Token, item, parse_list, percent_encode, serialize_item, serialize_list
-from millm_host.protocol import ChatCompletionRequest, validate
+from millm_host.protocol import ChatCompletionRequest
 from millm_host.testing import (
     BODY_LIMIT,
     HEALTH_BOUND_S,
@@ -195,8 +196,8 @@ def test_containers_are_bounded_where_the_setting_says(echo_app):
 def test_no_c_call_parses_more_than_a_slice(monkeypatch, kind):
     """json's C scanner holds the GIL for a whole call (43 ms for 4 MiB, the event loop frozen meanwhile):
     parsing a 4 MiB body hands it no more than a slice at a time, and gives what ``json.loads`` gives."""
-    from millm_host import protocol
-    from millm_host.jsonslices import MAX_NUMBER_CHARS, SLICE
+    from millm_host.bodies import read
+    from millm_host.bodies.parse import MAX_NUMBER_CHARS, SLICE
 
     chat = b'{"model":"m","messages":['
     body = {
@@ -218,14 +219,14 @@ def test_no_c_call_parses_more_than_a_slice(monkeypatch, kind):
 
         return recorded
 
-    for decoder in (protocol._BODY_DECODER, protocol._SHORT_INTS_DECODER):
+    for decoder in (read._BODY_DECODER, read._SHORT_INTS_DECODER):
         monkeypatch.setattr(decoder, "scan_once", recording(decoder.scan_once))
-    assert protocol.parse_json_body(body, 64) == json.loads(body)
+    assert read.parse_json_body(body, 64) == json.loads(body)
     assert 0 < widest[0] <= max(SLICE + 2, MAX_NUMBER_CHARS + 1), widest[0]
 
 
 def test_sliced_parsing_bounds_nesting_and_reports_errors():
-    from millm_host.protocol import parse_json_body
+    from millm_host.bodies.read import parse_json_body
 
     deep = b'{"x":' + b"[" * 63 + b"]" * 63 + b',"pad":"' + b"p" * 100_000 + b'"}'
     assert parse_json_body(deep, 64)["x"] == json.loads(deep)["x"]  # 64 levels with the body
@@ -446,7 +447,8 @@ def widest_validation(monkeypatch, model, body) -> tuple[object, int]:
 def test_long_lists_are_validated_in_slices(monkeypatch, model, field, value):
     """pydantic-core holds the GIL for a whole call: 2M token ids took 0.3 s in one. A long list of strings
     or token ids (or token-id lists) reaches pydantic a slice at a time, and comes out whole."""
-    from millm_host.protocol import VALIDATION_SLICE, CompletionRequest, DetokenizeRequest, EmbeddingRequest
+    from millm_host.bodies.validate import VALIDATION_SLICE
+    from millm_host.protocol import CompletionRequest, DetokenizeRequest, EmbeddingRequest
 
     request = {"embeddings": EmbeddingRequest, "completions": CompletionRequest, "detokenize": DetokenizeRequest}[model]
     params, widest = widest_validation(monkeypatch, request, {"model": "m", field: value})

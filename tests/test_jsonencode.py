@@ -1,7 +1,7 @@
 """Response bodies are encoded as JSON in bounded pieces, large ones off the event loop (issue 11 §0).
 
 Falcon's handler encoded ``resp.media`` in one ``json.dumps`` call on the event
-loop: 256 embeddings of 576 floats held it about 90 ms. ``millm_host.jsonencode``
+loop: 256 embeddings of 576 floats held it about 90 ms. ``millm_host.bodies.encode``
 gives the same bytes a piece at a time, on a worker thread.
 """
 
@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hypothesis import given, settings, strategies as st
 
-from millm_host import jsonencode
-from millm_host.jsonencode import BUDGET, encoded
+from millm_host.bodies import encode as jsonencode
+from millm_host.bodies.encode import BUDGET, encoded
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 values = st.recursive(

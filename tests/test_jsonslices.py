@@ -11,7 +11,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from millm_host import jsonslices
+from millm_host.bodies import parse as jsonslices
 
 JSON = st.recursive(
     st.none()

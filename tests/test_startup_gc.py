@@ -1,6 +1,6 @@
 """The garbage collector is held off while the server starts, and on again once the start model is loaded.
 
-``millm serve`` holds it from its first line (``gcpause.hold_startup``): without the
+``millm serve`` holds it from its first line (``bodies.collector.hold_startup``): without the
 hold, importing torch, transformers and the plugins ran eight full collections, a
 third of a warm start (``bench/warm_start.py``). These tests take the hold as
 ``millm serve`` does and start the app in process.
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from millm_host import gcpause
+from millm_host.bodies import collector as gcpause
 from millm_host.testing import AppServer
 
 

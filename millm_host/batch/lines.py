@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..bodies.parse import top_level_strings
+from ..bodies.read import BodyRefused, parse_json_body
 from ..errors import InvalidParameter, MillmError
-from ..jsonslices import top_level_strings
-from ..protocol import BodyRefused, parse_json_body
 
 if TYPE_CHECKING:
     from .endpoints import BatchEndpoint

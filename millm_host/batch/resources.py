@@ -10,9 +10,9 @@ import falcon
 import falcon.asgi
 from pydantic import Field, create_model
 
+from ..bodies.validate import validate
 from ..errors import InvalidParameter, MillmError
 from ..openapi import Operation, Param, operation
-from ..protocol import validate
 from ..resources.common import JsonResource
 from .endpoints import collect
 from .schemas import BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject, FileUpload

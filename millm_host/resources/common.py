@@ -12,8 +12,8 @@ import falcon
 import falcon.asgi
 
 from ..access import check_media_type
+from ..bodies.read import parse_json_body
 from ..errors import InternalError, MillmError
-from ..protocol import parse_json_body
 from ..settings import Settings
 
 log = logging.getLogger("millm.http")
@@ -34,7 +34,7 @@ async def read_json(req: falcon.asgi.Request, settings: Settings, *, required: b
 
 
 async def parse_json(raw: bytes, settings: Settings) -> dict[str, Any]:
-    """``protocol.parse_json_body`` with the configured bounds, off the event loop for a large body."""
+    """``bodies.read.parse_json_body`` with the configured bounds, off the event loop for a large body."""
     depth, containers = settings["MILLM_MAX_JSON_DEPTH"], settings["MILLM_MAX_JSON_CONTAINERS"]
     if len(raw) <= PARSE_INLINE_MAX_BYTES:
         return parse_json_body(raw, depth, containers)

@@ -13,8 +13,8 @@ from pydantic import Field
 from ..errors import SERVER_ERROR, MillmError
 from ..openapi import operation
 from ..protocol import ResponseModel
-from ..protocol_responses import Health as HealthBody
 from ..registry import ModelState
+from ..response_bodies import Health as HealthBody
 
 if TYPE_CHECKING:
     from ..app import Host

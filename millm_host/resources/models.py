@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelNotFound
 from ..openapi import operation
-from ..protocol_responses import Model, ModelDetail, ModelDetailList, ModelList
 from ..registry import ModelEntry
+from ..response_bodies import Model, ModelDetail, ModelDetailList, ModelList
 
 if TYPE_CHECKING:
     from ..app import Host

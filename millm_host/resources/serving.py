@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import falcon
 from falcon.asgi import SSEvent
 
-from ..jsonencode import encoded, is_large
+from ..bodies.encode import encoded, is_large
 from ..openapi import Operation
 from ..scheduler import TICK
 from ..serving.base import Chunks, ClientGone

@@ -19,16 +19,16 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
+from ..bodies.validate import validate
 from ..context import RequestContext, SequenceOutput
 from ..engine import SCORING, LayerHook
 from ..errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
 from ..headers import Token, serialize_item
-from ..protocol import validate
 from ..serving.base import ClientGone, Result, Serving
 from ..serving.generation import flatten
 from ..serving.prompts import chat_prompts, completion_prompts, refuse_out_of_vocabulary
-from ..serving.responses import response_id, usage as count_usage
+from ..serving.render import response_id, usage as count_usage
 from .engine import InvalidScoringRequest, NonFiniteLogits, ScoringParams, ScoringPrecisionUnavailable, TokenLogprob
 from .protocol import (
     ChatLogprobs,

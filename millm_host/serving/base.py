@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import hookcalls
 from ..admission import Admission, admit
+from ..bodies.validate import refuse_long_chat, validate
 from ..context import Endpoint, RequestContext
 from ..errors import ClientDisconnected, MillmError, RequestCancelled
 from ..fields import check_fields, strict_mode
@@ -30,7 +31,6 @@ from ..headers import serialize_string_list
 from ..observability.request import CURRENT
 from ..openapi import Operation
 from ..output import ResponseExtra
-from ..protocol import refuse_long_chat, validate
 from .generation import flatten
 
 if TYPE_CHECKING:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bodies.validate import VALIDATION_SLICE
 from ..context import RequestContext
 from ..errors import InvalidParameter
-from ..protocol import VALIDATION_SLICE, ChatCompletionRequest, ChatMessage, message_text
-from ..protocol_responses import ChatCompletionChunk, ChatCompletionResponse
+from ..protocol import ChatCompletionRequest, ChatMessage, message_text
+from ..response_bodies import ChatCompletionChunk, ChatCompletionResponse
 from .prompts import chat_prompts
 from .run import ServingGeneration
 

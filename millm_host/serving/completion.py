@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..context import RequestContext
 from ..errors import InvalidParameter
 from ..protocol import CompletionRequest
-from ..protocol_responses import CompletionChunk, CompletionResponse
+from ..response_bodies import CompletionChunk, CompletionResponse
 from . import prompt_logprobs
 from .prompts import completion_prompts, refuse_out_of_vocabulary
 from .run import ServingGeneration

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..context import RequestContext
 from ..errors import SERVER_ERROR, ContextLengthExceeded, InvalidParameter, MillmError
-from ..protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from ..protocol import EmbeddingRequest
+from ..response_bodies import EmbeddingData, EmbeddingResponse, EmbeddingUsage
 from ..tiktoken_vocab import NAMES as TIKTOKEN_VOCABULARIES, ranks
 from .base import Serving
 

@@ -48,7 +48,7 @@ from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring
 from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
 from .generation import GenerationJob
 from .logprobs import render as render_logprobs, requested as requested_logprobs, token_biases
-from .responses import chunk, completion_body, delta_choice, usage, wants_usage
+from .render import chunk, completion_body, delta_choice, usage, wants_usage
 
 if TYPE_CHECKING:
     from ..app import Host

@@ -9,7 +9,7 @@ nothing runs on the engine thread.
 
 Off the event loop is not enough for long inputs: a worker thread's C call that holds the
 GIL stalls the loop as surely. ``/detokenize`` of 500,000 ids checks their range a slice at
-a time and frees them on the graveyard's thread; the engine's ``detokenize`` keeps its own
+a time and frees them on a thread of their own (``bodies.release``); the engine's ``detokenize`` keeps its own
 decode short on the GIL (the transformers engine: ``decode_batch``).
 """
 
@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .. import graveyard
 from ..admission import Admission
+from ..bodies import release
 from ..context import RequestContext
 from ..errors import InvalidParameter
-from ..protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from ..protocol import DetokenizeRequest, TokenizeRequest
+from ..response_bodies import DetokenizeResponse, TokenizeResponse
 from .base import Result, Serving, add_extras
 from .chat import _conversation, _full_messages  # chat's own reading: what it renders, tokenize renders
 from .prompts import chat_prompts
@@ -94,7 +95,7 @@ class ServingDetokenize(TextOnlyServing):
                     param=f"tokens[{j}]",
                 )
         ctx.prompts = [list(tokens)]
-        graveyard.keep_if_long(ctx.prompts[0])  # 500,000 ids freed on the event loop held it for ms
+        release.keep_if_long(ctx.prompts[0])  # 500,000 ids freed on the event loop held it for ms
         ctx.plan = engine.detokenize(ctx.prompts[0])  # the engine's to keep short on the GIL
 
     def render(self, ctx: RequestContext, output: Any) -> dict[str, Any]:

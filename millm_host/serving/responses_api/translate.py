@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...bodies.validate import validate
 from ...errors import FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from ...fields import is_no_change
-from ...protocol import validate
 from .protocol import ResponsesRequest
 
 #: Fields this module turns into chat fields (or echoes): never passed through as they are.

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from millm_engine_gguf.token_floor import TokenFloor
-from millm_host import graveyard
+from millm_host.bodies import release as graveyard
 from millm_host.testing import BODY_LIMIT, HEALTH_BOUND_S, assert_error, health_while
 from millm_host.testing.tiny_models import tiny_ugm_gguf
 

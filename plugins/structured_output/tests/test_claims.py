@@ -10,9 +10,17 @@ from __future__ import annotations
 import pytest
 
 from millm_host import default_fields
-from millm_host.api import LOGITS_PROCESSORS, EngineSpec, FieldNotHonoured, ModelDescriptor, RequestContext, Settings
+from millm_host.api import (
+    LOGITS_PROCESSORS,
+    EngineSpec,
+    FieldNotHonoured,
+    ModelDescriptor,
+    RequestContext,
+    Settings,
+    validate,
+)
 from millm_host.fields import FieldRegistry, check_fields
-from millm_host.protocol import ChatCompletionRequest, validate
+from millm_host.protocol import ChatCompletionRequest
 from millm_structured_output import plugin
 from millm_structured_output.errors import ResponseFormatUnsupported
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import falcon.asgi
 
-from .errors import MillmError
+from ..errors import MillmError
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 

@@ -17,6 +17,35 @@ from .protocol import ResponseModel
 from .scoring.protocol import ChatLogprobs, CompletionLogprobs, Usage
 
 
+class EmbeddingData(ResponseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 of little-endian float32")
+
+
+class EmbeddingUsage(ResponseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(ResponseModel):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int | None = Field(description="The model's context window (null: not stated)")
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
+
+
 class Extensible(BaseModel):
     """A body plugins may add keys to (``millm_*`` fields, tool calls)."""
 
