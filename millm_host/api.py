@@ -76,7 +76,7 @@ from __future__ import annotations
 from typing import Any
 
 from .app import Host
-from .batch.endpoints import BatchEndpoint, BatchResult
+from .batch_api.endpoints import BatchEndpoint, BatchResult
 from .bodies.release import keep_if_long as free_later
 from .bodies.validate import loc_to_param, validate
 from .context import RequestContext, SequenceOutput

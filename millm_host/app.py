@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from . import hookcalls
 from .access import Access
 from .admission import Admission, engine_slot
-from .batch.runner import BatchRunner
-from .batch.store import FileStore
+from .batch_api.runner import BatchRunner
+from .batch_api.store import FileStore
 from .bodies import collector
 from .bodies.encode import PiecewiseJSONHandler
 from .bodies.timeout import App
@@ -55,7 +55,7 @@ T = TypeVar("T")
 #: Seconds ``stop`` waits for the engine thread to finish what was cancelled (plugins hear of it)
 #: before the plugins stop; past it the thread is hung and left behind (it is a daemon thread).
 DRAIN_S = 5.0
-BATCH_MIGRATIONS = Path(__file__).parent / "batch" / "migrations"
+BATCH_MIGRATIONS = Path(__file__).parent / "batch_api" / "migrations"
 REPLICA_MIGRATIONS = Path(__file__).parent / "replicas" / "migrations"
 
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from .app import Host
-    from .batch.endpoints import BatchEndpoint
+    from .batch_api.endpoints import BatchEndpoint
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
     from .monitoring import MonitoredRequest

@@ -9,7 +9,7 @@ import falcon.asgi
 
 from . import hookcalls
 from .access import Access
-from .batch import resources as batch_resources
+from .batch_api import resources as batch_resources
 from .errors import MillmError
 from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected

@@ -1,12 +1,12 @@
-"""A batch's lease (``millm_host.batch.lease``): one holder at a time, taken over only once it expires."""
+"""A batch's lease (``millm_host.batch_api.lease``): one holder at a time, taken over only once it expires."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
 from millm_host.app import BATCH_MIGRATIONS
-from millm_host.batch import lease
-from millm_host.batch.tables import Batch
+from millm_host.batch_api import lease
+from millm_host.batch_api.tables import Batch
 from millm_host.db import Database
 
 
