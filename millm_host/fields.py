@@ -23,7 +23,8 @@ log = logging.getLogger("millm.fields")
 
 ENDPOINTS = ("chat.completions", "completions", "embeddings", "tokenize", "detokenize")
 
-#: Fields that change the output: refused, never ignored, where nothing honours them.
+#: The host's fields (OpenAI's and scoring mode's) that change the output: refused, never ignored,
+#: where nothing honours them. A plugin marks its own with ``register(..., output_changing=True)``.
 OUTPUT_CHANGING = frozenset(
     {
         "logprobs",
@@ -34,10 +35,6 @@ OUTPUT_CHANGING = frozenset(
         "seed",
         "n",
         "max_completion_tokens",
-        "profile",
-        "steering_intensity",
-        "steering",
-        "return_sae_activations",
         "dimensions",
         "pooling",
         "normalize",
@@ -59,6 +56,12 @@ OUTPUT_CHANGING = frozenset(
 )
 
 _MISSING = object()
+
+#: OpenAI's fields that constrain or bias generation: a scoring request carrying one is refused
+#: (scoring is never constrained). A plugin marks its own with ``register(..., scorable=False)``.
+UNSCORABLE = frozenset(
+    {"response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "logit_bias"}
+)
 
 #: Values that ask for nothing different from the default: accepted everywhere.
 NO_CHANGE: Mapping[str, Any] = {
@@ -101,16 +104,38 @@ class FieldRegistry:
         self._engines = list(engines)
         self._claims: dict[str, list[_Claim]] = defaultdict(list)
         self._cache: dict[tuple[str, str], tuple[frozenset[str], frozenset[str]]] = {}
+        #: Fields refused, never ignored, wherever nothing claims them (every endpoint and engine).
+        self.output_changing: set[str] = set(OUTPUT_CHANGING)
+        #: Fields a scoring request is refused for carrying.
+        self.unscorable: set[str] = set(UNSCORABLE)
 
     def register(
-        self, endpoint: str, fields: Iterable[str], engines: Iterable[str] | None = None, requires: str | None = None
+        self,
+        endpoint: str,
+        fields: Iterable[str],
+        engines: Iterable[str] | None = None,
+        requires: str | None = None,
+        *,
+        output_changing: bool = False,
+        scorable: bool = True,
     ) -> None:
         """Claim ``fields`` (location patterns) on ``endpoint`` for ``engines`` (None: all), or for the
-        engines that declare capability ``requires`` (``EngineSpec.capabilities``)."""
+        engines that declare capability ``requires`` (``EngineSpec.capabilities``).
+
+        ``output_changing``: the fields change the output, so wherever nothing claims them (another
+        endpoint, an engine without the capability) they are refused rather than reported.
+        ``scorable=False``: a scoring request carrying one is refused. Both hold for every endpoint and
+        engine, whether or not any engine can honour the claim.
+        """
         if endpoint not in ENDPOINTS:
             raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {ENDPOINTS}")
         if isinstance(fields, str):
             fields = [fields]
+        fields = list(fields)
+        if output_changing:
+            self.output_changing.update(fields)
+        if not scorable:
+            self.unscorable.update(fields)
         if requires is not None:
             if requires not in CAPABILITIES:
                 raise ValueError(f"unknown capability {requires!r}; expected one of {sorted(CAPABILITIES)}")
@@ -169,7 +194,7 @@ def check_fields(
     reported: list[str] = []
     refused: list[str] = []
     for location, pattern, value in registry.unused(endpoint, engine, body):
-        if pattern in OUTPUT_CHANGING:
+        if pattern in registry.output_changing:
             if not is_no_change(pattern, value):
                 refused.append(location)
             continue

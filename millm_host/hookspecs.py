@@ -87,15 +87,18 @@ def register_engines(register: Callable[[EngineSpec], None]) -> None:
 def register_request_fields(register: Callable[..., None]) -> None:
     """Declare the request fields this plugin honours.
 
-    Called once at startup. ``register(endpoint, fields, engines=None, requires=None)``:
+    Called once at startup. ``register(endpoint, fields, engines=None, requires=None,
+    output_changing=False, scorable=True)``:
     endpoint is ``"chat.completions"``, ``"completions"`` or ``"embeddings"``; each
     field is a location pattern (``"steering"``, ``"messages[].name"``,
     ``"stream_options.include_usage"``); ``engines`` limits the claim to those engine
     names (None: every engine), ``requires`` to the engines that declare that
     capability (``EngineSpec.capabilities``, e.g. ``"layer_hooks"``). A sent field that no plugin claims for the request's
     endpoint and engine is reported in ``X-miLLM-Ignored-Fields``, or refused with
-    ``400 field_not_honoured`` when it is one of the output-changing fields of the
-    spec's table (see ``millm_host.fields.OUTPUT_CHANGING``).
+    ``400 field_not_honoured`` when it changes the output: the host's own such fields
+    (``millm_host.fields.OUTPUT_CHANGING``) and those a plugin registers with
+    ``output_changing=True`` (for every endpoint and engine, claimed there or not).
+    ``scorable=False``: a scoring request carrying the field is refused.
 
     Policy: startup (``millm_host.hookcalls``): a plugin that raises is reported as
     failed and unregistered; the server starts without it.

@@ -213,3 +213,34 @@ def test_image_content_parts_are_refused(server, model):
         )
     assert_error(response, 400, "field_not_honoured", "messages[0].content[1]")
     assert text_parts.status_code == 200
+
+
+def test_a_plugin_s_output_changing_field_is_refused_wherever_it_is_unclaimed():
+    """Output-changing and scorable flags come with the claim: a server without the plugin reports the
+    field (it knows nothing of it), one with it refuses the field where the claim does not reach."""
+    from millm_host import default_fields
+    from millm_host.engine import EngineSpec
+    from millm_host.errors import FieldNotHonoured
+    from millm_host.fields import FieldRegistry, check_fields
+
+    engines = [
+        EngineSpec(
+            name="hooked", factory="x:X", describe="x:d", formats=frozenset(), capabilities=frozenset({"layer_hooks"})
+        )
+    ]
+    engines.append(EngineSpec(name="plain", factory="x:X", describe="x:d", formats=frozenset()))
+    body = {"model": "m", "prompt": "Hi", "dial": 0.5}
+    without = FieldRegistry(engines)
+    default_fields.register_request_fields(without.register)
+    assert check_fields(without, "completions", "plain", body, strict=False) == ["dial"]
+    assert "dial" not in without.unscorable
+
+    registry = FieldRegistry(engines)
+    default_fields.register_request_fields(registry.register)
+    registry.register("completions", ["dial"], requires="layer_hooks", output_changing=True, scorable=False)
+    assert check_fields(registry, "completions", "hooked", body, strict=False) == []
+    for endpoint, engine in (("completions", "plain"), ("chat.completions", "hooked")):
+        with pytest.raises(FieldNotHonoured) as refused:
+            check_fields(registry, endpoint, engine, body, strict=False)
+        assert refused.value.param == "dial"
+    assert "dial" in registry.unscorable and "profile" not in FieldRegistry(engines).output_changing

@@ -48,19 +48,6 @@ from .protocol import (
 if TYPE_CHECKING:
     from ..app import Host
 
-#: Fields that steer, constrain or monitor generation: a scoring request carrying one is refused.
-UNSCORABLE_FIELDS = (
-    "profile",
-    "steering_intensity",
-    "steering",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "functions",
-    "function_call",
-    "logit_bias",
-)
 #: Sampling fields that change nothing when nothing is sampled: reported as unused.
 NOT_APPLIED_FIELDS = ("top_p", "stop", "frequency_penalty", "presence_penalty")
 #: Below this (and above 0) dividing the logits by the temperature could overflow them.
@@ -130,8 +117,8 @@ def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
             "ask for more than one token to get generation logprobs",
             param=sent,
         )
-    for name in UNSCORABLE_FIELDS:
-        if name in body and not is_no_change(name, body[name]):
+    for name in (key for key in body if key in ctx.host.fields.unscorable):  # in body order
+        if not is_no_change(name, body[name]):
             raise FieldNotHonoured(
                 f"{name} cannot be used on a scoring request (logprobs or allowed_token_ids): "
                 "scoring is never steered, constrained or monitored",

@@ -113,12 +113,12 @@ def register_settings(register) -> None:
 @hookimpl
 def register_request_fields(register) -> None:
     """Claim the steering fields on chat and text completions, on engines with layer hooks or steering
-    vectors, and ``return_sae_activations`` on engines with layer hooks only (elsewhere the host refuses
-    them: they change the output)."""
+    vectors, and ``return_sae_activations`` on engines with layer hooks only. Both change the output, so
+    the host refuses them wherever they are not claimed; a scoring request is never steered."""
     for endpoint in ("chat.completions", "completions"):
-        register(endpoint, STEERING_FIELDS, requires=LAYER_HOOKS)
-        register(endpoint, STEERING_FIELDS, requires=STEERING_VECTORS)
-        register(endpoint, ACTIVATION_FIELDS, requires=LAYER_HOOKS)
+        for requires in (LAYER_HOOKS, STEERING_VECTORS):
+            register(endpoint, STEERING_FIELDS, requires=requires, output_changing=True, scorable=False)
+        register(endpoint, ACTIVATION_FIELDS, requires=LAYER_HOOKS, output_changing=True)
 
 
 @hookimpl
