@@ -21,8 +21,9 @@ What is here:
   ``resident``, ``engine``; ``activity("measuring", reason, refuses=False)``, a context
   manager during which ``/api/health`` says ``measuring`` with that reason), ``host.metrics`` (what a plugin records for ``/metrics``
   and the request's trace, without importing prometheus or OpenTelemetry:
-  ``probe_results(ctx, results, overhead_seconds)``, ``rule_results(ctx, results)``,
-  ``steering(ctx, kinds)``).
+  ``counter(name, help, labels)`` and ``histogram(name, help, labels, buckets)`` give a series the
+  plugin names ``millm_<plugin>_...`` (``.inc(**labels)``, ``.observe(value, **labels)``), and
+  ``trace_events(ctx, results, default_name)`` adds results to the request's span).
 - ``/openapi.json``: every route added is listed; ``@operation(summary, request=Model,
   response=Model, errors=(404,), query=[Param(...)])`` on a responder says what it takes
   and answers (``ResponseModel``: the base of a response body whose keys are all declared;

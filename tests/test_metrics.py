@@ -74,3 +74,25 @@ def test_metrics_can_be_turned_off(app_factory):
     with app.http() as http:
         assert http.post("/v1/chat/completions", json=chat_body("echo")).status_code == 200
         assert_error(http.get("/metrics"), 404, "not_found")
+
+
+def test_a_plugin_names_its_own_series_and_scrapes_list_them(app_factory):
+    """Plugins record through one generic API: a counter or histogram they name, the same series for
+    the same name, never a method the host names for them."""
+    import pytest
+
+    app = app_factory()
+    metrics = app.host.metrics
+    hits = metrics.counter("millm_demo_hits", "Demo hits, by colour", ("colour",))
+    assert metrics.counter("millm_demo_hits", "Demo hits, by colour", ("colour",)) is hits
+    hits.inc(colour="red")
+    hits.inc(2, colour="red")
+    metrics.histogram("millm_demo_seconds", "Demo work", buckets=(0.1, 1.0)).observe(0.5)
+    with pytest.raises(ValueError, match="millm_"):
+        metrics.counter("demo_hits", "no prefix")
+    with pytest.raises(ValueError, match="labels"):
+        metrics.counter("millm_demo_hits", "Demo hits", ("shade",))
+    with app.http() as http:
+        samples = scrape(http)
+    assert value(samples, "millm_demo_hits_total", colour="red") == 3
+    assert value(samples, "millm_demo_seconds_bucket", le="1.0") == 1

@@ -6,11 +6,10 @@ latency; queue depth and running batch size; model load time; engine restarts
 (an engine that reports ``restarts`` in its ``status()``, as the GGUF child
 process does).
 
-What plugins record, through methods of this object (``ctx.host.metrics``; they
-never import ``prometheus_client``): ``probe_results`` (verdicts by behaviour
-and probe, probe overhead per request), ``rule_results`` (by signal) and
-``steering`` (by kind). Probe and rule results also become span events of the
-request's trace.
+What plugins record, through this object (``ctx.host.metrics``; they never import
+``prometheus_client``): series they name themselves (``counter``, ``histogram``:
+``millm_<plugin>_...``, declared on first use, the same series for the same name),
+and results that become events of the request's span (``trace_events``).
 
 Multi-process servers (gunicorn workers) set ``PROMETHEUS_MULTIPROC_DIR`` to an
 empty directory shared by the workers: every worker writes its values there and
@@ -39,7 +38,6 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 LOAD_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 
 
 def multiprocess_dir() -> str | None:
@@ -100,25 +98,8 @@ class Metrics:
         self.engine_restarts = Counter(
             "millm_engine_restarts", "Restarts of an engine's child process", ["engine", "model"], registry=r
         )
-        self.probe_overhead = Histogram(
-            "millm_probe_overhead_seconds",
-            "Probe work added to one monitored request (setup, hooks, scoring, recording)",
-            buckets=OVERHEAD_BUCKETS,
-            registry=r,
-        )
-        self.verdicts = Counter(
-            "millm_probe_verdicts",
-            "Probe verdicts reached, by behaviour, probe and verdict (true: the probe fired)",
-            ["behaviour", "probe", "verdict"],
-            registry=r,
-        )
-        self.rules = Counter(
-            "millm_rule_results", "Rule results, by signal and outcome", ["signal", "outcome"], registry=r
-        )
-        self.steered = Counter(
-            "millm_steering", "Steering applied to generations, by kind (profile, inline, manual)", ["kind"], registry=r
-        )
         self._restarts_seen: dict[str, int] = {}
+        self._named: dict[str, Series] = {}  # plugins' series, by name
         self._lock = threading.Lock()
 
     # --- what the host records -------------------------------------------------------
@@ -167,41 +148,35 @@ class Metrics:
         if new > 0:
             self.engine_restarts.labels(engine.info.engine, engine.info.id).inc(new)
 
-    # --- what plugins record ---------------------------------------------------------
-    def probe_results(
-        self, ctx: RequestContext, results: Iterable[Mapping[str, Any]], overhead_seconds: float | None = None
-    ) -> None:
-        """A monitored request's ``mi.probe.result/v1`` objects and the probe work it cost.
+    # --- what plugins record: series they name --------------------------------------
+    def counter(self, name: str, documentation: str, labels: Iterable[str] = ()) -> Series:
+        """A counter a plugin names (``millm_<plugin>_...``); the same name gives the same series."""
+        return self._series(Counter, name, documentation, tuple(labels))
 
-        Counts each reached verdict by behaviour and probe, observes the overhead,
-        and adds each result to the request's span as an event (no text is ever in one).
-        """
-        results = list(results)
-        for result in results:
-            verdict = result.get("verdict")
-            if verdict is not None:
-                behaviour = str(result.get("behaviour") or "")
-                self.verdicts.labels(behaviour, str(result.get("name") or ""), "true" if verdict else "false").inc()
-        if overhead_seconds is not None:
-            self.probe_overhead.observe(overhead_seconds)
-        _span_events(ctx, results, default_name="mi.probe.result/v1")
+    def histogram(
+        self, name: str, documentation: str, labels: Iterable[str] = (), buckets: Iterable[float] = REQUEST_BUCKETS
+    ) -> Series:
+        """A histogram a plugin names (seconds, by convention); the same name gives the same series."""
+        return self._series(Histogram, name, documentation, tuple(labels), buckets=tuple(buckets))
 
-    def rule_results(self, ctx: RequestContext, results: Iterable[Mapping[str, Any]]) -> None:
-        """A request's rule results (``kind: "rule"``): counted by expression and outcome, added as span events.
+    def trace_events(self, ctx: RequestContext, results: Iterable[Mapping[str, Any]], default_name: str) -> None:
+        """Each result becomes an event of the request's span, named by its ``schema`` (never any text)."""
+        observation = getattr(ctx, "observation", None)
+        if observation is not None:
+            for result in results:
+                observation.event(str(result.get("schema") or default_name), result)
 
-        The outcome label is ``fired`` or ``clear`` for a decided result, else its ``reason``.
-        """
-        results = list(results)
-        for result in results:
-            fires = result.get("fires")
-            outcome = "fired" if fires is True else "clear" if fires is False else str(result.get("reason") or "")
-            self.rules.labels(str(result.get("name") or ""), outcome).inc()
-        _span_events(ctx, results, default_name="mi.rule.result/v1")
-
-    def steering(self, ctx: RequestContext, kinds: Iterable[str]) -> None:
-        """Steering a generation applied: one count per applied feature set, by its kind."""
-        for kind in kinds:
-            self.steered.labels(kind).inc()
+    def _series(self, kind: type, name: str, documentation: str, labels: tuple[str, ...], **options: Any) -> Series:
+        if not name.startswith("millm_"):
+            raise ValueError(f"a plugin's metric is named millm_<plugin>_..., not {name!r}")
+        with self._lock:
+            series = self._named.get(name)
+            if series is None:
+                metric = kind(name, documentation, list(labels), registry=self.registry, **options)
+                series = self._named[name] = Series(metric, labels)
+        if series.labels != labels:
+            raise ValueError(f"metric {name!r} was declared with labels {list(series.labels)}, not {list(labels)}")
+        return series
 
     # --- /metrics --------------------------------------------------------------------
     def exposition(self) -> bytes:
@@ -213,8 +188,18 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def _span_events(ctx: RequestContext, results: list[Mapping[str, Any]], default_name: str) -> None:
-    observation = getattr(ctx, "observation", None)
-    if observation is not None:
-        for result in results:
-            observation.event(str(result.get("schema") or default_name), result)
+class Series:
+    """One metric a plugin named: ``inc`` a counter, ``observe`` a histogram, labels by name."""
+
+    def __init__(self, metric: Any, labels: tuple[str, ...]) -> None:
+        self._metric = metric
+        self.labels = labels
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        self._child(labels).inc(amount)
+
+    def observe(self, value: float, **labels: str) -> None:
+        self._child(labels).observe(value)
+
+    def _child(self, labels: dict[str, str]) -> Any:
+        return self._metric.labels(**labels) if self.labels else self._metric

@@ -13,7 +13,7 @@ from typing import Any
 
 from millm_host.api import add_converger, hookimpl, replica_alone
 
-from . import batch_lines, capacity_store, hub_routes, live, routes, sessions, set_routes, store
+from . import batch_lines, capacity_store, hub_routes, live, metrics, routes, sessions, set_routes, store
 from .converge import Converger
 from .retention import Retention
 from .runtime import Runtime
@@ -73,6 +73,7 @@ def startup(host) -> None:
     """Nothing is armed after a restart of the only replica: mark what the last process left armed as
     disarmed. A replica joining others keeps the armed state, and converges to it (converge.py)."""
     runtime = _start(host)
+    metrics.declare(host.metrics)
     if replica_alone(host):
         store.set_disarmed(host.db, "restart")
     add_converger(host, "probes", Converger(runtime))

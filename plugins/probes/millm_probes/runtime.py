@@ -12,7 +12,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from . import store
+from . import metrics, store
 from .evaluate import Plan
 from .feed import Feed
 from .results import ProbeView, now_iso
@@ -171,7 +171,7 @@ class Runtime:
     def observe(self, ctx: Any, results: list[dict[str, Any]], overhead_s: float) -> None:
         """Verdict counts, the overhead, and the results as events of the request's span (/metrics)."""
         if ctx.host is not None:
-            ctx.host.metrics.probe_results(ctx, results, overhead_s)
+            metrics.record(ctx, results, overhead_s)
 
     def record(self, results: list[dict[str, Any]], overhead: dict[str, Any]) -> None:
         """Keep each probe's latest results, one entry per request over all its windows, and this process's

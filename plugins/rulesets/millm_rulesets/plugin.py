@@ -49,6 +49,7 @@ def startup(host) -> None:
     """Re-prove every stored set's cases (one this build disagrees with is marked vectors_failed); then
     follow the stored sets and attachments, which any process may change (converge.py)."""
     runtime = _start(host)
+    _rule_results(host.metrics)  # listed by /metrics from the start
     runtime.load()
     add_converger(host, "rulesets", Converger(runtime))
 
@@ -70,5 +71,20 @@ def monitor_results(ctx, monitored):
         return None
     results = live.results(runtime, monitored)
     if ctx is not None:  # a live request: counted in /metrics and added to its span
-        host.metrics.rule_results(ctx, results)
+        _record(host.metrics, ctx, results)
     return results
+
+
+def _rule_results(metrics: Any) -> Any:
+    return metrics.counter("millm_rule_results", "Rule results, by signal and outcome", ("signal", "outcome"))
+
+
+def _record(metrics: Any, ctx: Any, results: list[dict[str, Any]]) -> None:
+    """Each result counted by expression and outcome (``fired`` or ``clear`` once decided, else its
+    ``reason``) and added to the request's span."""
+    counter = _rule_results(metrics)
+    for result in results:
+        fires = result.get("fires")
+        outcome = "fired" if fires is True else "clear" if fires is False else str(result.get("reason") or "")
+        counter.inc(signal=str(result.get("name") or ""), outcome=outcome)
+    metrics.trace_events(ctx, results, "mi.rule.result/v1")

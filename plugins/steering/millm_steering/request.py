@@ -264,7 +264,11 @@ def finish(ctx: RequestContext) -> None:
         else:
             req.header, req.rung = steering_value(applied, changed), rung_value(applied)
         if ctx.host is not None:
-            ctx.host.metrics.steering(ctx, [entry.kind for entry in applied])
+            steered = ctx.host.metrics.counter(
+                "millm_steering", "Steering applied to generations, by kind (profile, inline, manual)", ("kind",)
+            )
+            for entry in applied:
+                steered.inc(kind=entry.kind)
     except Exception:
         log.exception("reading the applied steering failed")
         req.header, req.rung = unknown_value("read_failed"), None
