@@ -107,12 +107,6 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         [],
         "Origins (scheme://host:port, or *) whose pages may call this server from a browser; unset: CORS off",
     ),
-    Setting(
-        "MILLM_SAE_DIRS",
-        list,
-        None,
-        "Directories SAEs may be registered from (POST /api/saes); default <data dir>/saes",
-    ),
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_FILES_MAX_BYTES", int, 200 * 1024 * 1024, "Largest file POST /v1/files accepts (413 above)"),
@@ -255,8 +249,3 @@ class Settings(Mapping[str, Any]):
     @property
     def cache_dir(self) -> Path:
         return Path(self["MILLM_CACHE_DIR"] or self.data_dir / "cache")
-
-    @property
-    def sae_dirs(self) -> list[Path]:
-        """Where SAEs may be registered from (``MILLM_SAE_DIRS``, default ``<data dir>/saes``)."""
-        return [Path(d) for d in self["MILLM_SAE_DIRS"] or [self.data_dir / "saes"]]

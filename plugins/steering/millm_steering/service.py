@@ -53,6 +53,11 @@ class SteeringService:
         self.catalog = Catalog(self)
         self.converger: Converger  # set at startup (plugin.py)
 
+    def sae_dirs(self) -> list[Path]:
+        """Where SAEs may be registered from (``MILLM_SAE_DIRS``, default ``<data dir>/saes``)."""
+        settings = self.host.settings
+        return [Path(d) for d in settings["MILLM_SAE_DIRS"] or [settings.data_dir / "saes"]]
+
     # --- shared with the request path -----------------------------------------------------
     def limits(self) -> Limits:
         """The intensity bounds of bases and circuits that declare no range."""
@@ -134,7 +139,7 @@ class SteeringService:
     # --- SAEs -------------------------------------------------------------------------------
     async def register_sae(self, path: str, sae_id: str | None) -> dict[str, Any]:
         """Register the SAELens directory ``path`` (inside ``MILLM_SAE_DIRS``) as ``sae_id``."""
-        directory = confined_path(path, self.host.settings.sae_dirs, param="path", setting="MILLM_SAE_DIRS")
+        directory = confined_path(path, self.sae_dirs(), param="path", setting="MILLM_SAE_DIRS")
         sae_id = check_display_name(sae_id if sae_id is not None else directory.name, "sae_id")
         if not SAE_ID.match(sae_id):
             raise InvalidParameter(
@@ -230,7 +235,7 @@ class SteeringService:
     def check_still_allowed(self, record: SAERecord) -> None:
         """A registration older than the current ``MILLM_SAE_DIRS`` may not read outside it."""
         try:
-            confined_path(record.path, self.host.settings.sae_dirs, param="path", setting="MILLM_SAE_DIRS")
+            confined_path(record.path, self.sae_dirs(), param="path", setting="MILLM_SAE_DIRS")
         except InvalidParameter as exc:
             raise SAEUnreadable(
                 f"SAE {record.sae_id!r} was registered from outside the directories "
