@@ -117,7 +117,9 @@ def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
             "ask for more than one token to get generation logprobs",
             param=sent,
         )
-    for name in (key for key in body if key in ctx.host.fields.unscorable):  # in body order
+    assert ctx.host is not None
+    unscorable = ctx.host.fields.unscorable
+    for name in (key for key in body if key in unscorable):  # in body order
         if not is_no_change(name, body[name]):
             raise FieldNotHonoured(
                 f"{name} cannot be used on a scoring request (logprobs or allowed_token_ids): "
