@@ -20,6 +20,13 @@ waiting (``left_waiting``), the most requests seen waiting during the storm, and
 ``waiting`` once it ends (it should be 0). The first half second of each window
 is not counted (the droppers start or stop then).
 
+The droppers are Python clients on the same machine: every drop costs them CPU too
+(opening a connection, sending, reading the headers), and the faster the server
+answers, the faster they loop. Each window prints the CPU seconds the droppers'
+threads used (``time.thread_time``) and the server process used (``/proc``), and
+their share of the machine's cores, so a storm that slows the steady clients by
+taking the CPU on the client side is told apart from one the server pays for.
+
     python bench/drop_storm.py [--seconds 8] [--pairs 4] [--max-tokens 32] [--mode headers|send|both] [--default-model]
 """
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -51,6 +59,12 @@ def inference(server: ServerProcess) -> dict:
     return httpx.get(f"{server.base_url}/api/health/inference", timeout=30).json()
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the process has used, every thread included (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Storm:
     """The steady clients (always on) and the droppers (on while ``dropping`` is set)."""
 
@@ -60,6 +74,7 @@ class Storm:
         self.done: list[float] = []  # when each steady completion came back
         self.refused: list[float] = []  # steady requests answered otherwise (e.g. 503 queue_full)
         self.drops: list[float] = []
+        self.dropper_cpu: list[tuple[float, float]] = []  # (when, CPU seconds of one dropper's turn)
         self.threads = [threading.Thread(target=self.steady) for _ in range(STEADY)]
         self.threads += [threading.Thread(target=self.dropper) for _ in range(DROPPERS)]
 
@@ -89,6 +104,7 @@ class Storm:
             while not self.stop.is_set():
                 if not self.dropping.wait(0.1) or self.stop.is_set():
                     continue
+                began = time.thread_time()  # this thread's own CPU: what the drop cost the client
                 try:
                     if self.mode == "headers" or (self.mode == "both" and len(self.drops) % 2):
                         with http.stream("POST", "/v1/completions", json=body) as response:
@@ -98,6 +114,7 @@ class Storm:
                     self.drops.append(time.monotonic())
                 except (httpx.HTTPError, OSError):
                     time.sleep(0.01)
+                self.dropper_cpu.append((time.monotonic(), time.thread_time() - began))
 
     def drop_after_send(self, payload: bytes) -> None:
         """Send a whole streamed request and close the socket before any answer."""
@@ -113,14 +130,19 @@ class Storm:
         (self.dropping.set if dropping else self.dropping.clear)()
         start = time.monotonic()
         before = inference(self.server)
+        server_cpu = process_cpu(self.server.proc.pid)
         most_waiting = 0
         while time.monotonic() < start + seconds:
             most_waiting = max(most_waiting, inference(self.server)["waiting"])
             time.sleep(0.2)
         end = time.monotonic()
+        server_cpu = process_cpu(self.server.proc.pid) - server_cpu
         after = inference(self.server)
         counted = start + SETTLE_S
         return {
+            "seconds": end - start,
+            "server_cpu": server_cpu,
+            "dropper_cpu": sum(cpu for t, cpu in self.dropper_cpu if start <= t < end),
             "dropping": dropping,
             "per_s": sum(counted <= t < end for t in self.done) / (end - counted),
             "refused": sum(start <= t < end for t in self.refused),
@@ -154,15 +176,30 @@ def main() -> None:
             storm.dropping.clear()
             time.sleep(0.3)
             settled = inference(server)  # the storm is over: nothing of a dropped request is left
-    print(f"{STEADY} steady clients, {DROPPERS} droppers ({args.mode}), windows of {args.seconds:g} s")
-    ratios = []
+    cores = os.cpu_count() or 1
+    print(f"{STEADY} steady clients, {DROPPERS} droppers ({args.mode}), windows of {args.seconds:g} s, {cores} cores")
+    ratios, dropper_share, server_extra, per_drop = [], [], [], []
     for index, window in enumerate(windows):
-        line = f"  {'storm' if window['dropping'] else 'quiet'}: {window['per_s']:.2f} completions/s"
+        cpu_s = window["seconds"] * cores
+        line = (
+            f"  {'storm' if window['dropping'] else 'quiet'}: {window['per_s']:.2f} completions/s; "
+            f"server CPU {window['server_cpu']:.1f} s"
+        )
         if window["dropping"]:
-            ratio = window["per_s"] / statistics.mean([windows[index - 1]["per_s"], windows[index + 1]["per_s"]])
-            ratios.append(ratio)
+            quiet = [windows[index - 1], windows[index + 1]]
+            beside = statistics.mean([w["per_s"] for w in quiet])
+            ratio = window["per_s"] / beside if beside else math.nan  # none finished: windows too short
+            if beside:
+                ratios.append(ratio)
+            dropper_share.append(window["dropper_cpu"] / cpu_s)
+            extra = window["server_cpu"] - statistics.mean([w["server_cpu"] for w in quiet])
+            server_extra.append(extra / cpu_s)
+            per_drop.append(
+                (1000 * extra / max(1, window["drops"]), 1000 * window["dropper_cpu"] / max(1, window["drops"]))
+            )
             line += (
-                f" (x{ratio:.2f}), {window['drops']} drops, batched +{window['batched']}, "
+                f", droppers' own CPU {window['dropper_cpu']:.1f} s ({100 * dropper_share[-1]:.0f}% of the "
+                f"machine) (x{ratio:.2f}), {window['drops']} drops, batched +{window['batched']}, "
                 f"left waiting +{window['left_waiting']}, waiting at most {window['most_waiting']}"
             )
         if window["refused"]:
@@ -170,7 +207,23 @@ def main() -> None:
         print(line)
     print(f"after the storm: waiting {settled['waiting']}, admitted {settled['admitted']}")
     print(f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
-    print(f"ratio, storm over quiet (median of {len(ratios)}): {statistics.median(ratios):.2f}  (target >= 0.90)")
+    print(
+        f"a storm window: the droppers (clients on this machine) used {100 * statistics.median(dropper_share):.0f}% "
+        f"of its CPU, the server {100 * statistics.median(server_extra):.0f}% more than in the quiet windows beside it "
+        "(medians): CPU the steady clients' generations did not get"
+    )
+    print(
+        f"a drop cost the server {statistics.median(d[0] for d in per_drop):.1f} ms of CPU beyond the quiet windows' "
+        f"and its dropper {statistics.median(d[1] for d in per_drop):.1f} ms (medians)"
+    )
+    if not ratios:
+        print("no quiet window finished a completion: use longer --seconds or fewer --max-tokens")
+        return
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+    print(
+        f"ratio, storm over quiet (median of {len(ratios)}, spread {spread}): {statistics.median(ratios):.2f}"
+        "  (target >= 0.90)"
+    )
 
 
 if __name__ == "__main__":

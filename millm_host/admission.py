@@ -50,14 +50,18 @@ class Admission:
         self.ticket.release()
 
 
-async def admit(host: Host, entry: ModelEntry) -> Admission:
-    """A queue place, then a lease on ``entry`` (made resident if it is not); the caller releases it."""
+async def admit(host: Host, entry: ModelEntry, cancel: threading.Event | None = None) -> Admission:
+    """A queue place, then a lease on ``entry`` (made resident if it is not); the caller releases it.
+
+    ``cancel`` (a request's ``cancel_event``): a wait for the model's load ends with
+    ``RequestCancelled`` the moment it is set, its queue place freed.
+    """
     host.registry.check_available(entry)  # model_busy wins over queue_full
     scheduler = host.scheduler
     ticket = await scheduler.reserve_background() if BACKGROUND.get() else scheduler.reserve()
     admission = Admission(scheduler, ticket)
     try:
-        admission.lease = await host.registry.acquire(entry)
+        admission.lease = await host.registry.acquire(entry, cancel)
     except BaseException:
         admission.release()
         raise

@@ -18,7 +18,8 @@ What is here:
   ``host.engine_slot(model_id)`` (admitted work on the engine thread),
   ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
   (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
-  ``resident``, ``engine``; ``activity("measuring", reason, refuses=False)``, a context
+  ``resident``, ``engine``, ``still_resident(engine)``: no unload of it has begun;
+  ``activity("measuring", reason, refuses=False)``, a context
   manager during which ``/api/health`` says ``measuring`` with that reason), ``host.metrics`` (what a plugin records for ``/metrics``
   and the request's trace, without importing prometheus or OpenTelemetry:
   ``counter(name, help, labels)`` and ``histogram(name, help, labels, buckets)`` give a series the

@@ -85,6 +85,14 @@ class ModelBusy(MillmError):
     retry_after = 5
 
 
+class ModelUnloaded(MillmError):
+    """An operator unloaded the model: a request still running when ``GRACEFUL_UNLOAD_TIMEOUT`` ran out,
+    or background work (a batch line) that would load it again (it waits for someone to load it)."""
+
+    status, code, type = 503, "model_unloaded", SERVER_ERROR
+    retry_after = 5
+
+
 class ModelLoadFailed(MillmError):
     status, code, type = 500, "model_load_failed", SERVER_ERROR
 

@@ -4,7 +4,10 @@ The host owns this, never an engine. One model is resident at a time. A request
 for another known model loads it first; during a load or an unload, requests that
 would need a different model are refused with ``503 model_busy``. An unload is
 graceful: from its start new requests are refused, and it waits (up to
-``GRACEFUL_UNLOAD_TIMEOUT``) for running requests before moving anything.
+``GRACEFUL_UNLOAD_TIMEOUT``) for running requests before moving anything; the
+generations still running then end with ``503 model_unloaded``. Admin work on the
+model (parity, measure) stops between its steps once the unload begins. A model an
+operator unloaded is not loaded again by background work (batch lines wait for it).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import enum
 import gc
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import hookcalls
 from .bodies import collector
+from .cancellation import when_set
 from .default_model import default_model_path, describe_default
 from .engine import Engine, EngineSpec, ModelDescriptor
 from .errors import (
@@ -33,7 +38,10 @@ from .errors import (
     ModelLoadFailed,
     ModelNotFound,
     ModelNotLoaded,
+    ModelUnloaded,
+    RequestCancelled,
 )
+from .scheduler import BACKGROUND, TICK
 
 if TYPE_CHECKING:
     from .app import Host
@@ -81,6 +89,9 @@ class ModelEntry:
     created: int = 0
     #: The engine's last progress message while it loads (shown by /api/health).
     progress: str | None = None
+    #: An operator unloaded it (``POST …/unload``) and nothing loaded it since: background work
+    #: (batch lines) waits rather than loading it again.
+    unloaded: bool = False
 
     @property
     def id(self) -> str:
@@ -308,12 +319,17 @@ class ModelRegistry:
         finally:
             self.activities.remove(activity)
 
-    async def acquire(self, entry: ModelEntry) -> Lease:
-        """A lease on ``entry`` as the resident model, loading it first if needed."""
+    async def acquire(self, entry: ModelEntry, cancel: threading.Event | None = None) -> Lease:
+        """A lease on ``entry`` as the resident model, loading it first if needed.
+
+        With ``cancel`` (the request's ``cancel_event``), a wait for the model's load is
+        left (``RequestCancelled``) the moment it is set: a request whose client has gone
+        never waits out the load, and never runs. The load itself goes on for the others.
+        """
         while True:
             self.check_available(entry)
             if self._transition is not None:  # this model is loading: wait for it
-                await asyncio.shield(self._transition[2])
+                await _until_done(self._transition[2], cancel)
                 continue
             if self.resident is entry and self.engine is not None:
                 self._leases += 1
@@ -324,7 +340,26 @@ class ModelRegistry:
                     f"model {entry.id!r} is not loaded and this server does not load models on demand",
                     param="model",
                 )
-            await self.load(entry)
+            if entry.unloaded and BACKGROUND.get():  # an operator's unload is not undone by a batch
+                raise ModelUnloaded(
+                    f"model {entry.id!r} was unloaded (POST /api/models/{entry.id}/unload); background work "
+                    "waits until something loads it again",
+                    param="model",
+                )
+            if cancel is None:
+                await self.load(entry)
+                continue
+            # a task of its own: the load outlives this request if its client leaves
+            loading = asyncio.ensure_future(self.load(entry))
+            loading.add_done_callback(_retrieved)
+            self.host.keep(loading)
+            await _until_done(loading, cancel)
+
+    def still_resident(self, engine: Engine) -> bool:
+        """Whether ``engine`` is still the resident model's and no unload of it has begun: admin work on
+        it (parity, measure, an arm) checks this between its steps and stops once it is not."""
+        resident = self.resident
+        return self.engine is engine and resident is not None and resident.state is ModelState.LOADED
 
     def current(self) -> tuple[Engine, ModelEntry]:
         """The resident engine, for management routes; 503 model_not_loaded without one."""
@@ -362,7 +397,7 @@ class ModelRegistry:
                 entry.state, entry.error = ModelState.FAILED, f"{type(exc).__name__}: {exc}"
                 raise ModelLoadFailed(f"loading model {entry.id!r} failed: {type(exc).__name__}: {exc}") from exc
             self.engine, self.resident = engine, entry
-            entry.state = ModelState.LOADED
+            entry.state, entry.unloaded = ModelState.LOADED, False
             future.set_result(None)
         except BaseException as exc:
             if not future.done():
@@ -406,7 +441,9 @@ class ModelRegistry:
         return engine
 
     async def unload(self, entry: ModelEntry) -> None:
-        """Unload ``entry`` if resident: refuse new requests, let running ones finish."""
+        """Unload ``entry`` if resident (an operator's ``POST …/unload``): refuse new requests, let running
+        ones finish within ``GRACEFUL_UNLOAD_TIMEOUT``. Until it is loaded again, background work does not
+        load it (``ModelEntry.unloaded``)."""
         if self.resident is not entry:
             return
         if self._transition is not None:
@@ -414,12 +451,19 @@ class ModelRegistry:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._transition = ("unload", entry, future)
         try:
+            entry.unloaded = True
             await self._unload_resident()
             future.set_result(None)
         finally:
             self._transition = None
 
     async def _unload_resident(self) -> None:
+        """Wait up to ``GRACEFUL_UNLOAD_TIMEOUT`` for running requests; end the generations still running
+        then (``503 model_unloaded``, at their next token); close the engine once its thread is free.
+
+        Admin work on the model (parity, measure) stops by itself between its steps once the unload
+        begins (``still_resident``): the close waits for the step in progress, never for the rest.
+        """
         entry, engine = self.resident, self.engine
         assert entry is not None and engine is not None
         entry.state = ModelState.UNLOADING
@@ -427,7 +471,21 @@ class ModelRegistry:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
-            log.warning("unloading %s: %d requests still running after %.0f s", entry.id, self._leases, timeout)
+            still, running = self._leases, list(self.host.flights)
+            ended = ModelUnloaded(
+                f"model {entry.id!r} was unloaded (POST /api/models/{entry.id}/unload) while this request ran: "
+                f"it did not finish within GRACEFUL_UNLOAD_TIMEOUT ({timeout:g} s)",
+                param="model",
+            )
+            for flight in running:
+                flight.stop("cancelled", ended)
+            log.warning(
+                "unloading %s: %d requests still running after %g s; %d generations ended (503 model_unloaded)",
+                entry.id,
+                still,
+                timeout,
+                len(running),
+            )
 
         def close() -> None:
             gc.unfreeze()  # the old model's cycles must be collectable again
@@ -438,6 +496,30 @@ class ModelRegistry:
         self.engine = self.resident = None
         entry.state = ModelState.READY
         log.info("model %s unloaded", entry.id)
+
+
+async def _until_done(pending: asyncio.Future, cancel: threading.Event | None) -> None:
+    """Wait for ``pending`` (never cancelling it) and re-raise its error; ``RequestCancelled`` once
+    ``cancel`` is set first (at once for a ``Cancellation``, within a ``TICK`` for a plain event)."""
+    if cancel is None:
+        await asyncio.shield(pending)
+        return
+    gone, forget = when_set(cancel)
+    waits = {pending} if gone is None else {pending, gone}
+    try:
+        while not pending.done():
+            if cancel.is_set():
+                raise RequestCancelled()
+            await asyncio.wait(waits, timeout=TICK, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        forget()
+    pending.result()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """A load nobody waits for any more: its error was logged and is on the model's entry."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _disk_size(path: Path) -> int:

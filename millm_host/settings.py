@@ -161,7 +161,12 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     Setting("MILLM_MAX_PROMPTS", int, 64, "Most prompts one /v1/completions request may carry"),
     Setting("MILLM_STREAM_PING_S", float, 0.5, "Seconds between keep-alive comments while a stream waits"),
     Setting("IGNORED_FIELDS_HEADER_MAX_BYTES", int, 1024, "Byte cap of X-miLLM-Ignored-Fields"),
-    Setting("GRACEFUL_UNLOAD_TIMEOUT", float, 30.0, "Seconds an unload waits for running requests"),
+    Setting(
+        "GRACEFUL_UNLOAD_TIMEOUT",
+        float,
+        30.0,
+        "Seconds an unload waits for running requests; generations still running then end (503 model_unloaded)",
+    ),
     Setting(
         "MILLM_GENERATION_STALL_S",
         float,

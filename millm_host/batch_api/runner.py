@@ -11,6 +11,11 @@ Each line runs as background work (``admission.BACKGROUND``): it is admitted
 only while no live request waits or runs, so live traffic is never queued behind
 more than the few lines already admitted (``MILLM_BATCH_CONCURRENCY``).
 
+An operator's unload of the batch's model (``POST /api/models/{id}/unload``) is not
+undone by the batch: a line cut off by it (``model_unloaded``), and every line after,
+stays pending while the batch waits, ``in_progress`` with the reason in its
+``errors``, until something loads the model again; then it goes on where it stopped.
+
 Durability: a line's output is stored in the same transaction that marks it
 done, exactly once (the update only takes a line still ``pending``). After a
 restart every unfinished batch resumes from its pending lines: a finished line
@@ -24,13 +29,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from ..admission import BACKGROUND
-from ..errors import ClientDisconnected, InternalError, MillmError, ShuttingDown
+from ..errors import ClientDisconnected, InternalError, MillmError, ModelUnloaded, ShuttingDown
 from ..paging import page
 from . import lease
 from .endpoints import BatchEndpoints
@@ -358,13 +363,20 @@ class BatchRunner:
                 for wait in waits:
                     wait.cancel()
 
+        def over() -> bool:
+            return cancelled.is_set() or stopping.is_set() or time.time() >= row.expires_at
+
         async def worker() -> None:
             for line, custom_id, body in todo:  # one shared iterator: each line taken once
-                if cancelled.is_set() or stopping.is_set() or time.time() >= row.expires_at:
-                    return
-                record = await self._run_line(endpoint, custom_id, body, gone)
-                if record is not None:
-                    await asyncio.to_thread(self._record, row.id, line, *record)
+                while not over():
+                    try:
+                        record = await self._run_line(endpoint, custom_id, body, gone)
+                    except ModelUnloaded as exc:  # the line stays pending, and runs again once the model is back
+                        await self._wait_for_model(row.id, body, exc, over)
+                        continue
+                    if record is not None:
+                        await asyncio.to_thread(self._record, row.id, line, *record)
+                    break
 
         concurrency = max(1, self.host.settings["MILLM_BATCH_CONCURRENCY"])
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -386,7 +398,7 @@ class BatchRunner:
                 result = await endpoint.observed(body, {}, gone=gone)  # counted in /metrics like a live request
             except ClientDisconnected:
                 return None
-            except ShuttingDown:
+            except (ShuttingDown, ModelUnloaded):
                 raise
             except MillmError as exc:
                 if exc.code in TRANSIENT and attempt < RETRIES:
@@ -406,6 +418,35 @@ class BatchRunner:
             )
             return "done", line
         raise AssertionError("unreachable")
+
+    async def _wait_for_model(
+        self, batch_id: str, body: dict[str, Any], refusal: ModelUnloaded, over: Callable[[], bool]
+    ) -> None:
+        """An operator unloaded the line's model (the line was cut off, or would have loaded it again): wait
+        until something loads it, the batch's ``errors`` saying why meanwhile; or until ``over()``."""
+        why = f"waiting: its pending lines run once the model is loaded again ({refusal.message})"
+        await asyncio.to_thread(self._set_waiting, batch_id, {"code": refusal.code, "message": why})
+        while not over() and self._unloaded(body.get("model")):
+            await asyncio.sleep(RETRY_S)
+        await asyncio.to_thread(self._set_waiting, batch_id, None)
+
+    def _unloaded(self, name: Any) -> bool:
+        """Whether the model ``name`` stands for is one an operator unloaded and nothing loaded since."""
+        try:
+            return isinstance(name, str) and self.host.registry.resolve(name).unloaded
+        except MillmError:  # gone from the registry: the line's next run says so
+            return False
+
+    def _set_waiting(self, batch_id: str, error: dict[str, Any] | None) -> None:
+        """Say in the batch's ``errors`` why it waits for its model (None: it no longer does)."""
+        with self.db.session() as session, session.begin():
+            row = session.get(Batch, batch_id)
+            assert row is not None
+            waiting = bool(row.errors) and row.errors[0].get("code") == ModelUnloaded.code
+            if error is not None and not row.errors:
+                row.errors = [error]
+            elif error is None and waiting:
+                row.errors = None
 
     def _pending(self, batch_id: str) -> list[tuple[int, str, dict[str, Any]]]:
         with self.db.session() as session:

@@ -8,8 +8,9 @@ HTTP here: ``handle`` takes a parsed body and the request headers and returns a
 ``Result``; a resource writes it, and anything else that serves a body (the
 Batch API) can call ``handle`` the same way.
 
-Threads: the context is built and ``validate_request`` runs on a worker thread
-(work in proportion to the body never blocks the event loop); tokenizing runs on
+Threads: the context is built (on the event loop for a body of at most
+``INLINE_BODY_BYTES``) and ``validate_request`` runs on a worker thread (work in
+proportion to the body never blocks the event loop); tokenizing runs on
 the text thread (or the engine thread for an engine without ``concurrent_text``);
 the engine work runs on the engine thread; everything else on the event loop.
 """
@@ -139,8 +140,10 @@ class Serving:
         cancelled (its queue place freed at once, its generation stopped at the next
         token). Raises a ``MillmError`` for a refusal.
         """
-        # validation takes time in proportion to the body: off the event loop
-        ctx = await asyncio.to_thread(self.build_context, body, headers)
+        if small_body(headers):  # a worker thread's round trip would cost more than validating it here
+            ctx = self.build_context(body, headers)
+        else:  # validation takes time in proportion to the body: off the event loop
+            ctx = await asyncio.to_thread(self.build_context, body, headers)
         return await self.serve(ctx, gone)
 
     async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
@@ -206,7 +209,7 @@ class Serving:
         await asyncio.to_thread(self.validate, ctx)
         if ctx.cancel_event.is_set():  # its client has gone: it never takes a queue place
             raise RequestCancelled()
-        admission = await admit(host, ctx.entry)
+        admission = await admit(host, ctx.entry, ctx.cancel_event)  # a client that leaves stops waiting for a load
         try:
             ctx.engine = admission.engine
             # On the text thread when the engine allows it: a refusal that needs only the tokenizer
@@ -271,6 +274,18 @@ class Serving:
     def headers(self, ctx: RequestContext) -> dict[str, str]:
         """The response headers: every plugin's (``render_headers``)."""
         return collect_headers(self.host, ctx)
+
+
+#: A body of at most this many bytes (``Content-Length``) is validated on the event loop: tens of
+#: microseconds, where a worker thread's round trip wakes two threads (a drop storm's requests paid
+#: for it on a loaded machine, issue 35). Larger bodies, and bodies of unknown length, go to a thread.
+INLINE_BODY_BYTES = 4096
+
+
+def small_body(headers: dict[str, str]) -> bool:
+    """Whether the request's body is known to be at most ``INLINE_BODY_BYTES``."""
+    length = headers.get("content-length", "")
+    return length.isdigit() and int(length) <= INLINE_BODY_BYTES
 
 
 def watch_client(ctx: RequestContext, gone: ClientGone | None) -> asyncio.Task | None:

@@ -45,6 +45,12 @@ class ModelChanged(MillmError):
     status, code = 409, "MODEL_CHANGED"
 
 
+class ParityStopped(MillmError):
+    """Parity stopped before its last vector: the model began to unload (or changed) while it ran."""
+
+    status, code = 409, "PROBE_PARITY_STOPPED"
+
+
 class GateRefused(MillmError):
     """An arming gate refused; ``gate`` names it, because each calls for a different action."""
 

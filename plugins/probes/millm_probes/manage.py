@@ -11,7 +11,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from millm_host.api import Engine, InvalidParameter, ModelBusy, check_display_name, converge_soon, plain_name, validate
+from millm_host.api import (
+    Engine,
+    InvalidParameter,
+    ModelBusy,
+    check_display_name,
+    converge_soon,
+    plain_name,
+    replica_alone,
+    validate,
+)
 
 from . import capacity, digests, gates, store
 from .definition import Decision, ProbeDefinition, parse
@@ -252,13 +261,23 @@ async def arm_here(runtime: Runtime, row: Probe, acknowledgement: str | None, *,
         except BaseException:
             runtime.disarm(probe_id)
             raise
+        if engine.info.load_id in runtime.unloaded and replica_alone(host):
+            # unloaded meanwhile: its disarming (model_unloading) may have been written before this arming
+            await asyncio.to_thread(store.set_disarmed, host.db, "model_unloaded", probe_id)
+            raise _unloaded_while_arming()
     return {**probe_json(runtime, row, view), "warnings": warnings, "parity": parity_summary(report)}
+
+
+def _unloaded_while_arming() -> ModelBusy:
+    return ModelBusy(
+        "the model began to unload while the probe was being armed; nothing was armed (load it and arm again)"
+    )
 
 
 def _commit_arm(runtime: Runtime, view: ProbeView, compiled: CompiledProbe, engine: Engine) -> None:
     """Publish the head parity compiled for ``engine`` (engine thread: serialised with unloads)."""
-    if engine.info.load_id in runtime.unloaded or runtime.host.registry.engine is not engine:
-        raise ModelBusy("the model was unloaded while the probe was being armed; arm it again")
+    if engine.info.load_id in runtime.unloaded or not runtime.host.registry.still_resident(engine):
+        raise _unloaded_while_arming()
     runtime.arm(Armed(view, compiled, engine.info.load_id, now_iso()))
 
 

@@ -106,13 +106,7 @@ class Stop:
                 "stored (measure when the machine is less busy, or raise the setting)",
                 param="model_id",
             )
-        registry = self.host.registry
-        resident = registry.resident
-        if (
-            registry.engine is not self.engine
-            or resident is None
-            or str(getattr(resident.state, "value", resident.state)).lower() == "unloading"
-        ):
+        if not self.host.registry.still_resident(self.engine):
             raise MeasureStopped("the model began to unload; the measurement stopped, nothing was stored")
 
 

@@ -14,6 +14,9 @@ the serving batch beside two rows of other lengths (one longer, so its prefill i
 left-padded), its prompt prefilled there and its last tokens fed one decode step each
 (``Engine.replay_in_batch``), as a reply's are. A vector passes when every shape
 checked does; the report lists the shapes (``shapes_checked``) and why one was not.
+
+An unload stops parity between two vectors (409 ``PROBE_PARITY_STOPPED``, nothing stored):
+the unload waits for the vector being checked, never for the rest (issue 35).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from millm_host.api import NoChatTemplate
 
 from .capture import Capture
 from .definition import TestVector
+from .errors import ParityStopped
 from .evaluate import forward_columns, read_pairs
 from .gates import model_identity
 from .results import ProbeView, now_iso
@@ -82,24 +86,21 @@ async def run_parity_many(
             by_ids.setdefault(tuple(vector.token_ids), []).append((i, index, vector))
     heads: dict[int, CompiledProbe | ProbeUnusable] = {}  # view index -> its head, compiled once
     rows: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(views))}
-    for ids, items in by_ids.items():
-        changed = host.registry.engine is not engine
-        if not changed:
-            async with host.engine_slot(model_id) as slot:
-                changed = slot.engine is not engine
-                if not changed:
-                    scored = await slot.run(
-                        _score_vectors, runtime, views, engine, list(ids), items, heads, batch_shape is None
-                    )
-        if changed:
-            for i in {i for i, _, _ in items}:
-                reports[i].update(status="model_changed", reason="the model changed while parity ran")
-            continue
+    for checked, (ids, items) in enumerate(by_ids.items()):
+        # an unload stops parity here: it waits for the vector being checked, never for the rest
+        if not host.registry.still_resident(engine):
+            raise _stopped(checked, len(by_ids))
+        async with host.engine_slot(model_id) as slot:
+            if slot.engine is not engine:
+                raise _stopped(checked, len(by_ids))
+            scored = await slot.run(
+                _score_vectors, runtime, views, engine, list(ids), items, heads, batch_shape is None
+            )
         for (i, _, _), row in zip(items, scored, strict=True):
             rows[i].append(row)
     out: list[tuple[dict[str, Any], CompiledProbe | None]] = []
     for i, (view, report) in enumerate(zip(views, reports, strict=True)):
-        if report["status"] in ("model_changed", "no_test_vectors"):
+        if report["status"] == "no_test_vectors":
             out.append((report, None))
             continue
         report["vectors"] = sorted(rows[i], key=lambda row: row["index"])
@@ -107,6 +108,14 @@ async def run_parity_many(
         head = heads.get(i)
         out.append((report, head if isinstance(head, CompiledProbe) else None))
     return out
+
+
+def _stopped(checked: int, total: int) -> ParityStopped:
+    return ParityStopped(
+        f"the model began to unload (or changed) while parity ran: parity stopped after {checked} of {total} "
+        "test vectors; nothing was stored and nothing was armed (load the model and check again)",
+        param="probe_id",
+    )
 
 
 def _batch_shape_reason(runtime: Runtime, engine: Any) -> str | None:

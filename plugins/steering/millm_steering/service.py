@@ -226,9 +226,15 @@ class SteeringService:
                 return sae_weights.load(sae_id, Path(record.path), cfg, device)
 
             loaded = await asyncio.to_thread(load)
-        attached = self.state.attach(Attachment(loaded, layer, hook_point.point), engine.info.load_id)
+        # an unload that began while the weights loaded wins: it never waits for them, and nothing attaches
+        attached = None
+        if self.host.registry.still_resident(engine):
+            attached = self.state.attach(Attachment(loaded, layer, hook_point.point), engine.info.load_id)
         if attached is None:
-            raise ModelBusy(f"model {entry.id!r} was unloaded while SAE {sae_id!r} was attaching; retry")
+            raise ModelBusy(
+                f"model {entry.id!r} began to unload while SAE {sae_id!r} was attaching; nothing was attached "
+                "(load the model and attach it again)"
+            )
         log.info("attached SAE %s at layer %d of %s", sae_id, layer, entry.id)
         return self.attachment_view(attached.attachments[(sae_id, layer)], entry.id, attached)
 
