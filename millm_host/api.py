@@ -8,23 +8,23 @@ What is here:
 
 - ``hookimpl``, the marker of a hook implementation (the hooks: ``millm_host.hookspecs``).
 - ``RequestContext`` and ``SequenceOutput``: what request-path hooks receive.
-  ``ctx.host`` is the ``Host`` (every hook reaches it), ``ctx.state[<plugin>]``
+  ``ctx.host`` is the ``PluginHost`` (every hook reaches it), ``ctx.state[<plugin>]``
   is per-request scratch space, ``ctx.messages`` every conversation's messages
   in full as sent (read them, not ``ctx.body``).
-- ``Host``, the type of ``host`` and ``ctx.host``. What a plugin uses of it:
-  ``host.settings`` (every declared setting), ``host.state[<plugin>]`` (the
-  plugin's per-host object, made at ``startup``), ``host.db`` (a ``Database``:
-  ``host.db.session()`` is a SQLAlchemy session for the plugin's own tables),
-  ``host.engine_slot(model_id)`` (admitted work on the engine thread),
-  ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)``
-  (state and identity), ``host.registry`` (``current()``, ``resolve(name)``,
-  ``resident``, ``engine``, ``still_resident(engine)``: no unload of it has begun;
-  ``activity("measuring", reason, refuses=False)``, a context
-  manager during which ``/api/health`` says ``measuring`` with that reason), ``host.metrics`` (what a plugin records for ``/metrics``
-  and the request's trace, without importing prometheus or OpenTelemetry:
-  ``counter(name, help, labels)`` and ``histogram(name, help, labels, buckets)`` give a series the
-  plugin names ``millm_<plugin>_...`` (``.inc(**labels)``, ``.observe(value, **labels)``), and
-  ``trace_events(ctx, results, default_name)`` adds results to the request's span).
+- ``PluginHost`` (also named ``Host``), the type of ``host`` and ``ctx.host``: a narrow view
+  of the host, and the whole of what a plugin uses of it (``millm_host.plugin_host``, each
+  part documented there): ``host.settings`` (every declared setting), ``host.state[<plugin>]``
+  (the plugin's per-host object, made at ``startup``), ``host.db`` (a ``Database``:
+  ``host.db.session()`` is a SQLAlchemy session for the plugin's own tables), ``host.metrics``
+  (``counter(name, help, labels)`` and ``histogram(name, help, labels, buckets)`` give a
+  series the plugin names ``millm_<plugin>_...``, ``.inc(**labels)``, ``.observe(value,
+  **labels)``; ``trace_events(ctx, results, default_name)`` adds results to the request's
+  span), ``host.engine_slot(model_id)`` (admitted work on the engine thread),
+  ``host.run_on_engine_thread(fn, *args)``, ``host.model_detail(model_id)`` (state and
+  identity), ``host.current_model()`` (the resident engine and its id, else 503),
+  ``host.resident_engine()``, ``host.resident_model_id()``, ``host.still_resident(engine)``
+  (no unload of it has begun), ``host.resolve_model_id(name)``, and ``host.app`` (the ASGI
+  app, for pages built from the API's own answers in process).
 - ``/openapi.json``: every route added is listed; ``@operation(summary, request=Model,
   response=Model, errors=(404,), query=[Param(...)])`` on a responder says what it takes
   and answers (``ResponseModel``: the base of a response body whose keys are all declared;
@@ -77,7 +77,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .app import Host
 from .batch_api.endpoints import BatchEndpoint, BatchResult
 from .bodies.release import keep_if_long as free_later
 from .bodies.validate import loc_to_param, validate
@@ -154,6 +153,7 @@ from .output import (
 )
 from .paging import page as list_page
 from .paths import confined_path, plain_name
+from .plugin_host import PluginHost
 from .protocol import ChatMessage, ResponseModel, message_text
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
@@ -168,6 +168,9 @@ from .scoring.engine import (
 )
 from .services import add_converger, admin_activity, converge_soon, replica_alone
 from .settings import Setting, Settings
+
+#: The type of ``host`` and ``ctx.host`` (the name plugins have used): the plugin's view.
+Host = PluginHost
 
 __all__ = [
     "BatchEndpoint",
@@ -214,6 +217,7 @@ __all__ = [
     "HookPointName",
     "HookRow",
     "Host",
+    "PluginHost",
     "InsufficientMemory",
     "InvalidParameter",
     "Item",

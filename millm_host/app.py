@@ -33,6 +33,7 @@ from .observability.ids import RequestIdsMiddleware
 from .observability.metrics import Metrics
 from .observability.request import CURRENT, Observation
 from .observability.tracing import Tracing
+from .plugin_host import PluginHost
 from .plugins import build_plugin_manager
 from .registry import ModelRegistry
 from .replicas.convergence import Convergence
@@ -102,6 +103,8 @@ class Host:
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}
+        #: What plugins see of this host: the ``host`` of every hook and ``ctx.host``.
+        self.plugin_host = PluginHost(self)
         #: endpoint → plugin models of the request fields it adds, for ``/openapi.json``.
         self.request_schemas: dict[str, list[type[BaseModel]]] = {}
         hookcalls.startup(pm, "register_request_schemas", register=self._register_request_schema)
@@ -142,7 +145,9 @@ class Host:
         """What ``/v1/models`` lists: the registry's listing, narrowed by any plugin (e.g. a steering lock)."""
         entries = self.registry.listed()
         keep = {e.id for e in entries}
-        for allowed in hookcalls.request(self.pm, "filter_listed_models", host=self, model_ids=[e.id for e in entries]):
+        for allowed in hookcalls.request(
+            self.pm, "filter_listed_models", host=self.plugin_host, model_ids=[e.id for e in entries]
+        ):
             if allowed is not None:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
@@ -177,7 +182,7 @@ class Host:
         else:
             self.db.check_at_head(self.migrations())
         self.registry.discover()
-        hookcalls.startup(self.pm, "startup", host=self)
+        hookcalls.startup(self.pm, "startup", host=self.plugin_host)
 
     async def load_start_model(self) -> None:
         """Load the start model; then the start-up is over and the garbage collector runs again."""
@@ -225,7 +230,7 @@ class Host:
             log.error(
                 "the engine thread is still busy after %g s (a hung generation or a load); stopping without it", DRAIN_S
             )
-        hookcalls.lifecycle(self.pm, "shutdown", host=self)
+        hookcalls.lifecycle(self.pm, "shutdown", host=self.plugin_host)
         if self.registry.engine is not None and drained:
             engine = self.registry.engine
             try:

@@ -12,9 +12,9 @@ from .cancellation import Cancellation
 from .observability.timing import Timing
 
 if TYPE_CHECKING:
-    from .app import Host
     from .engine import Engine, LayerHook, ModelDescriptor, SamplingParams
     from .errors import MillmError
+    from .plugin_host import PluginHost
     from .settings import Settings
 
 Endpoint = Literal["chat.completions", "completions", "embeddings", "tokenize", "detokenize"]
@@ -42,7 +42,7 @@ class SequenceOutput:
 class RequestContext:
     """Everything about one request, from parsing to the response.
 
-    Set by the host: ``host`` (the ``Host`` serving the request: through it every
+    Set by the host: ``host`` (the ``PluginHost`` view of the host serving the request: through it every
     hook reaches the plugin's own per-host object, ``ctx.host.state[<plugin>]``),
     ``endpoint``, ``body`` (the parsed JSON, as sent), ``params``
     (the validated protocol model), ``headers`` (lower-cased request headers),
@@ -64,7 +64,7 @@ class RequestContext:
     engine_name: str
     settings: Settings
     #: The host serving the request (None only in tests that build a context by hand).
-    host: Host | None = None
+    host: PluginHost | None = None
     #: What the request's engine declares it can do (``EngineSpec.capabilities``).
     engine_capabilities: frozenset[str] = frozenset()
     streaming: bool = False

@@ -58,9 +58,10 @@ class MonitoredRequest:
 def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[dict[str, Any]]:
     """Every plugin's results for ``monitored`` (hook ``monitor_results``), in one flat list."""
     from . import hookcalls
+    from .plugin_host import host_of
 
     assert ctx.host is not None, "a monitored request runs on a host"
-    return hookcalls.monitor(ctx.host.pm, ctx, monitored)
+    return hookcalls.monitor(host_of(ctx.host).pm, ctx, monitored)
 
 
 def stateless_monitor_results(host: Any, monitored: MonitoredRequest) -> list[dict[str, Any]]:
@@ -68,13 +69,15 @@ def stateless_monitor_results(host: Any, monitored: MonitoredRequest) -> list[di
 
     Blocking (a plugin may wait for operator code): call it off the event loop."""
     from . import hookcalls
+    from .plugin_host import host_of
 
     assert monitored.stateless, "a live request goes through monitor_results(ctx, monitored)"
-    return hookcalls.monitor(host.pm, None, monitored)
+    return hookcalls.monitor(host_of(host).pm, None, monitored)
 
 
 def revise_monitor_results(host: Any, results: list[dict[str, Any]]) -> int:
     """Replace stored results in place, by ``result_id`` (hook ``revise_monitor_results``); how many were."""
     from . import hookcalls
+    from .plugin_host import host_of
 
-    return hookcalls.revise(host.pm, host, results)
+    return hookcalls.revise(host_of(host).pm, host, results)

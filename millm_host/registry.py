@@ -433,7 +433,7 @@ class ModelRegistry:
         seconds = time.monotonic() - started
         log.info("model %s loaded in %.1f s", entry.id, seconds)
         self.host.metrics.model_loaded(entry.id, entry.spec.name, seconds)
-        hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host, engine=engine)
+        hookcalls.lifecycle(self.host.pm, "model_loaded", host=self.host.plugin_host, engine=engine)
         # What is alive now (torch, transformers, the weights' modules) lives as long as the model: frozen,
         # the collector's full passes skip it (they held the GIL for tens of ms each, issue 11 §0).
         collector.freeze_survivors()
@@ -489,7 +489,7 @@ class ModelRegistry:
 
         def close() -> None:
             gc.unfreeze()  # the old model's cycles must be collectable again
-            hookcalls.lifecycle(self.host.pm, "model_unloading", host=self.host, engine=engine)
+            hookcalls.lifecycle(self.host.pm, "model_unloading", host=self.host.plugin_host, engine=engine)
             engine.close()
 
         await self.host.scheduler.run(close)

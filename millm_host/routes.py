@@ -82,4 +82,4 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/openapi.json", OpenAPI(host))
     batch_resources.install(host, add_route)
 
-    hookcalls.startup(host.pm, "register_routes", host=host, add_route=add_route)
+    hookcalls.startup(host.pm, "register_routes", host=host.plugin_host, add_route=add_route)

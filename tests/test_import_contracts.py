@@ -99,3 +99,22 @@ def test_a_plugin_importing_a_host_module_breaks_the_contract(tmp_path, imported
     else:
         assert result.returncode == 1, result.stdout + result.stderr
         assert f"millm_contract_example -> {imported}" in result.stdout
+
+
+def test_plugins_reach_the_host_only_through_its_plugin_view():
+    """Hooks get a ``PluginHost`` (``host``, ``ctx.host``); nothing in a plugin unwraps it to the ``Host``."""
+    import re
+    from pathlib import Path
+
+    from millm_host.api import PluginHost
+
+    root = Path(__file__).resolve().parents[1] / "plugins"
+    reaching = re.compile(r"\bhost\._host\b|\._host\b|\bhost_of\b|\bhost\.(registry|routes|convergence|scheduler|pm)\b")
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.glob("*/millm_*/**/*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if reaching.search(line)
+    ]
+    assert found == []
+    assert PluginHost.__slots__ == ("_host",)  # a view holds nothing else a plugin could reach

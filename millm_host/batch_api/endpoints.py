@@ -91,5 +91,5 @@ def collect(host: Host) -> BatchEndpoints:
     endpoints = BatchEndpoints()
     for url, name in HOST_ENDPOINTS.items():
         endpoints.register(url, host.serving[name])
-    hookcalls.startup(host.pm, "register_batch_endpoints", host=host, register=endpoints.register)
+    hookcalls.startup(host.pm, "register_batch_endpoints", host=host.plugin_host, register=endpoints.register)
     return endpoints

@@ -25,6 +25,7 @@ from ..engine import SCORING, LayerHook
 from ..errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
 from ..headers import Token, serialize_item
+from ..plugin_host import host_of
 from ..serving.base import ClientGone, Result, Serving
 from ..serving.generation import flatten
 from ..serving.prompts import chat_prompts, completion_prompts, refuse_out_of_vocabulary
@@ -118,7 +119,7 @@ def parse_scoring_request(ctx: RequestContext) -> ScoringRequest:
             param=sent,
         )
     assert ctx.host is not None
-    unscorable = ctx.host.fields.unscorable
+    unscorable = host_of(ctx.host).fields.unscorable
     for name in (key for key in body if key in unscorable):  # in body order
         if not is_no_change(name, body[name]):
             raise FieldNotHonoured(

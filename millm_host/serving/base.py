@@ -176,7 +176,7 @@ class Serving:
             model=entry.descriptor,
             engine_name=entry.spec.name,
             settings=host.settings,
-            host=host,
+            host=host.plugin_host,
             engine_capabilities=entry.spec.capabilities,
             streaming=self.streams(params),
         )

@@ -222,14 +222,14 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
         rows = await asyncio.to_thread(store.list_probes, db)
         chosen = select(rows, key, request.version, request.probe_ids)
         views = await asyncio.to_thread(runtime.views, chosen)  # parsing thousands of definitions: off the loop
-        engine, entry = host.registry.current()
-        identity = gates.model_identity(host, entry.id)
+        engine, resident_id = host.current_model()
+        identity = gates.model_identity(host, resident_id)
         armed_views = [a.view for a in runtime.snapshot.armed]
         todo = [v for v in views if runtime.armed_entry(v.probe_id) is None]
-        budget = await asyncio.to_thread(budget_now, runtime, entry.id, engine.info)
+        budget = await asyncio.to_thread(budget_now, runtime, resident_id, engine.info)
         armed_shape = capacity.Shape.of(armed_views)
         outcomes, compiled = await _gate_probes(
-            runtime, todo, engine, entry.id, identity, request.acknowledgement, budget, armed_shape
+            runtime, todo, engine, resident_id, identity, request.acknowledgement, budget, armed_shape
         )
         set_gates = []
         maximum = runtime.settings["PROBE_MAX_ARMED"]
@@ -286,7 +286,7 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
 
 def _commit_many(runtime: Runtime, entries: list[Armed], engine: Any) -> None:
     """Publish every head at once (engine thread), refused like one probe's when the model went."""
-    if engine.info.load_id in runtime.unloaded or runtime.host.registry.engine is not engine:
+    if engine.info.load_id in runtime.unloaded or runtime.host.resident_engine() is not engine:
         raise ModelBusy("the model was unloaded while the behaviour was being armed; arm it again")
     runtime.arm_many(entries)
 

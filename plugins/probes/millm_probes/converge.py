@@ -55,7 +55,7 @@ class Converger:
         if not missing:
             return []
         todo = await asyncio.to_thread(store.find_probes, runtime.host.db, missing, strict=False)
-        engine = runtime.host.registry.engine
+        engine = runtime.host.resident_engine()
         if engine is None:
             return [f"probe {row.id} ({row.name}): armed elsewhere; no model is loaded here" for row in todo]
         reasons = []

@@ -59,7 +59,7 @@ def resident_info(runtime: Runtime, model_id: str) -> Any | None:
     """The ModelInfo of ``model_id`` when it is the resident model (404 for an unknown id)."""
     host = runtime.host
     host.model_detail(model_id)
-    engine = host.registry.engine
+    engine = host.resident_engine()
     return engine.info if engine is not None and engine.info.id == model_id else None
 
 
@@ -71,7 +71,7 @@ def budget_now(runtime: Runtime, model_id: str, info: Any | None) -> dict[str, A
 
 def armed_cost(runtime: Runtime) -> dict[str, Any] | None:
     """The armed set's cost against the resident model's budget (None with no model resident)."""
-    engine = runtime.host.registry.engine
+    engine = runtime.host.resident_engine()
     if engine is None:
         return None
     budget = budget_now(runtime, engine.info.id, engine.info)
@@ -174,7 +174,7 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
                 f"{len(runtime.snapshot.armed)} probe(s) are armed; disarm them to measure (they would be timed too)",
                 param="model_id",
             )
-        engine = host.registry.engine
+        engine = host.resident_engine()
         assert engine is not None  # resident_info found it
         if not engine.hook_points:
             raise ModelNotResident("this engine exposes no layers to hook (probes cannot run on it)", param="model_id")

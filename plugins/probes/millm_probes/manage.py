@@ -200,8 +200,8 @@ async def check_parity(runtime: Runtime, probe_id: str) -> dict[str, Any]:
     """Run parity on the resident model and store the report. Never arms."""
     host = runtime.host
     row = await asyncio.to_thread(store.get_probe, host.db, probe_id)
-    engine, entry = host.registry.current()
-    report, _ = await run_parity(runtime, runtime.view(row), engine, entry.id)
+    engine, resident_id = host.current_model()
+    report, _ = await run_parity(runtime, runtime.view(row), engine, resident_id)
     await asyncio.to_thread(store.add_parity_report, host.db, report)
     return report
 
@@ -232,15 +232,15 @@ async def arm_here(runtime: Runtime, row: Probe, acknowledgement: str | None, *,
     if runtime.armed_entry(probe_id) is not None:
         return {**probe_json(runtime, row, view), "warnings": []}
     d = view.definition
-    engine, entry = host.registry.current()
+    engine, resident_id = host.current_model()
     gates.gate_limit(len(runtime.snapshot.armed), runtime.settings["PROBE_MAX_ARMED"])
-    warnings = gates.gate_identity(d, gates.model_identity(host, entry.id))
+    warnings = gates.gate_identity(d, gates.model_identity(host, resident_id))
     gates.gate_evidence(d, acknowledgement)
-    report, compiled = await run_parity(runtime, view, engine, entry.id)
+    report, compiled = await run_parity(runtime, view, engine, resident_id)
     await asyncio.to_thread(store.add_parity_report, host.db, report)
     gates.gate_parity(report)
     gates.gate_scope(d)
-    budget = await asyncio.to_thread(budget_now, runtime, entry.id, engine.info)
+    budget = await asyncio.to_thread(budget_now, runtime, resident_id, engine.info)
     projection = capacity.project(budget, [*(a.view for a in runtime.snapshot.armed), view])
     if not projection["fits"]:
         raise cost_refusal(projection)
@@ -276,7 +276,7 @@ def _unloaded_while_arming() -> ModelBusy:
 
 def _commit_arm(runtime: Runtime, view: ProbeView, compiled: CompiledProbe, engine: Engine) -> None:
     """Publish the head parity compiled for ``engine`` (engine thread: serialised with unloads)."""
-    if engine.info.load_id in runtime.unloaded or not runtime.host.registry.still_resident(engine):
+    if engine.info.load_id in runtime.unloaded or not runtime.host.still_resident(engine):
         raise _unloaded_while_arming()
     runtime.arm(Armed(view, compiled, engine.info.load_id, now_iso()))
 

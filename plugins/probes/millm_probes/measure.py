@@ -106,7 +106,7 @@ class Stop:
                 "stored (measure when the machine is less busy, or raise the setting)",
                 param="model_id",
             )
-        if not self.host.registry.still_resident(self.engine):
+        if not self.host.still_resident(self.engine):
             raise MeasureStopped("the model began to unload; the measurement stopped, nothing was stored")
 
 

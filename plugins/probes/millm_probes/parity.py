@@ -88,7 +88,7 @@ async def run_parity_many(
     rows: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(views))}
     for checked, (ids, items) in enumerate(by_ids.items()):
         # an unload stops parity here: it waits for the vector being checked, never for the rest
-        if not host.registry.still_resident(engine):
+        if not host.still_resident(engine):
             raise _stopped(checked, len(by_ids))
         async with host.engine_slot(model_id) as slot:
             if slot.engine is not engine:

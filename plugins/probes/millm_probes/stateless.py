@@ -209,8 +209,8 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     host = runtime.host
     settings = runtime.settings
     request = await asyncio.to_thread(check, runtime, body)  # in proportion to the body: off the loop
-    engine, entry = host.registry.current()
-    identity = model_identity(host, entry.id)
+    engine, resident_id = host.current_model()
+    identity = model_identity(host, resident_id)
     all_views = await asyncio.to_thread(_load_views, runtime, request.probe_ids, request.behaviours)
     if len(all_views) > settings["PROBE_MAX_ARMED"]:  # named or not: all imported probes count when none are
         raise InvalidParameter(
@@ -244,7 +244,7 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     reports = await asyncio.to_thread(store.latest_parity_reports, host.db, [v.probe_id for v in views])
     trace = new_trace(headers)
     request_id = "score-" + uuid.uuid4().hex
-    async with host.engine_slot(entry.id) as slot:
+    async with host.engine_slot(resident_id) as slot:
         if slot.engine is not engine:
             raise ModelBusy("the model changed while this request started; retry", param="model")
         prepared = await slot.run(_prepare, engine, request.inputs)
@@ -258,10 +258,10 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
     for index, item in enumerate(prepared):
         output: dict[str, Any] = {"index": index, "n_tokens": len(item.ids), "prompt_tokens": item.prompt_len}
         outputs.append(output)
-        changed = changed or host.registry.engine is not engine  # an unload or a reload replaces it
+        changed = changed or host.resident_engine() is not engine  # an unload or a reload replaces it
         if not changed and views:
             try:
-                async with host.engine_slot(entry.id) as slot:
+                async with host.engine_slot(resident_id) as slot:
                     changed = slot.engine is not engine
                     if not changed:
                         readings, texts = await slot.run(_score_one, runtime, engine, views, plan, item, compiled)

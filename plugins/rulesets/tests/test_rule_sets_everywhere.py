@@ -72,13 +72,22 @@ def test_gunicorn_workers_run_a_rule_set_imported_through_either(probe_model_dir
                 f"/api/probes/behaviours/{BEHAVIOUR}/rule-signals", json={"rule_set_id": rule_set["id"]}
             )
             assert attached.status_code == 200, attached.text
-        time.sleep(1.0)  # a few convergence passes (0.3 s)
-        answers: list = [None] * 12
-        threads = [
-            threading.Thread(target=lambda i=i: answers.__setitem__(i, rule_results(base, model))) for i in range(12)
-        ]  # at once, on new connections: the kernel spreads them over the workers
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+
+        def every_worker_answers() -> list:
+            answers: list = [None] * 12
+            threads = [
+                threading.Thread(target=lambda i=i: answers.__setitem__(i, rule_results(base, model)))
+                for i in range(12)
+            ]  # at once, on new connections: the kernel spreads them over the workers
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return answers
+
+        # a few convergence passes (0.3 s each); a loaded machine may need more before every worker has run one
+        deadline = time.monotonic() + 30
+        while not all(every_worker_answers()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        answers = every_worker_answers()
         assert all(answer and {r["rule_set_id"] for r in answer} == {rule_set["id"]} for answer in answers), answers

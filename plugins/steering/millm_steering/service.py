@@ -64,8 +64,7 @@ class SteeringService:
         return Limits.from_settings(self.host.settings)
 
     def is_resident(self, model_id: str) -> bool:
-        registry = self.host.registry
-        return registry.resident is not None and registry.engine is not None and registry.resident.id == model_id
+        return self.host.resident_engine() is not None and self.host.resident_model_id() == model_id
 
     # --- views ------------------------------------------------------------------------------
     def sae_view(self, record: SAERecord, snap: Snapshot) -> dict[str, Any]:
@@ -104,7 +103,7 @@ class SteeringService:
         claimed = {e.key for e in served.entries if e.owner != "base"}
         return {
             "epoch": snap.epoch,
-            "model": self.host.registry.resident.id if self.host.registry.resident else None,
+            "model": self.host.resident_model_id(),
             "attached": [{"sae_id": a.sae_id, "layer": a.layer, "hook_point": a.hook_name} for a in snap.attached()],
             "active_profile": snap.active.name if snap.active else None,
             "active_profile_live": snap.active is not None and snap.active.key in snap.attachments,
@@ -174,18 +173,18 @@ class SteeringService:
         """Attach a registered SAE to the resident model at its layer (or ``layer``)."""
         from . import sae as sae_weights  # torch: imported when an SAE is first attached
 
-        engine, entry = self.host.registry.current()
+        engine, resident_id = self.host.current_model()
         record = await asyncio.to_thread(self.store.sae, sae_id)
         points = engine.steering_points  # every hook point, or where an engine steers without callbacks
         if not points:
             raise FieldNotHonoured(
-                f"the {engine.name} engine has no hook points: SAEs cannot be attached to model {entry.id!r}",
+                f"the {engine.name} engine has no hook points: SAEs cannot be attached to model {resident_id!r}",
                 param="sae_id",
             )
         d_model = engine.info.d_model
         if record.d_in != d_model:
             raise InvalidParameter(
-                f"SAE {sae_id!r} has d_in {record.d_in}, but model {entry.id!r} has hidden size {d_model}",
+                f"SAE {sae_id!r} has d_in {record.d_in}, but model {resident_id!r} has hidden size {d_model}",
                 param="sae_id",
                 code="sae_incompatible",
             )
@@ -201,11 +200,11 @@ class SteeringService:
                     f"(it steers {describe_points(points)})",
                     param="layer",
                 )
-            raise InvalidParameter(f"model {entry.id!r} has no layer {layer} (it has {n_layers})", param="layer")
+            raise InvalidParameter(f"model {resident_id!r} has no layer {layer} (it has {n_layers})", param="layer")
         snap = self.state.snapshot()
         existing = snap.attachments.get((sae_id, layer))
         if existing is not None:
-            return self.attachment_view(existing, entry.id, snap)
+            return self.attachment_view(existing, resident_id, snap)
         loaded = next((a.sae for a in snap.attached(sae_id)), None)
         if loaded is None:
 
@@ -228,15 +227,15 @@ class SteeringService:
             loaded = await asyncio.to_thread(load)
         # an unload that began while the weights loaded wins: it never waits for them, and nothing attaches
         attached = None
-        if self.host.registry.still_resident(engine):
+        if self.host.still_resident(engine):
             attached = self.state.attach(Attachment(loaded, layer, hook_point.point), engine.info.load_id)
         if attached is None:
             raise ModelBusy(
-                f"model {entry.id!r} began to unload while SAE {sae_id!r} was attaching; nothing was attached "
+                f"model {resident_id!r} began to unload while SAE {sae_id!r} was attaching; nothing was attached "
                 "(load the model and attach it again)"
             )
-        log.info("attached SAE %s at layer %d of %s", sae_id, layer, entry.id)
-        return self.attachment_view(attached.attachments[(sae_id, layer)], entry.id, attached)
+        log.info("attached SAE %s at layer %d of %s", sae_id, layer, resident_id)
+        return self.attachment_view(attached.attachments[(sae_id, layer)], resident_id, attached)
 
     def check_still_allowed(self, record: SAERecord) -> None:
         """A registration older than the current ``MILLM_SAE_DIRS`` may not read outside it."""
@@ -330,11 +329,11 @@ class SteeringService:
 
     def lock_target(self, model_id: str | None) -> str:
         if model_id is None:
-            resident = self.host.registry.resident
+            resident = self.host.resident_model_id()
             if resident is None:
                 raise InvalidParameter("no model is resident; name the model to lock", param="model")
-            return resident.id
-        return self.host.registry.resolve(model_id).id
+            return resident
+        return self.host.resolve_model_id(model_id)
 
 
 def describe_points(points: Sequence[HookPoint]) -> str:

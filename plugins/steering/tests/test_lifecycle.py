@@ -12,7 +12,7 @@ from millm_steering import plugin
 def test_a_stopped_host_leaves_no_service_behind(tmp_path):
     settings = Settings(environ={"MILLM_DATA_DIR": str(tmp_path), "MILLM_LOAD_ON_START": "false"})
     _, host = build(settings)
-    assert plugin.service(host).host is host
+    assert plugin.service(host).host is host.plugin_host  # the view every hook gets
     host.stop()
     with pytest.raises(RuntimeError, match="has not started"):
         plugin.service(host)

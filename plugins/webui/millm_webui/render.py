@@ -56,7 +56,7 @@ class PageResource:
 
     @operation("An operator's page (HTML), built on this API's own answers", media_type="text/html")
     async def on_get(self, req, resp, **params: str) -> None:
-        api = Api(self.host.routes.app, req)
+        api = Api(self.host.app, req)
         base = {"nav": self.nav, "page": self.page, "path": req.path}
         try:
             data = await self.page.load(api, req, **params)
