@@ -121,13 +121,13 @@ def response_object(
 
 
 def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    """A function tool as the response lists it; ``strict`` is false: arguments are parsed, not constrained."""
+    """A function tool as the response lists it, ``strict`` as the request sent it (a strict tool served is honoured)."""
     return {
         "type": "function",
         "name": tool.get("name"),
         "description": tool.get("description"),
         "parameters": tool.get("parameters"),
-        "strict": False,
+        "strict": tool.get("strict") is True,
     }
 
 

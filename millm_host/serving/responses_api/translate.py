@@ -290,9 +290,8 @@ def _tool(tool: dict[str, Any], index: int, reported: list[str]) -> dict[str, An
             f"tools of type {tool.get('type')!r} are not supported; only function tools", param=f"{where}.type"
         )
     _report_keys(tool, _TOOL_KEYS, where, reported)
-    if tool.get("strict"):  # arguments are parsed, not constrained (as on chat completions)
-        reported.append(f"{where}.strict")
-    function = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+    # strict goes on: the chat rules honour it (every call held to its parameters) or refuse it
+    function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if tool.get(key) is not None}
     return {"type": "function", "function": function}
 
 

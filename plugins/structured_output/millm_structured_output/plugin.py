@@ -3,11 +3,14 @@
 Both shape a reply: ``response_format`` constrains the tokens (a logits
 processor per sequence, the finished document validated: a failure is a 500, or on a stream, where the
 tokens are already sent, a verdict in the last chunk), tools are rendered by
-the model's own template and the reply parsed back into ``tool_calls`` (an
-output filter per sequence). A template that shows tools in none of the formats
-read here gets the generic format (``tools/generic.py``): tools described in a
-system message, the reply constrained to JSON. A request that uses neither gets
-nothing installed.
+the model's own template, the reply constrained by one grammar in the family's
+call syntax (``tools/grammar.py``: every call held to its function's
+``parameters``) and read back into ``tool_calls`` (an output filter per
+sequence). A template that shows tools in none of the formats read here gets
+the generic format (``tools/generic.py``): tools described in a system message,
+the reply constrained to JSON. ``strict`` functions are held to the schema
+subset and their calls checked (``tools/strict.py``). A request that uses
+neither gets nothing installed.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from .tools.filter import ToolCallFilter
 from .tools.formats import CallFormat
 from .tools.generic import describe_tools, reply_format, show_tools, write_generic_history
 from .tools.generic_filter import GenericToolFilter
-from .tools.grammar import combined_format
+from .tools.grammar import tools_format
 from .tools.history import add_tool_history, write_calls_into_content
 from .tools.request import ToolRequest, parse_tool_request
+from .tools.strict import call_problem, check_strict
 from .tools.template import template_traits
 from .validation import document_problem
 
@@ -56,7 +60,6 @@ _RESPONSE_FORMAT_FIELDS = (
     "response_format.json_schema.schema",
     "response_format.json_schema.strict",
 )
-# tools[].function.strict is not claimed: a native family's tool arguments are parsed, not constrained.
 _TOOL_FIELDS = (
     "tools",
     "tools[].type",
@@ -64,6 +67,7 @@ _TOOL_FIELDS = (
     "tools[].function.name",
     "tools[].function.description",
     "tools[].function.parameters",
+    "tools[].function.strict",  # every call is held to its parameters by a grammar; strict: the subset, checked
     "tool_choice",
     "tool_choice.type",
     "tool_choice.function",
@@ -92,13 +96,13 @@ class Plan:
     tools: ToolRequest | None = None
     history: list[str] = field(default_factory=list)
     call_format: CallFormat | None = None
-    opening: str = ""
     #: Per choice, set after a streamed constrained generation: {"index", "status", "message"?}.
     verdicts: list[dict[str, Any]] | None = None
     #: The generic format's reply constraint (set when the tools are shown that way).
     generic: ResponseFormat | None = None
-    #: Tools shown with a response_format: one grammar, calls or the document (``tools/grammar.py``).
-    combined: ResponseFormat | None = None
+    #: The one grammar for the reply (``tools/grammar.py``): tools shown in a family's format, or
+    #: with a response_format (calls or the document).
+    grammar: ResponseFormat | None = None
 
 
 @hookimpl
@@ -127,6 +131,8 @@ def validate_request(ctx) -> None:
         COMPILER.grammar(fmt)  # a schema the library cannot compile is refused before any load
     if tools is not None and tools.tools and ctx.scoring:
         raise FieldNotHonoured("tools cannot be used on a scoring request", param="tools")
+    if tools is not None:
+        check_strict(tools)
     history = add_tool_history(ctx.messages, ctx.conversations)
     if tools is not None and tools.shown:
         ctx.chat_tools = tools.tools
@@ -147,7 +153,7 @@ def _refuse_combinations(ctx, fmt: ResponseFormat, tools: ToolRequest | None) ->
 
 @hookimpl
 def before_tokenize(ctx) -> None:
-    """Build the constraint for the resident model; check its template, write history and a forced call's opening."""
+    """Build the constraints for the resident model; check its template, write history."""
     plan: Plan | None = ctx.state.get(NAME)
     if plan is None:
         return
@@ -164,19 +170,14 @@ def before_tokenize(ctx) -> None:
             plan.generic = _prepare_generic(ctx.engine, tools)
     if plan.history:
         _write_history(ctx, plan, traits)
-    if tools is not None and tools.shown and plan.response_format is not None:
-        plan.combined = _prepare_combined(ctx.engine, tools, plan.call_format, plan.response_format)
+    if tools is not None and tools.shown and (plan.call_format is not None or plan.response_format is not None):
+        plan.grammar = _prepare_grammar(ctx.engine, tools, plan.call_format, plan.response_format)
     if plan.generic is not None:
         assert tools is not None  # generic is set above, for tools shown
         ctx.chat_tools = None  # the system message shows them, in the shapes the constraint allows
-        text = describe_tools(tools, document=plan.combined is not None)
+        text = describe_tools(tools, document=plan.grammar is not None)
         for conversation in ctx.conversations:
             show_tools(conversation, text, info.chat_template)
-    # with one grammar for calls and document, the grammar forces the call: no opening is written
-    if tools is not None and tools.opens_call and plan.call_format is not None and plan.combined is None:
-        plan.opening = plan.call_format.opening(tools.forced)
-        for conversation in ctx.conversations:
-            _open_call(conversation, plan.opening)
 
 
 def _prepare_generic(engine, tools: ToolRequest) -> ResponseFormat:
@@ -189,18 +190,17 @@ def _prepare_generic(engine, tools: ToolRequest) -> ResponseFormat:
     return fmt
 
 
-def _prepare_combined(
-    engine, tools: ToolRequest, call_format: CallFormat | None, fmt: ResponseFormat
+def _prepare_grammar(
+    engine, tools: ToolRequest, call_format: CallFormat | None, fmt: ResponseFormat | None
 ) -> ResponseFormat:
-    """The one grammar for calls or the document, compiled for ``engine`` (a failure refuses the request)."""
-    combined = combined_format(tools, call_format, fmt, getattr(engine, "tokenizer", None))
+    """The one grammar for the reply, compiled for ``engine`` (a failure refuses the request)."""
+    grammar = tools_format(tools, call_format, fmt, getattr(engine, "tokenizer", None))
     try:
-        COMPILER.prepare(engine, combined)
+        COMPILER.prepare(engine, grammar)
     except ResponseFormatUnsupported as exc:
-        raise InvalidParameter(
-            f"the tools cannot be combined with this response_format: {exc.message}", param="tools"
-        ) from None
-    return combined
+        what = "combined with this response_format" if fmt is not None else "enforced"
+        raise InvalidParameter(f"the tools cannot be {what}: {exc.message}", param="tools") from None
+    return grammar
 
 
 def _write_history(ctx, plan: Plan, traits) -> None:
@@ -213,15 +213,6 @@ def _write_history(ctx, plan: Plan, traits) -> None:
     write_generic_history(ctx.conversations, plan.tools.parallel if plan.tools is not None else True)
 
 
-def _open_call(conversation: list[dict[str, Any]], opening: str) -> None:
-    """End the conversation with the call's opening, which the host renders as a continued assistant turn."""
-    last = conversation[-1] if conversation else None
-    if last is not None and last.get("role") == "assistant" and not last.get("tool_calls"):
-        last["content"] = (last.get("content") or "") + opening
-    else:
-        conversation.append({"role": "assistant", "content": opening})
-
-
 @hookimpl
 def before_forward(ctx) -> list[Any] | None:
     """A JSON constraint per sequence for response_format; a tool-call filter per sequence for tools."""
@@ -230,25 +221,24 @@ def before_forward(ctx) -> list[Any] | None:
         return None
     installed: list[Any] = []
     engine = ctx.engine
-    live = plan.combined is not None  # one grammar: calls may stream before they end
-    if plan.combined is not None:
-        installed.append(_constraint(engine, plan.combined))
+    if plan.grammar is not None:
+        installed.append(_constraint(engine, plan.grammar))
     elif plan.response_format is not None:
         installed.append(_constraint(engine, plan.response_format))
     if plan.generic is not None and plan.tools is not None:
         names, parallel = plan.tools.names, not plan.tools.one_call
-        if plan.combined is None:
+        document = plan.grammar is not None  # with a response_format: calls or the document
+        if not document:
             installed.append(_constraint(engine, plan.generic))
         installed.append(
-            OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel, document=live), owner=NAME)
+            OutputFilterFactory(make=lambda index: GenericToolFilter(names, parallel, document=document), owner=NAME)
         )
-    if plan.call_format is not None:  # set exactly when the tools are shown natively
-        tools, call_format, opening = plan.tools, plan.call_format, plan.opening
+    if plan.call_format is not None:  # set exactly when the tools are shown natively (under plan.grammar)
+        tools, call_format = plan.tools, plan.call_format
         assert tools is not None
         installed.append(
             OutputFilterFactory(
-                make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, opening, live=live),
-                owner=NAME,
+                make=lambda index: ToolCallFilter(call_format, tools.names, tools.parallel, live=True), owner=NAME
             )
         )
     return installed or None
@@ -263,32 +253,44 @@ def _constraint(engine, fmt: ResponseFormat) -> LogitsProcessorFactory:
 
 @hookimpl
 def after_generate(ctx) -> None:
-    """Validate each complete constrained document.
+    """Validate each complete constrained document, and each call to a ``strict`` function.
 
     Not streamed: a failure is ``500 constrained_output_invalid``. Streamed: the
     tokens are already out, so each choice's verdict goes in the last chunk
     (``millm_validation``, through ``response_extras``).
     """
     plan: Plan | None = ctx.state.get(NAME)
-    if plan is None or plan.response_format is None or ctx.error is not None or ctx.interrupted:
+    if plan is None or ctx.error is not None or ctx.interrupted:
         return
     verdicts: list[dict[str, Any]] = []
     for out in ctx.outputs:
-        if out.finish_reason == "tool_calls":
-            continue  # tools with a response_format: this reply is calls, not the document
-        if out.finish_reason != "stop":  # "length": max_tokens cut the document, which is reported, not validated
-            verdicts.append({"index": out.index, "status": "incomplete"})
+        verdict = _verdict(plan, out)
+        if verdict is None:
             continue
-        problem = document_problem(out.text, plan.response_format)
-        if problem is None:
-            verdicts.append({"index": out.index, "status": "valid"})
-            continue
-        log.error("constrained output invalid (choice %d): %s", out.index, problem)
-        if not ctx.streaming:
-            raise ConstrainedOutputInvalid(f"choice {out.index}: {problem}")
-        verdicts.append({"index": out.index, "status": "invalid", "message": problem})
-    if ctx.streaming:
+        if verdict["status"] == "invalid":
+            log.error("constrained output invalid (choice %d): %s", out.index, verdict["message"])
+            if not ctx.streaming:
+                raise ConstrainedOutputInvalid(f"choice {out.index}: {verdict['message']}")
+        verdicts.append(verdict)
+    if ctx.streaming and (plan.response_format is not None or verdicts):
         plan.verdicts = verdicts
+
+
+def _verdict(plan: Plan, out) -> dict[str, Any] | None:
+    """One choice's verdict: its strict calls break their schema, or its document's (None: nothing to say)."""
+    calls = out.message_extras.get("tool_calls")
+    if calls and plan.tools is not None and plan.tools.strict:
+        problem = call_problem(calls, plan.tools)
+        if problem is not None:
+            return {"index": out.index, "status": "invalid", "message": problem}
+    if plan.response_format is None or out.finish_reason == "tool_calls":
+        return None  # tools with a response_format: this reply is calls, not the document
+    if out.finish_reason != "stop":  # "length": max_tokens cut the document, which is reported, not validated
+        return {"index": out.index, "status": "incomplete"}
+    problem = document_problem(out.text, plan.response_format)
+    if problem is None:
+        return {"index": out.index, "status": "valid"}
+    return {"index": out.index, "status": "invalid", "message": problem}
 
 
 @hookimpl

@@ -27,6 +27,9 @@ class FunctionDefinition(BaseModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = Field(default=None, description="A JSON Schema of the arguments")
+    strict: bool | None = Field(
+        default=None, description="Hold the parameters to the served schema subset (calls always follow them)"
+    )
 
 
 class Tool(BaseModel):

@@ -53,9 +53,18 @@ def document_problem(text: str, fmt: ResponseFormat) -> str | None:
         return f"the output is not JSON ({exc})"
     if fmt.kind == "json_object" and not isinstance(document, dict):
         return "the output is not a JSON object"
+    return _problem(document, fmt.key)
+
+
+def schema_problem(document: Any, schema: dict[str, Any] | bool) -> str | None:
+    """Why ``document`` fails ``schema``; None when it does not."""
+    return _problem(document, json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+
+
+def _problem(document: Any, schema_key: str) -> str | None:
     import jsonschema
 
-    error = jsonschema.exceptions.best_match(_validator(fmt.key).iter_errors(document))
+    error = jsonschema.exceptions.best_match(_validator(schema_key).iter_errors(document))
     if error is not None:
         where = error.json_path
         return f"the output fails the schema at {where}: {error.message}"

@@ -104,10 +104,14 @@ def test_transformers_honours_everything(fields):
     assert check_fields(fields, "chat.completions", "transformers", schema_body, strict=True) == []
 
 
-def test_tool_strict_is_reported_not_claimed(fields):
+def test_tool_strict_is_honoured_where_tools_are(fields):
+    """Every call is held to its function's parameters by a grammar, so strict is claimed, not reported."""
     tool = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
-    unused = check_fields(fields, "chat.completions", "transformers", {**CHAT, "tools": [tool]}, strict=False)
-    assert unused == ["tools[0].function.strict"]
+    body = {**CHAT, "tools": [tool]}
+    assert check_fields(fields, "chat.completions", "transformers", body, strict=True) == []
+    with pytest.raises(FieldNotHonoured) as raised:
+        check_fields(fields, "chat.completions", "gguf", body, strict=False)
+    assert raised.value.param == "tools"
 
 
 def context(body: dict, *, scoring: bool) -> RequestContext:

@@ -115,13 +115,15 @@ def test_llama3_parses_the_whole_reply():
 
 
 @pytest.mark.parametrize("fmt", [HERMES, PYTHONIC, LLAMA3_JSON])
-def test_render_and_forced_opening_parse_back(fmt):
+def test_render_parses_back(fmt):
     calls = [PARIS, ParsedCall("get_time", {"city": "Oslo", "exact": True, "n": None})]
     assert fmt.parse(fmt.render(calls)).calls == calls
-    rendered = fmt.render([PARIS])
-    opening = fmt.opening("get_weather")
-    assert rendered.startswith(opening)
-    assert rendered.startswith(fmt.opening(None))
+
+
+def test_pythonic_strings_written_as_json_mean_what_json_says():
+    """The grammar writes each keyword's value as JSON: its escapes are read as JSON's, not Python's."""
+    (call,) = PYTHONIC.parse('[f(a="x\\/y", b="\\ud83d\\ude00", c=\'q\', d="p" "q")]').calls
+    assert call.arguments == {"a": "x/y", "b": "\U0001f600", "c": "q", "d": "pq"}
 
 
 def feed_all(flt: ToolCallFilter, pieces: list[str]) -> str:
@@ -235,19 +237,6 @@ def test_filter_only_call_means_null_content_and_parallel_false_keeps_one():
     result = flt.finish("stop")
     assert result.message_extras["content"] is None
     assert [c["function"]["name"] for c in result.message_extras["tool_calls"]] == ["get_weather"]
-
-
-def test_filter_forced_opening_is_prompt_not_reply():
-    opening = HERMES.opening("get_weather")
-    flt = ToolCallFilter(HERMES, NAMES, parallel=True, opening=opening)
-    assert flt.feed('{"city": "Paris"}}\n</tool_call>') == ""
-    result = flt.finish("stop")
-    assert result.finish_reason == "tool_calls"
-    assert json.loads(result.message_extras["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
-
-    flt = ToolCallFilter(HERMES, NAMES, parallel=True, opening=opening)
-    flt.feed("garbage")
-    assert flt.finish("length").text == ""  # a cut forced call is dropped: neither it nor its opening is content
 
 
 def test_llama_filter_releases_plain_replies_at_once():

@@ -45,7 +45,7 @@ def test_required_tool_choice_answers_a_function_call_item(client):
         tools=[WEATHER],
         tool_choice="required",
         max_output_tokens=80,
-        extra_headers=scripted('get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+        extra_headers=scripted(HERMES_CALL),
     )
     validate_openai("Response", response.model_dump(mode="json", exclude_unset=True))
     (call,) = response.output
@@ -184,7 +184,7 @@ def test_a_named_tool_choice(http):
         "tool_choice": {"type": "function", "name": "get_weather"},
         "max_output_tokens": 80,
     }
-    response = http.post("/v1/responses", json=body, headers=scripted('{"city": "Paris"}}\n</tool_call>'))
+    response = http.post("/v1/responses", json=body, headers=scripted(HERMES_CALL))
     assert response.status_code == 200, response.text
     (call,) = response.json()["output"]
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}

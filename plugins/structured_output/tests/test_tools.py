@@ -42,9 +42,9 @@ def tokenizers(family_models):
     return get
 
 
-def expected_prompt_tokens(tokenizer, messages, tools=None, opening: str = "") -> int:
+def expected_prompt_tokens(tokenizer, messages, tools=None) -> int:
     """Tokens of the prompt as the spec says a chat becomes ids (one BOS), computed with transformers."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False) + opening
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     add_special = not (tokenizer.bos_token and text.startswith(tokenizer.bos_token))
     return len(tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
@@ -95,17 +95,19 @@ def test_hermes_stream_sends_content_then_the_call_name_then_its_arguments(http)
     content = "".join(d.get("content") or "" for d in deltas)
     assert content == "Checking. "
     call_deltas = [d for d in deltas if "tool_calls" in d]
-    assert len(call_deltas) == 2  # unconstrained, the call goes out once its arguments are whole
+    assert len(call_deltas) > 2  # under the grammar, the arguments go out as they are written
     (opening,) = call_deltas[0]["tool_calls"]
     assert opening["index"] == 0 and opening["id"].startswith("call_") and opening["type"] == "function"
     assert opening["function"] == {"name": "get_weather", "arguments": ""}
-    (arguments,) = call_deltas[1]["tool_calls"]
-    assert arguments == {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}
+    pieces = [part for d in call_deltas[1:] for part in d["tool_calls"]]
+    assert all(set(part) == {"index", "function"} and part["index"] == 0 for part in pieces)
+    assert "".join(part["function"]["arguments"] for part in pieces) == '{"city": "Paris"}'
     finals = [c["choices"][0]["finish_reason"] for c in chunks[:-1] if c["choices"]]
     assert finals[-1] == "tool_calls" and all(f is None for f in finals[:-1])
     choice_chunks = [c for c in chunks[:-1] if c["choices"]]  # extension chunks (choices: []) end a stream
-    first_call_chunk = next(c for c in choice_chunks if "tool_calls" in c["choices"][0]["delta"])
-    assert choice_chunks.index(first_call_chunk) == len(choice_chunks) - 3
+    kinds = ["call" if "tool_calls" in c["choices"][0]["delta"] else "other" for c in choice_chunks]
+    first_call = kinds.index("call")
+    assert kinds[first_call:-1] == ["call"] * (len(kinds) - 1 - first_call)  # content first, then only the call
 
 
 def test_sdk_stream_helper_runs_to_completion(family_server):
@@ -145,37 +147,19 @@ def test_parallel_calls_and_parallel_false(http):
     assert [c["function"]["name"] for c in one] == ["get_weather"]
 
 
-@pytest.mark.parametrize(
-    "reply",
-    [
-        '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',  # not offered
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>',  # malformed
-        "It is sunny in Paris.",
-    ],
-)
-def test_unparsed_replies_are_plain_content(http, reply):
-    choice = only_choice(ask(http, "tiny-qwen25", reply))
+def test_a_reply_in_words_is_plain_content(http):
+    """A call to a function not offered, or a malformed one, cannot be written: the grammar
+    allows only calls held to the schema (``test_tool_grammar``)."""
+    choice = only_choice(ask(http, "tiny-qwen25", "It is sunny in Paris."))
     assert choice["finish_reason"] == "stop"
-    assert choice["message"]["content"] == reply and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"] == "It is sunny in Paris." and "tool_calls" not in choice["message"]
 
 
-def test_named_tool_choice_opens_the_call_in_the_prompt(http, tokenizers):
-    forced = {"type": "function", "function": {"name": "get_weather"}}
-    response = ask(http, "tiny-qwen25", '{"city": "Paris"}}\n</tool_call>', tool_choice=forced)
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_is_forced_by_the_grammar_not_the_prompt(http, tokenizers, tool_choice):
+    response = ask(http, "tiny-qwen25", HERMES_CALL, tool_choice=tool_choice)
     assert_weather_call(only_choice(response))
-    opening = '<tool_call>\n{"name": "get_weather", "arguments": '
-    expected = expected_prompt_tokens(tokenizers("tiny-qwen25"), QUESTION, [WEATHER_TOOL, TIME_TOOL], opening)
-    assert response.json()["usage"]["prompt_tokens"] == expected
-
-
-def test_required_opens_a_call_without_a_name(http, tokenizers):
-    response = ask(
-        http, "tiny-qwen25", 'get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', tool_choice="required"
-    )
-    assert_weather_call(only_choice(response))
-    expected = expected_prompt_tokens(
-        tokenizers("tiny-qwen25"), QUESTION, [WEATHER_TOOL, TIME_TOOL], '<tool_call>\n{"name": "'
-    )
+    expected = expected_prompt_tokens(tokenizers("tiny-qwen25"), QUESTION, [WEATHER_TOOL, TIME_TOOL])
     assert response.json()["usage"]["prompt_tokens"] == expected
 
 
@@ -243,7 +227,7 @@ def test_llama_named_choice_and_stream(http, tokenizers):
         "max_tokens": 40,
         "tool_choice": forced,
     }
-    chunks = sse_chunks(http, body, scripted('{"city": "Paris"}}'))
+    chunks = sse_chunks(http, body, scripted(LLAMA_CALL))
     deltas = [c["choices"][0]["delta"] for c in chunks[:-1] if c["choices"]]
     assert not any(d.get("content") for d in deltas)
     (call,) = next(d for d in deltas if "tool_calls" in d)["tool_calls"]
@@ -281,7 +265,7 @@ def test_lfm2_required_and_stream_helper(family_server):
         tools=[WEATHER_TOOL],
         tool_choice="required",
         max_tokens=40,
-        extra_headers=scripted('get_weather(city="Paris")]<|tool_call_end|>'),
+        extra_headers=scripted(LFM2_CALL),
     ) as stream:
         for _ in stream:
             pass

@@ -210,8 +210,9 @@ def test_the_responses_api_never_shows_a_cut_call_as_text(family_server, family_
 @pytest.mark.parametrize(
     ("model", "reply", "tool_choice"),
     [
-        ("tiny-smollm2", None, "required"),  # the generic format, constrained: a random model's call
-        ("tiny-qwen25", HERMES_TWO, "auto"),  # Hermes, unconstrained: each call once its arguments are whole
+        ("tiny-smollm2", None, "required"),  # the generic format: a random model's call
+        ("tiny-qwen25", None, "required"),  # Hermes: a random model's call
+        ("tiny-qwen25", HERMES_TWO, "auto"),  # Hermes: two known calls
     ],
 )
 def test_streamed_calls_send_the_name_then_argument_deltas(family, model, reply, tool_choice):
@@ -241,8 +242,7 @@ def test_streamed_calls_send_the_name_then_argument_deltas(family, model, reply,
     assert calls
     for call in calls.values():
         jsonschema.validate(json.loads(call["arguments"]), SHORT_SCHEMAS[call["name"]])
-    if reply is None:  # constrained: the arguments arrive as they are generated
-        assert max(call["pieces"] for call in calls.values()) > 1
+    assert max(call["pieces"] for call in calls.values()) > 1  # the arguments arrive as they are generated
 
 
 def test_the_sdk_stream_helper_accumulates_the_argument_deltas(generic):

@@ -55,18 +55,14 @@ def calls_result(
 class ToolCallFilter:
     """Holds back possible calls in one sequence, streams them as they are written and settles them at its end.
 
-    ``opening`` is the call syntax a forced call put at the end of the prompt: the
-    reply continues it, so the whole reply is held and read after it. ``live``: a
-    grammar constrains the reply, so a call's arguments may stream before they end.
+    ``live``: a grammar constrains the reply (as the plugin always does), so a
+    call's arguments may stream before they end.
     """
 
-    def __init__(
-        self, fmt: CallFormat, names: frozenset[str], parallel: bool, opening: str = "", *, live: bool = False
-    ) -> None:
+    def __init__(self, fmt: CallFormat, names: frozenset[str], parallel: bool, *, live: bool = False) -> None:
         self.fmt = fmt
         self.names = names
         self.parallel = parallel
-        self.opening = opening
         self.live = live
         self.text = ""  # everything generated
         self.released = 0  # characters of ``text`` sent as content
@@ -78,9 +74,6 @@ class ToolCallFilter:
 
     def feed(self, text: str) -> str:
         self.text += text
-        if self.opening:
-            self.stream.feed(self.opening + self.text)
-            return ""
         hold = max(self.released, self.fmt.hold_from(self.text))
         delta, self.released = self.text[self.released : hold], hold
         if self.released != self._region_from and not self.stream.calls:
@@ -95,16 +88,14 @@ class ToolCallFilter:
 
     def finish(self, finish_reason: str) -> FilterResult:
         held = self.text[self.released :]
-        whole = self.opening + held
-        cut = finish_reason == "length"
-        if cut:
-            calls = None if self.stream.calls else self.fmt.cut_calls(whole)
+        if finish_reason == "length":
+            calls = None if self.stream.calls else self.fmt.cut_calls(held)
             tool_calls = self.stream.settle(calls if self.parallel or calls is None else calls[:1])
             if tool_calls:
                 return calls_result(tool_calls, finish_reason, has_content=bool(self.text[: self.released].strip()))
             # a cut call is dropped; cut text that is no call is content
-            return FilterResult(text="" if self.opening or self.fmt.starts_call(held) else held)
-        reply = self.fmt.parse(whole) if (held or self.opening) else None
+            return FilterResult(text="" if self.fmt.starts_call(held) else held)
+        reply = self.fmt.parse(held) if held else None
         if reply is None or not self._offered(reply):
             if self.stream.opened:  # calls already streamed stay; the rest does not parse
                 tool_calls = self.stream.settle(None)

@@ -7,9 +7,8 @@
 | Llama 3.1 / 3.2 / 3.3 | ``{"name": …, "parameters": {…}}`` as the whole reply          |
 
 Each format says where in a growing reply a call may start (so a streaming
-filter holds that text back), the opening that forces a call, how to write a
-call into history for a template that does not render ``tool_calls`` itself,
-and how to parse a reply. Parsing never raises: a reply that is not a
+filter holds that text back), how to write a call into history for a template
+that does not render ``tool_calls`` itself, and how to parse a reply. Parsing never raises: a reply that is not a
 well-formed call gives ``None`` and is returned as plain content.
 """
 
@@ -61,16 +60,12 @@ def _partial_marker_start(text: str, marker: str) -> int:
 
 
 class CallFormat:
-    """One family's call syntax. Subclasses fill in the four operations."""
+    """One family's call syntax. Subclasses fill in its operations."""
 
     name = ""
 
     def hold_from(self, text: str) -> int:
         """Where in the reply so far a call may begin (``len(text)``: nowhere yet)."""
-        raise NotImplementedError
-
-    def opening(self, function: str | None) -> str:
-        """The text that opens a call (naming ``function`` when one is forced)."""
         raise NotImplementedError
 
     def render(self, calls: list[ParsedCall]) -> str:
@@ -99,10 +94,6 @@ class HermesFormat(CallFormat):
     def hold_from(self, text: str) -> int:
         found = text.find(self.start)
         return found if found >= 0 else _partial_marker_start(text, self.start)
-
-    def opening(self, function: str | None) -> str:
-        head = self.start + '\n{"name": "'
-        return head + (f'{function}", "arguments": ' if function else "")
 
     def render(self, calls: list[ParsedCall]) -> str:
         return "\n".join(
@@ -150,9 +141,6 @@ class PythonicFormat(CallFormat):
             return 0
         found = text.find(self.start)
         return found if found >= 0 else _partial_marker_start(text, self.start)
-
-    def opening(self, function: str | None) -> str:
-        return self.start + "[" + (f"{function}(" if function else "")
 
     def render(self, calls: list[ParsedCall]) -> str:
         written = ", ".join(
@@ -205,9 +193,6 @@ class Llama3JsonFormat(CallFormat):
         stripped = text.lstrip()
         return 0 if not stripped or stripped.startswith("{") else len(text)
 
-    def opening(self, function: str | None) -> str:
-        return '{"name": "' + (f'{function}", "parameters": ' if function else "")
-
     def render(self, calls: list[ParsedCall]) -> str:
         return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
 
@@ -242,8 +227,9 @@ def _begins_with(text: str, marker: str) -> bool:
 
 def _pythonic_calls(body: str) -> list[ParsedCall] | None:
     """``[f(a=1), g(b='x')]`` (or one bare call) with keyword arguments only."""
+    source = body.strip()
     try:
-        tree = ast.parse(body.strip(), mode="eval").body
+        tree = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError):
         return None
     nodes = tree.elts if isinstance(tree, ast.List) else [tree]
@@ -252,7 +238,7 @@ def _pythonic_calls(body: str) -> list[ParsedCall] | None:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
             return None
         try:
-            arguments = {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg is not None}
+            arguments = {kw.arg: _literal(kw.value, source) for kw in node.keywords if kw.arg is not None}
         except (ValueError, TypeError, SyntaxError, RecursionError):
             return None
         if len(arguments) != len(node.keywords):
@@ -264,17 +250,28 @@ def _pythonic_calls(body: str) -> list[ParsedCall] | None:
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
-def _literal(node: ast.AST) -> Any:
-    """A Python literal, also accepting JSON's true/false/null (models mix the two)."""
+def _literal(node: ast.AST, source: str) -> Any:
+    """A Python literal, also accepting JSON's true/false/null (models mix the two).
+
+    A double-quoted string is read as JSON where it is JSON (the grammar writes
+    JSON values): ``"\\/"`` and surrogate pairs mean what they mean in JSON.
+    """
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.List):
-        return [_literal(e) for e in node.elts]
+        return [_literal(e, source) for e in node.elts]
     if isinstance(node, ast.Dict):
         keys = [k for k in node.keys if k is not None]  # None: a ``**mapping`` unpacked
         if len(keys) < len(node.keys):
             raise ValueError("dict unpacking")
-        return {_literal(k): _literal(v) for k, v in zip(keys, node.values, strict=False)}
+        return {_literal(k, source): _literal(v, source) for k, v in zip(keys, node.values, strict=False)}
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        written = ast.get_source_segment(source, node) or ""
+        if written.startswith('"'):
+            try:
+                return json.loads(written)
+            except ValueError:
+                pass  # Python's own escapes, or strings written one after another
     return ast.literal_eval(node)
 
 

@@ -23,6 +23,8 @@ class ToolRequest:
     choice: str
     forced: str | None
     parallel: bool
+    #: The functions sent with ``strict: true``: their parameters must be in the served subset (else refused).
+    strict: frozenset[str] = frozenset()
 
     @property
     def one_call(self) -> bool:
@@ -33,11 +35,6 @@ class ToolRequest:
     def shown(self) -> bool:
         """The tools go to the template and the reply is parsed (not for ``none``)."""
         return bool(self.tools) and self.choice != "none"
-
-    @property
-    def opens_call(self) -> bool:
-        """``required`` and a named function open the call in the assistant turn."""
-        return self.shown and self.choice in ("required", "function")
 
 
 def parse_tool_request(body: dict[str, Any]) -> ToolRequest | None:
@@ -56,7 +53,8 @@ def parse_tool_request(body: dict[str, Any]) -> ToolRequest | None:
         )
     if not tools and choice == "none":
         return None
-    return ToolRequest(tools, names, choice, forced, parallel)
+    strict = frozenset(t["function"]["name"] for t in tools if t["function"].get("strict"))
+    return ToolRequest(tools, names, choice, forced, parallel, strict)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
@@ -90,6 +88,8 @@ def _tools(value: Any) -> list[dict[str, Any]]:
             raise InvalidParameter(
                 f"{where}.function.description must be a string", param=f"{where}.function.description"
             )
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
+            raise InvalidParameter(f"{where}.function.strict must be a boolean", param=f"{where}.function.strict")
     return value
 
 
