@@ -7,18 +7,24 @@ otherwise it writes random text within whatever constraint the request sets.
 Schemas here use enums and booleans only, so a random model finishes them in a few tokens.
 
 Nothing may reach the network: the libraries' telemetry and price-list downloads are
-switched off below, and a guard refuses any connection that is not to this machine.
+switched off below, and a guard refuses any connection that is not to this machine (a client
+run as a subprocess gets the same guard through ``offline_env``).
+
+An agent loop sends several requests; ``scripted_turns`` scripts each from what it carries:
+a tool call first, the answer once the tool's result is in the conversation.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
+import httpx
 import pytest
 from pydantic import BaseModel
 
@@ -89,6 +95,49 @@ def no_network() -> Iterator[None]:
         yield
 
 
+#: Loaded by ``sitecustomize`` into a client run as a subprocess (and the processes it spawns):
+#: the same refusal as ``no_network``, which only covers this process.
+_CHILD_GUARD = f"""
+import socket
+
+_LOCAL = {sorted(LOCAL_HOSTS)!r}
+_connect, _getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+
+def _check(host):
+    host = host.decode() if isinstance(host, bytes) else host
+    if isinstance(host, str) and host not in _LOCAL:
+        raise ConnectionRefusedError(f"the client suite must stay offline, but something tried to reach {{host!r}}")
+
+
+def connect(self, address):
+    if isinstance(address, tuple):
+        _check(address[0])
+    return _connect(self, address)
+
+
+def getaddrinfo(host, *args, **kwargs):
+    if host is not None:
+        _check(host)
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.socket.connect, socket.getaddrinfo = connect, getaddrinfo
+"""
+
+
+@pytest.fixture(scope="module")
+def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment for a client run as a subprocess: the network guard, and the Hugging Face hub offline.
+
+    (Not set for the whole session: other tests point huggingface_hub at a local hub.)
+    """
+    folder = tmp_path_factory.mktemp("offline-guard")
+    (folder / "sitecustomize.py").write_text(_CHILD_GUARD)
+    paths = [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServerProcess]:
     """One ``millm serve`` per test module, on the tiny model, scripted output enabled."""
@@ -111,6 +160,35 @@ def scripted() -> Callable[[str], dict[str, str]]:
     from millm_scripted_output import HEADER, encode
 
     return lambda text: {HEADER: encode(text)}
+
+
+def _holds_a_tool_result(body: object) -> bool:
+    """Whether a chat or Responses request already carries a tool's result (the agent's second turn)."""
+    if not isinstance(body, dict):
+        return False
+    items = [*(body.get("messages") or ()), *(body["input"] if isinstance(body.get("input"), list) else ())]
+    return any(
+        isinstance(item, dict) and (item.get("role") == "tool" or item.get("type") == "function_call_output")
+        for item in items
+    )
+
+
+@pytest.fixture(scope="module")
+def scripted_turns(scripted: Callable[[str], dict[str, str]]) -> Callable[[str, str], httpx.AsyncClient]:
+    """``scripted_turns(call, answer)``: an httpx client for an agent loop's requests.
+
+    The model writes ``call`` until the conversation holds a tool's result, then ``answer``:
+    one script per turn, decided by the request itself, so retries and extra turns stay right.
+    """
+
+    def client(call: str, answer: str) -> httpx.AsyncClient:
+        async def script(request: httpx.Request) -> None:
+            body = json.loads(request.content) if request.content else None
+            request.headers.update(scripted(answer if _holds_a_tool_result(body) else call))
+
+        return httpx.AsyncClient(event_hooks={"request": [script]}, timeout=120)
+
+    return client
 
 
 class Weather(BaseModel):
@@ -142,6 +220,11 @@ WEATHER_TOOL = {
 
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
+#: What a model with no native tool format writes to call ``get_weather`` (the generic format,
+#: as the structured_output plugin constrains it), and to answer in words once it has the result.
+GENERIC_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+GENERIC_ANSWER = '{"response": "Sunny in Paris."}'
+
 
 class Shapes:
     """The request and reply shapes the modules share (test modules cannot import this conftest)."""
@@ -150,9 +233,11 @@ class Shapes:
     GetWeather = GetWeather
     WEATHER_TOOL = WEATHER_TOOL
     QUESTION = QUESTION
+    GENERIC_CALL = GENERIC_CALL
+    GENERIC_ANSWER = GENERIC_ANSWER
 
 
 @pytest.fixture(scope="session")
 def shapes() -> type[Shapes]:
-    """``shapes.Weather``, ``shapes.GetWeather``, ``shapes.WEATHER_TOOL``, ``shapes.QUESTION``."""
+    """``shapes.Weather``, ``shapes.GetWeather``, ``shapes.WEATHER_TOOL``, ``shapes.QUESTION``, ``shapes.GENERIC_*``."""
     return Shapes
