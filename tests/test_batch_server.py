@@ -46,7 +46,10 @@ def done_lines(data_dir, batch_id: str) -> dict[str, str]:
 
 
 def test_a_batch_survives_kill_9_without_losing_or_repeating_a_line(server_factory, tiny_model_dir, tmp_path):
-    server = server_factory(tiny_model_dir, data_dir=tmp_path, env={"MILLM_BATCH_CONCURRENCY": "1"})
+    # The restarted server is a new replica (its name has the pid): it resumes the batch once the killed
+    # one's lease expires, 2 s after the kill rather than the default 30.
+    env = {"MILLM_BATCH_CONCURRENCY": "1", "MILLM_BATCH_LEASE_S": "2"}
+    server = server_factory(tiny_model_dir, data_dir=tmp_path, env=env)
     client = server.openai()
     model = server.model_id
     records = [

@@ -21,6 +21,8 @@ other's five best): Q4 noise may swap two near-tied tokens, as it does unsteered
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,7 @@ def engines(tmp_path_factory):
     from millm_engine_transformers.spec import describe as describe_hf
     from millm_host.default_model import default_model_path
     from millm_host.settings import HOST_SETTINGS, Settings
+    from millm_host.testing import shared_cache_dir
 
     path = default_model_path()
     if path is None:
@@ -48,7 +51,9 @@ def engines(tmp_path_factory):
         environ={"GGUF_N_CTX": "256", "GGUF_N_THREADS": "1", "GGUF_N_THREADS_BATCH": "1"},
     )
     gguf = GGUFEngine.load(describe_gguf(str(path)), gguf_settings, lambda _: None)
-    hf = TransformersEngine.load(describe_hf(str(path)), Settings(), lambda _: None)
+    # The float32 conversion every default-model test shares (not the user's data directory: another one per run).
+    hf_settings = Settings(HOST_SETTINGS, {**os.environ, "MILLM_CACHE_DIR": str(shared_cache_dir() / "model-cache")})
+    hf = TransformersEngine.load(describe_hf(str(path)), hf_settings, lambda _: None)
     yield hf, gguf
     gguf.close()
     hf.close()

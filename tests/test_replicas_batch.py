@@ -23,6 +23,8 @@ from .test_batch_api import CHAT, jsonl, line
 pytestmark = pytest.mark.slow
 
 LINES = 16
+#: Lines that never wait at the gate: the batch is under way once they are done.
+OPEN = 2
 
 
 def chat_lines_run(server) -> float:
@@ -49,12 +51,17 @@ def done_lines(url: str, batch_id: str) -> int:
 
 
 def submit(server, name: str):
+    """A batch whose first ``OPEN`` lines run straight through; the others wait at the gate while it is closed."""
     client = server.openai()
     model = server.model_id
     records = [
         line(
             f"{name}-{i}",
-            {"model": model, "messages": [{"role": "user", "content": f"FAULT count to {i}"}], "max_tokens": 8},
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": f"{'' if i < OPEN else 'FAULT '}count to {i}"}],
+                "max_tokens": 8,
+            },
         )
         for i in range(LINES)
     ]
@@ -76,28 +83,32 @@ def finished(server, batch_id: str):
 
 def test_one_replica_runs_a_batch_and_the_other_resumes_it_after_a_crash(server_factory, tiny_model_dir, tmp_path):
     url = shared_database_url(tmp_path)
+    gate = tmp_path / "gate-open"  # while it is missing, a line past the first OPEN stops at its second token
     env = {
         "MILLM_DATABASE_URL": url,
         "MILLM_BATCH_CONCURRENCY": "1",
         "MILLM_BATCH_LEASE_S": "3",
-        "FAULT_INJECTION": "slow:2:3",  # each line takes 3 s: the batch outlasts B's start
+        "FAULT_INJECTION": f"gate:2:{gate}",  # the batch outlasts B's start, however long that takes
         **FAST_CONVERGE,
     }
     data = tmp_path / "data"
     a = server_factory(tiny_model_dir, data_dir=data, env=env)
     first = submit(a, "first")
-    wait_until(lambda: done_lines(url, first.id) >= 2, "the batch to be under way")
+    wait_until(lambda: done_lines(url, first.id) >= OPEN, "the batch to be under way")
     b = server_factory(tiny_model_dir, data_dir=data, env=env)  # starts (and looks for batches to resume) mid-batch
     assert done_lines(url, first.id) < LINES, "B should start while A runs the batch"
+    gate.touch()
     assert finished(b, first.id) == [f"first-{i}" for i in range(LINES)]
     assert chat_lines_run(a) + chat_lines_run(b) == LINES  # every line ran once, on one replica or the other
 
+    gate.unlink()
     second = submit(a, "second")
-    wait_until(lambda: done_lines(url, second.id) >= 2, "the second batch to be under way")
+    wait_until(lambda: done_lines(url, second.id) >= OPEN, "the second batch to be under way")
     ran_on_b = chat_lines_run(b)
     os.killpg(a.proc.pid, signal.SIGKILL)  # its lease stays until it expires; then B takes the batch over
     a.proc.wait(30)
     before = done_lines(url, second.id)
     assert before < LINES, "the kill should land mid-batch"
+    gate.touch()
     assert finished(b, second.id) == [f"second-{i}" for i in range(LINES)]  # none lost, none twice
     assert chat_lines_run(b) - ran_on_b == LINES - before  # B ran exactly the lines A had not finished

@@ -89,7 +89,10 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
     """Start ``millm serve`` processes; all are stopped at the end of the session.
 
     ``server_factory(model=path, env={...}, args=[...])`` returns a started server
-    with its own data directory (a fresh SQLite database).
+    with its own data directory (a fresh SQLite database). With ``wait=False`` it
+    returns as soon as the process is launched, so that several start at once (on
+    two cores, two start in little more time than one): call ``server.ready()``
+    before using it.
     """
     started: list[ServerProcess] = []
 
@@ -102,6 +105,7 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
         timeout: float = 300,
         wait_for: str | None = "ok",
         shared: bool = False,
+        wait: bool = True,
     ) -> ServerProcess:
         server = ServerProcess(
             data_dir or tmp_path_factory.mktemp("millm-data"),
@@ -113,11 +117,28 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
         started.append(server)
         if not shared:
             _module_started.append(server)
-        return server.start(timeout)
+        server.launch()
+        return server.ready(timeout) if wait else server
 
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def replicas_factory(server_factory) -> Callable[..., list[ServerProcess]]:
+    """``replicas_factory(count, model, env={...})``: ``count`` servers alike, started at once.
+
+    Takes ``server_factory``'s arguments; with a shared ``MILLM_DATABASE_URL`` they are replicas.
+    """
+
+    def start(
+        count: int, model: str | Path | None = None, *, timeout: float = 300, **kwargs: Any
+    ) -> list[ServerProcess]:
+        launched = [server_factory(model, wait=False, **kwargs) for _ in range(count)]
+        return [server.ready(timeout) for server in launched]
+
+    return start
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,10 @@ def shared_cache_dir() -> Path:
 
 
 class ServerProcess(LoopbackClients):
-    """``millm serve`` in a subprocess; ``start()`` waits until the model is loaded."""
+    """``millm serve`` in a subprocess; ``start()`` waits until the model is loaded.
+
+    ``launch()`` then ``ready()`` is ``start()`` in two steps, so that several servers start at once.
+    """
 
     def __init__(
         self,
@@ -77,10 +80,19 @@ class ServerProcess(LoopbackClients):
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 300) -> ServerProcess:
+        return self.launch().ready(timeout)
+
+    def launch(self) -> ServerProcess:
+        """Start the process; ``ready()`` waits for it."""
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        return self
+
+    def ready(self, timeout: float = 300) -> ServerProcess:
+        """Wait until the launched process answers ``/api/health`` with the status it waits for."""
+        assert self.proc is not None, "launch() the server first"
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:

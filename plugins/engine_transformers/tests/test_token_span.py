@@ -29,6 +29,12 @@ def tiny_tokenizer():
     return AutoTokenizer.from_pretrained(str(tiny_llama()))
 
 
+@pytest.fixture(scope="module")
+def tiny_floor(tiny_tokenizer):
+    """The floor, read once: ``TokenFloor.of`` reads the whole vocabulary (50 ms), too slow for every example."""
+    return TokenFloor.of(tiny_tokenizer)
+
+
 def test_a_byte_level_bpe_is_bounded_by_its_longest_entry(tiny_tokenizer):
     floor = TokenFloor.of(tiny_tokenizer)
     assert floor is not None and floor.per_token == max(len(t) for t in tiny_tokenizer.get_vocab())
@@ -39,12 +45,11 @@ def test_a_byte_level_bpe_is_bounded_by_its_longest_entry(tiny_tokenizer):
 
 @settings(max_examples=200, deadline=None)
 @given(texts=st.lists(st.text(max_size=100), min_size=1, max_size=4))
-def test_no_text_has_fewer_tokens_than_the_floor(tiny_tokenizer, texts):
-    floor = TokenFloor.of(tiny_tokenizer)
+def test_no_text_has_fewer_tokens_than_the_floor(tiny_tokenizer, tiny_floor, texts):
     special = max(tiny_tokenizer.all_special_tokens, key=len)
     for sample in (texts, [special * 3, *texts]):
         tokens = tiny_tokenizer("".join(sample), add_special_tokens=False)["input_ids"]
-        assert len(tokens) >= floor.tokens(sample)
+        assert len(tokens) >= tiny_floor.tokens(sample)
 
 
 def _fast(model, normalizer=None, pre_tokenizer=None) -> PreTrainedTokenizerFast:
@@ -77,6 +82,11 @@ def nfc_tokenizer():
     return AutoTokenizer.from_pretrained(str(tiny_llama(nfc=True)))
 
 
+@pytest.fixture(scope="module")
+def nfc_floor(nfc_tokenizer):
+    return TokenFloor.of(nfc_tokenizer)
+
+
 def test_an_nfc_normalized_byte_level_bpe_is_bounded_by_what_nfc_keeps(nfc_tokenizer, tiny_tokenizer):
     floor, plain = TokenFloor.of(nfc_tokenizer), TokenFloor.of(tiny_tokenizer)
     assert plain is not None and floor == TokenFloor(plain.per_token, plain.dropped, nfc=True)
@@ -88,10 +98,9 @@ def test_an_nfc_normalized_byte_level_bpe_is_bounded_by_what_nfc_keeps(nfc_token
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(texts=st.lists(st.text(alphabet=COMPOSING, max_size=60) | st.text(max_size=30), min_size=1, max_size=4))
-def test_no_nfc_normalized_text_has_fewer_tokens_than_the_floor(nfc_tokenizer, texts):
-    floor = TokenFloor.of(nfc_tokenizer)
+def test_no_nfc_normalized_text_has_fewer_tokens_than_the_floor(nfc_tokenizer, nfc_floor, texts):
     tokens = nfc_tokenizer("".join(texts), add_special_tokens=False)["input_ids"]
-    assert len(tokens) >= floor.tokens(texts)
+    assert len(tokens) >= nfc_floor.tokens(texts)
     assert len(unicodedata.normalize("NFC", "".join(texts))) >= sum(len(t) - nfc.mergeable(t) for t in texts)
 
 

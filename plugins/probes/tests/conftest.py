@@ -58,6 +58,8 @@ class Lab:
         self.n_layers = self.model.config.num_hidden_layers
         self.eos = self.tokenizer.eos_token_id
         self.saes: dict[str, dict[str, Any]] = {}
+        #: Every layer's hidden states per token ids: each probe's test vectors are the same few chats.
+        self._states: dict[tuple[int, ...], list[np.ndarray]] = {}
 
     # --- ids -------------------------------------------------------------------------
     def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -159,11 +161,16 @@ class Lab:
 
     # --- the math --------------------------------------------------------------------
     def hidden(self, ids: list[int], layer: int, point: str) -> np.ndarray:
+        """The hidden states at one point (read-only: one forward pass per ``ids`` serves every caller)."""
         assert point == "resid_pre" or layer < self.n_layers - 1, "the last hidden state is normed"
-        with self.torch.no_grad():
-            states = self.model(self.torch.tensor([ids]), output_hidden_states=True).hidden_states
-        index = layer if point == "resid_pre" else layer + 1
-        return states[index][0].numpy().astype(np.float32)
+        key = tuple(ids)
+        if key not in self._states:
+            with self.torch.no_grad():
+                states = self.model(self.torch.tensor([ids]), output_hidden_states=True).hidden_states
+            self._states[key] = [state[0].numpy().astype(np.float32) for state in states]
+            for array in self._states[key]:
+                array.setflags(write=False)
+        return self._states[key][layer if point == "resid_pre" else layer + 1]
 
     def per_token(self, doc: dict[str, Any], ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """(s_t, attention logits) for every position of ``ids``, in float64 from float32 hidden states."""

@@ -86,7 +86,8 @@ def request(index: int, model: str) -> tuple[dict, dict[str, str]]:
     return body, headers
 
 
-def start(server_factory, sae_root: Path, **env: str):
+def launch(server_factory, sae_root: Path, **env: str):
+    """A server launched, not yet ready (the two start at once)."""
     return server_factory(
         env={
             "MILLM_SAE_DIRS": str(sae_root),
@@ -95,7 +96,8 @@ def start(server_factory, sae_root: Path, **env: str):
             "PROBE_MAX_OVERHEAD_MS_PER_PASS": "100",
             "PROBE_MAX_PREFILL_MS_PER_1K": "1000",
             **env,
-        }
+        },
+        wait=False,
     )
 
 
@@ -107,9 +109,9 @@ def servers(server_factory, tmp_path_factory):
 
     sae_root = tmp_path_factory.mktemp("eq-saes")
     write_sae(sae_root / SAE, d_in=576, d_sae=32, layer=5, point="post", seed=5)
-    serial = start(server_factory, sae_root, PROBE_FORCE_SERIAL="true")
-    batched = start(server_factory, sae_root)  # the defaults: probes score inside the batch
-    return serial, batched, sae_root
+    serial = launch(server_factory, sae_root, PROBE_FORCE_SERIAL="true")
+    batched = launch(server_factory, sae_root)  # the defaults: probes score inside the batch
+    return serial.ready(), batched.ready(), sae_root
 
 
 @pytest.fixture(scope="module")

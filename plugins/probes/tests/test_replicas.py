@@ -46,13 +46,19 @@ def shared(tmp_path_factory, probe_model_dir) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def a(server_factory, shared):
-    return server_factory(shared["model"], env=shared["env"])
+def replicas(replicas_factory, shared):
+    """A and B, started at once."""
+    return replicas_factory(2, shared["model"], env=shared["env"])
 
 
 @pytest.fixture(scope="module")
-def b(server_factory, shared, a):
-    return server_factory(shared["model"], env=shared["env"])
+def a(replicas):
+    return replicas[0]
+
+
+@pytest.fixture(scope="module")
+def b(replicas):
+    return replicas[1]
 
 
 @pytest.fixture

@@ -75,10 +75,11 @@ def each_result_once(reader: FeedReader, bodies: list[dict[str, Any]]) -> None:
     assert reader.result_ids() == sent
 
 
-def test_a_feed_on_one_replica_sees_both_replicas_traffic_once(server_factory, probe_model_dir, lab, helpers, tmp_path):
+def test_a_feed_on_one_replica_sees_both_replicas_traffic_once(
+    replicas_factory, probe_model_dir, lab, helpers, tmp_path
+):
     env = {"MILLM_DATABASE_URL": shared_database_url(tmp_path), "PROBE_TAIL_INTERVAL_MS": "100", **FAST_CONVERGE}
-    a = server_factory(probe_model_dir, env=env)
-    b = server_factory(probe_model_dir, env=env)
+    a, b = replicas_factory(2, probe_model_dir, env=env)
     with a.http() as ha, b.http() as hb:
         probe_id = arm(ha, lab, helpers)
         wait_until(

@@ -39,10 +39,10 @@ def sets_on(base: str) -> list[str]:
 
 
 def test_a_rule_set_changed_on_one_replica_applies_on_the_other(
-    server_factory, probe_model_dir, lab, docs, rulesets_env, tmp_path
+    replicas_factory, probe_model_dir, lab, docs, rulesets_env, tmp_path
 ):
     env = rulesets_env({"MILLM_DATABASE_URL": shared_database_url(tmp_path), **FAST_CONVERGE})
-    a, b = server_factory(probe_model_dir, env=env), server_factory(probe_model_dir, env=env)
+    a, b = replicas_factory(2, probe_model_dir, env=env)
     with a.http() as ha, b.http() as hb:
         arm_probe(ha, lab)
         rule_set = ha.post("/api/rule-sets/import", json=docs.PII).json()

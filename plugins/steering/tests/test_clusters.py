@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from millm_host.api import parse_list
-from millm_host.testing import assert_error, chat as post_chat
+from millm_host.testing import AppServer, assert_error, chat as post_chat
 from millm_steering.intensity import Dial, Dialing, Limits, cluster_lam
 
 
@@ -136,16 +136,16 @@ def test_off_does_not_validate_the_base(client, attach, chat, sae_dir):
     assert chat(profile="elsewhere", steering_intensity="off").status_code == 200
 
 
-def test_the_dial_survives_a_restart(server_factory, tiny_model_dir, sae_dir, sae_root):
-    server = server_factory(tiny_model_dir, env={"MILLM_SAE_DIRS": str(sae_root)})
-    with server.http() as client:
+def test_the_dial_survives_a_restart(tiny_model_dir, sae_dir, sae_root, tmp_path):
+    """An app stopped and another started on its data directory (in-process: the dial is state in the
+    database; ``test_management`` restarts a real server)."""
+    options = {"plugins": "all", "models": {}, "model": str(tiny_model_dir), "env": {"MILLM_SAE_DIRS": str(sae_root)}}
+    with AppServer(tmp_path, **options) as server, server.http() as client:
         client.post("/api/saes", json={"path": str(sae_dir("sae-c")), "sae_id": "sae-c"}).raise_for_status()
         client.post("/api/clusters", json=cluster_doc()).raise_for_status()
         client.put("/api/clusters/cl_humor/intensity", json={"intensity": 0.75}).raise_for_status()
         before = client.get("/api/clusters/cl_humor").json()
-    server.restart()
-    with server.http() as client:
+    with AppServer(tmp_path, **options) as server, server.http() as client:
         assert client.get("/api/clusters/cl_humor").json() == before
         assert before["intensity"] == 0.75
         assert client.get("/api/clusters/cl_humor/export").json() == cluster_doc()
-    server.stop()

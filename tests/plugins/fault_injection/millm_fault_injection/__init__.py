@@ -7,7 +7,10 @@ error there; ``rendering`` makes ``render_headers`` and ``response_extras``
 raise (only ``response_extras`` for a request that says ``FAULT-EXTRAS``);
 ``stall:N:S`` blocks the engine thread for S seconds there and
 ignores cancellation (a hung generation); ``slow:N:S`` blocks there for up to S
-seconds but returns as soon as the request is cancelled (one very long step).
+seconds but returns as soon as the request is cancelled (one very long step);
+``gate:N:PATH`` blocks there until the file PATH exists or the request is
+cancelled (a step that lasts exactly as long as the test wants: it creates the
+file when it is done looking, and deletes it to close the gate again).
 Only requests whose last user message contains ``FAULT`` are affected, so one
 server can serve both kinds.
 """
@@ -15,10 +18,14 @@ server can serve both kinds.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from millm_host.api import InsufficientMemory, LogitsProcessorFactory, MillmError, Setting, hookimpl
 
 __version__ = "0.1.0"  # reported by /api/health when loaded through MILLM_PLUGIN_MODULES
+
+#: How often a closed gate looks for its file.
+GATE_POLL_S = 0.05
 
 
 @hookimpl
@@ -45,9 +52,10 @@ def before_forward(ctx):
         raise MillmError(
             "injected failure before the forward pass", code="injected_fault", status=500, type="server_error"
         )
-    kind, count, *rest = fault.split(":")
+    kind, count, *rest = fault.split(":", 2)
     limit = int(count)
-    seconds = float(rest[0]) if rest else 0.0
+    gate = Path(rest[0]) if kind == "gate" else None
+    seconds = float(rest[0]) if rest and gate is None else 0.0
 
     def make(sequence_index):
         def process(generated, logits):
@@ -55,6 +63,9 @@ def before_forward(ctx):
                 time.sleep(seconds)
             elif len(generated) == limit and kind == "slow":
                 ctx.cancel_event.wait(seconds)
+            elif len(generated) == limit and gate is not None:
+                while not gate.exists() and not ctx.cancel_event.wait(GATE_POLL_S):
+                    pass
             elif len(generated) >= limit and kind == "oom":
                 raise InsufficientMemory("cpu ran out of memory (injected)", type="invalid_request_error")
             elif len(generated) >= limit and kind == "token":
