@@ -23,10 +23,15 @@ log = logging.getLogger("millm.fields")
 
 ENDPOINTS = ("chat.completions", "completions", "embeddings", "tokenize", "detokenize")
 
-#: The host's fields (OpenAI's and scoring mode's) that change the output: refused, never ignored,
-#: where nothing honours them. A plugin marks its own with ``register(..., output_changing=True)``.
+#: Fields the spec's table lists as changing the output: refused, never ignored, where nothing honours
+#: them, whether or not the plugin that honours them is installed (the light GGUF setup has no steering).
+#: A plugin marks any others of its own with ``register(..., output_changing=True)``.
 OUTPUT_CHANGING = frozenset(
     {
+        "profile",
+        "steering_intensity",
+        "steering",
+        "return_sae_activations",
         "logprobs",
         "top_logprobs",
         "allowed_token_ids",
@@ -60,7 +65,18 @@ _MISSING = object()
 #: OpenAI's fields that constrain or bias generation: a scoring request carrying one is refused
 #: (scoring is never constrained). A plugin marks its own with ``register(..., scorable=False)``.
 UNSCORABLE = frozenset(
-    {"response_format", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "logit_bias"}
+    {
+        "profile",
+        "steering_intensity",
+        "steering",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "logit_bias",
+    }
 )
 
 #: Values that ask for nothing different from the default: accepted everywhere.
