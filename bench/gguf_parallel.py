@@ -1,7 +1,7 @@
 """Aggregate tokens/s of the GGUF engine with 1, 4 and 8 concurrent clients: serial against GGUF_PARALLEL.
 
 Two ``millm serve --engine gguf`` processes on the default model: one with
-``GGUF_PARALLEL=1`` (the default, one generation at a time), one with
+``GGUF_PARALLEL=1`` (one generation at a time), one with
 ``GGUF_PARALLEL=--rows`` (the child decodes the running generations together,
 ``millm_engine_gguf.batch``). Each client streams one greedy chat completion (a
 prompt of its own, ``--max-tokens``); the aggregate is every client's completion

@@ -1,7 +1,7 @@
 """Tokens/s of chat through millm's GGUF engine against llama-cpp-python's own OpenAI server.
 
 Both servers load the same .gguf file (default: the bundled SmolLM2-135M-Instruct
-Q4_1) with the same context window, batch and threads, and get the same
+Q4_1) with the same context window, batch, threads and flash attention, and get the same
 non-streaming chat request: same messages, same ``max_tokens``, greedy
 (``temperature: 0``; ``llama_cpp.server`` also gets ``repeat_penalty: 1.0``,
 since its default of 1.1 is not greedy). A run's figure is
@@ -57,6 +57,8 @@ def start_llama_cpp_server(model: Path, n_ctx: int, threads: int, log: Path) -> 
         str(threads),
         "--n_threads_batch",
         str(threads),
+        "--flash_attn",
+        "True",  # as millm loads llama.cpp (GGUF_FLASH_ATTN's default)
         "--verbose",
         "False",
     ]

@@ -36,6 +36,8 @@ class SequenceOutput:
     message_extras: dict[str, Any] = field(default_factory=dict)
     #: Each generated token's logprobs (``serving.logprobs.TokenEntry``); None when none were asked.
     logprobs: list[Any] | None = None
+    #: Prompt tokens the engine found already computed (its prompt cache); None: it does not say.
+    cached_tokens: int | None = None
 
 
 @dataclass

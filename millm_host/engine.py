@@ -201,7 +201,10 @@ class TokenIterator(Protocol):
     """What ``Engine.generate`` returns: token ids one at a time, and ``close`` to stop early.
 
     A generator is one; an engine whose tokens come from elsewhere (another process,
-    a batch) may return its own iterator class, as long as it has ``close``.
+    a batch) may return its own iterator class, as long as it has ``close``. Such a
+    class may also have ``cached_tokens`` (an int once the first token came, else None):
+    how many prompt tokens it found already computed, which the host reports as
+    ``usage.prompt_tokens_details.cached_tokens``.
     """
 
     def __iter__(self) -> Iterator[int]: ...

@@ -228,6 +228,7 @@ class GenerationJob:
                     raise RequestCancelled()
         finally:
             tokens.close()
+            out.cached_tokens = getattr(tokens, "cached_tokens", None)
         tail = assembler.finish()
         if tail:
             self._send(out, tail, seq_filters)

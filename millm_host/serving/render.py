@@ -24,10 +24,23 @@ def system_fingerprint(ctx: RequestContext) -> str:
     return base + "+continuous" if seed_scope(ctx) == "batch-shape" else base
 
 
-def usage(ctx: RequestContext) -> dict[str, int]:
+def usage(ctx: RequestContext) -> dict[str, Any]:
+    """``usage``; with ``prompt_tokens_details.cached_tokens`` when the engine says what its prompt cache held
+    (each prompt counted once: the most any of its choices found)."""
     prompt = sum(len(p) for p in ctx.prompts)
     completion = sum(len(o.token_ids) for o in ctx.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    cached: dict[int, int] = {}
+    for out in ctx.outputs:
+        if out.cached_tokens is not None:
+            cached[out.prompt_index] = max(cached.get(out.prompt_index, 0), out.cached_tokens)
+    if cached:
+        body["prompt_tokens_details"] = {"cached_tokens": sum(cached.values())}
+    return body
 
 
 def completion_body(ctx: RequestContext) -> dict[str, Any]:

@@ -15,7 +15,7 @@ until that many tokens were drawn.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -39,7 +39,8 @@ class Distribution:
         self.prompt_length = prompt_length
         self.logprobs: np.ndarray | None = None
 
-    def __call__(self, input_ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    def __call__(self, input_ids: np.ndarray | Sequence[int], logits: np.ndarray) -> np.ndarray:
+        """``input_ids``: the prompt (``prompt_length`` ids) and the tokens drawn so far."""
         out = np.asarray(logits, dtype=np.float32) + self.bias
         if self.frequency or self.presence:
             counts = np.bincount(np.asarray(input_ids[self.prompt_length :], dtype=np.int64), minlength=self.n_vocab)

@@ -8,8 +8,9 @@ llama.cpp exposes no module tree, so this engine offers no hook points: layer
 hooks and logits processors are refused, never dropped. Additive steering
 vectors are applied as llama.cpp control vectors (``control``), for one
 generation; the KV cache is not reused across a change of vectors. Generation runs through
-``Llama.generate`` (the loop ``create_chat_completion`` uses, with its KV-cache
-prefix reuse), so a greedy chat here is the chat llama-cpp-python gives.
+``Llama.generate`` (the loop ``create_chat_completion`` uses), so a greedy chat here is the
+chat llama-cpp-python gives. A prompt starts from the longest prefix of it the KV cache
+holds, as there, and the engine says how long (``prompt_cached``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .control import ControlVectors, LayerVectors
 from .distribution import Distribution, needed
 from .embeddings import MeanPoolingContext
 from .loader import LoadOptions, load_llama
+from .prefix import chunk, reusable
 from .spec import ENGINE_NAME
 from .text_engine import GGUFTextEngine
 
@@ -56,6 +58,9 @@ class GGUFEngine(GGUFTextEngine):
         self._embedding_window = embedding_window
         self._control = ControlVectors(llm.ctx, llm.n_embd(), llama_cpp.llama_model_n_layer(llm.model))
         self._kv_vectors: LayerVectors = {}  # the control vectors the KV cache was computed under
+        #: Prompt tokens the latest generation found in the KV cache (set when its first token is computed).
+        self.prompt_cached = 0
+        self._exact = 0  # the KV cache's first tokens that a prompt decode wrote (``prefix``)
         architecture = self.metadata.get("general.architecture", "")
         layers = self.metadata.get(f"{architecture}.block_count")
         self.info = ModelInfo(
@@ -131,6 +136,7 @@ class GGUFEngine(GGUFTextEngine):
         """The tokens with ``vectors`` set, cleared when the generation ends, fails or is closed."""
         if vectors != self._kv_vectors:  # the cached prefix was computed under other vectors
             self.llm.reset()
+            self._exact = 0
             self._kv_vectors = vectors
         if not vectors:
             yield from self._tokens(prompt, params, window)
@@ -147,8 +153,7 @@ class GGUFEngine(GGUFTextEngine):
         distribution = (
             Distribution(params, self.llm.n_vocab(), len(prompt), self.info.eos_token_ids) if needed(params) else None
         )
-        tokens = self.llm.generate(
-            prompt,
+        sampler = dict(
             temp=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p,
             top_k=0,  # OpenAI sampling: temperature and nucleus only
@@ -158,24 +163,55 @@ class GGUFEngine(GGUFTextEngine):
             frequency_penalty=0.0 if distribution else params.frequency_penalty,
             presence_penalty=0.0 if distribution else params.presence_penalty,
             logits_processor=llama_cpp.LogitsProcessorList([distribution]) if distribution else None,
-            reset=True,
         )
+        tokens = None
         used = len(prompt)
         try:
+            start = self._prefill(prompt)
+            tokens = self.llm.generate(prompt[start:], reset=False, **sampler)  # _prefill set where the cache ends
             for token in tokens:
+                if used == len(prompt):  # the prompt is all in: its cells are reusable
+                    self._exact = len(prompt) if len(prompt) >= 2 else 0
                 yield distribution.token(token) if distribution else token
                 used += 1
                 if used >= window:  # the next token would not fit in the KV cache
                     return
         except RuntimeError as exc:
             self.llm.reset()  # the KV cache no longer matches what llama-cpp-python recorded
+            self._exact = 0
             if _DECODE_NO_KV_SLOT in str(exc):
                 raise ContextLengthExceeded(
                     f"this model's context window ({window} tokens) is full", param="max_tokens"
                 ) from None
             raise
         finally:
-            tokens.close()
+            if tokens is not None:
+                tokens.close()
+
+    def _prefill(self, prompt: list[int]) -> int:
+        """Take what the KV cache holds of ``prompt`` (``prefix.reusable``), decode the rest but its last chunk
+        in chunks of two tokens at least (``prefix.chunk``); where the last chunk starts (``generate`` decodes it
+        and samples). Sets ``prompt_cached``.
+
+        llama-cpp-python's own reuse (``generate(reset=True)``) keeps generated tokens' cells and re-decodes the
+        last prompt token alone, either of which can change the output; it also says nothing of what it kept.
+        A recurrent model's state cannot be cut short: it starts over."""
+        llm = self.llm
+        cached = 0
+        if llm.n_tokens and not (llm._is_recurrent or llm._is_hybrid):
+            cached = reusable(llm.input_ids[: llm.n_tokens].tolist(), self._exact, prompt)
+            if cached < llm.n_tokens and not llm._ctx.kv_cache_seq_rm(-1, cached, -1):
+                cached = 0
+        if cached:
+            llm.n_tokens = cached
+        else:
+            llm.reset()
+        self.prompt_cached = self._exact = cached
+        start, n_batch = cached, llm.n_batch
+        while (take := chunk(len(prompt) - start, n_batch, n_batch)) < len(prompt) - start:
+            llm.eval(prompt[start : start + take])
+            start += take
+        return start
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         if pooling != "mean":

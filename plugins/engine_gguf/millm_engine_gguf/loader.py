@@ -20,7 +20,9 @@ class LoadOptions:
     n_threads_batch: int | None
     n_gpu_layers: int
     embeddings: bool
-    parallel: int = 1  # generations decoded together (1: one at a time)
+    parallel: int = 4  # generations decoded together (1: one at a time)
+    profile: str = ""  # where the child writes where its time went (GGUF_PROFILE; empty: nowhere)
+    flash_attn: bool = True  # llama.cpp's flash attention kernel (GGUF_FLASH_ATTN), as llama-server's default
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> LoadOptions:
@@ -35,11 +37,13 @@ class LoadOptions:
             n_gpu_layers=settings["GGUF_N_GPU_LAYERS"],
             embeddings=settings["GGUF_ENABLE_EMBEDDINGS"],
             parallel=_parallel(settings),
+            profile=settings.get("GGUF_PROFILE", ""),
+            flash_attn=settings.get("GGUF_FLASH_ATTN", True),
         )
 
 
 def _parallel(settings: Mapping[str, Any]) -> int:
-    parallel = settings.get("GGUF_PARALLEL", 1)
+    parallel = settings.get("GGUF_PARALLEL", 4)
     if parallel < 1:
         raise ValueError(f"GGUF_PARALLEL must be 1 or more (got {parallel})")
     return parallel
@@ -76,5 +80,6 @@ def _llama(path: str, options: LoadOptions, n_ctx: int) -> llama_cpp.Llama:
         n_threads=options.n_threads,
         n_threads_batch=options.n_threads_batch,
         n_gpu_layers=options.n_gpu_layers,
+        flash_attn=options.flash_attn,
         verbose=False,
     )

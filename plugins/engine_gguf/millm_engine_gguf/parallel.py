@@ -2,10 +2,13 @@
 
 The child decodes them together (``batch``, ``worker.ParallelWorker``); here each
 generation runs on a thread of its own (``concurrent_generation``) and its frames
-are keyed (``wire``'s parallel mode). One reader thread per child hands each
-frame to its generation's queue, and an embedding's answer to the one waiting
-embedding. When the child dies, every generation in flight fails with
-``engine_crashed``, as in serial mode, and the supervisor restarts it.
+are keyed (``wire``'s parallel mode), a step's frames in one bundle. No thread of
+its own reads the child's socket: a generation (or an embedding) that wants its next
+frame reads it, when no other does, handing the other generations' frames to their
+queues; when it has its own it hands the reading over to one that waits (``_await``).
+So a token costs no thread switch of its own: one generation reads its frames itself.
+When the child dies, every generation in flight fails with ``engine_crashed``, as in
+serial mode, and the supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,16 @@ from .batch import serial_reason
 from .control import LayerVectors
 from .process import Child, FrameStream, ProcessEngine, _ChildGone
 
-#: What a queue gets when its child died.
-_GONE = b""
+
+def _gone(child: Child) -> bytes:
+    """What a queue gets when ``child`` died (a generation of a later child ignores it)."""
+    return b"\0" + child.pid.to_bytes(4, "little")
+
+
+#: What a waiting queue gets when the reader leaves: read the socket yourself.
+_LEAD = b"lead"
+#: The key an embedding waits under (generations' keys start at 1).
+_EMBEDDING = 0
 
 
 class ParallelEngine(ProcessEngine):
@@ -37,11 +48,11 @@ class ParallelEngine(ProcessEngine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._send_lock = threading.Lock()
         self._streams: dict[int, queue.SimpleQueue[bytes]] = {}
-        self._embedding: queue.SimpleQueue[bytes] | None = None
         self._embed_lock = threading.Lock()  # one embedding at a time: its answer is not keyed
         self._keys = itertools.count(1)
-        self._reader_of: Child | None = None
-        self._reader_lock = threading.Lock()
+        self._reading = threading.Lock()  # held by the thread reading the child's socket
+        self._waiting: dict[int, queue.SimpleQueue[bytes]] = {}  # who waits for a frame, by key
+        self._waiting_lock = threading.Lock()
         self._counting = threading.Lock()
         self._serial_reasons: collections.Counter[str] = collections.Counter()
         self._batched = 0
@@ -81,28 +92,28 @@ class ParallelEngine(ProcessEngine):
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         with self._embed_lock:
             answers: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-            self._embedding = answers
+            self._streams[_EMBEDDING] = answers
             try:
                 child = self._send(wire.pack(wire.EMBED, (list(ids), pooling)), "embedding")
-                frame = answers.get()
+                frame = self._await(_EMBEDDING, answers, child)
             finally:
-                self._embedding = None
-            if frame == _GONE:
+                self._streams.pop(_EMBEDDING, None)
+            if frame == _gone(child):
                 raise self._crashed(child, "embedding")
         if frame[:1] == wire.ERROR:
             raise wire.frame_error(frame)
         return array("f", frame[1:]).tolist()
 
     def close(self) -> None:
+        gone = _gone(self._child)
         for key in list(self._streams):
-            self._streams[key].put(_GONE)
+            self._streams[key].put(gone)
         super().close()
 
     # --- the child --------------------------------------------------------------------
     def _send(self, frame: bytes, doing: str) -> Child:
         """Send ``frame`` to the running child (waiting out a restart); the child it went to."""
         child = self._ready_child()
-        self._start_reader(child)
         try:
             with self._send_lock:
                 child.send(frame)
@@ -110,38 +121,77 @@ class ParallelEngine(ProcessEngine):
             raise self._crashed(child, doing) from None
         return child
 
-    def _start_reader(self, child: Child) -> None:
-        with self._reader_lock:
-            if self._reader_of is child:
-                return
-            self._reader_of = child
-        threading.Thread(target=self._read, args=(child,), name="gguf-reader", daemon=True).start()
+    def _await(self, key: int, frames: queue.SimpleQueue[bytes], child: Child) -> bytes:
+        """The next frame for ``key``: from its queue, or read from the socket while no other thread reads.
 
-    def _read(self, child: Child) -> None:
-        """Hand each frame of ``child`` to whoever waits for it, until the child's socket closes."""
+        A waiter is listed before it tries to read, so the reader that leaves finds it (``_hand_over``)."""
+        with self._waiting_lock:
+            self._waiting[key] = frames
         try:
             while True:
+                try:
+                    frame = frames.get_nowait()
+                except queue.Empty:
+                    frame = _LEAD
+                if frame != _LEAD:
+                    return frame
+                if self._reading.acquire(blocking=False):
+                    try:
+                        return self._read_until(key, frames, child)
+                    finally:
+                        self._reading.release()
+                        self._hand_over(key)
+                frame = frames.get()  # a frame the reader handed over, or the reading itself (_LEAD)
+                if frame != _LEAD:
+                    return frame
+        finally:
+            with self._waiting_lock:
+                self._waiting.pop(key, None)
+
+    def _read_until(self, key: int, frames: queue.SimpleQueue[bytes], child: Child) -> bytes:
+        """Read ``child``'s frames, handing each to its queue, until ``key`` has one."""
+        while True:
+            try:
+                frame = frames.get_nowait()
+            except queue.Empty:
+                frame = _LEAD
+            if frame != _LEAD:
+                return frame
+            try:
                 frame = child.receive()
-                if frame[:1] in (wire.VECTOR, wire.ERROR):
-                    if self._embedding is not None:
-                        self._embedding.put(frame)
-                    continue
-                key, unkeyed = wire.frame_key(frame)
-                stream = self._streams.get(key)
-                if stream is not None:
-                    stream.put(unkeyed)
-        except _ChildGone:
-            pass
-        for stream in list(self._streams.values()):
-            stream.put(_GONE)
-        if self._embedding is not None:
-            self._embedding.put(_GONE)
+            except _ChildGone:
+                gone = _gone(child)
+                for stream in list(self._streams.values()):
+                    stream.put(gone)
+                return gone
+            if frame[:1] == wire.BUNDLE:
+                for part in wire.unbundle(frame):
+                    self._deliver(part)
+            else:
+                self._deliver(frame)
+
+    def _deliver(self, frame: bytes) -> None:
+        if frame[:1] in (wire.VECTOR, wire.ERROR):
+            key, unkeyed = _EMBEDDING, frame
+        else:
+            key, unkeyed = wire.frame_key(frame)
+        stream = self._streams.get(key)
+        if stream is not None:
+            stream.put(unkeyed)
+
+    def _hand_over(self, leaving: int) -> None:
+        """Wake one waiter (not ``leaving``) to read the socket next."""
+        with self._waiting_lock:
+            for key, frames in self._waiting.items():
+                if key != leaving:
+                    frames.put(_LEAD)
+                    return
 
 
 class RowStream(FrameStream):
-    """Tokens of one generation in parallel mode, as the reader thread hands them over."""
+    """Tokens of one generation in parallel mode, from its queue or read by itself (``ParallelEngine._await``)."""
 
-    TOKEN, PAUSED, END, ERROR = wire.ROW_TOKEN, wire.ROW_PAUSED, wire.ROW_END, wire.ROW_ERROR
+    TOKEN, PAUSED, END, ERROR, CACHED = wire.ROW_TOKEN, wire.ROW_PAUSED, wire.ROW_END, wire.ROW_ERROR, wire.ROW_CACHED
 
     def __init__(self, engine: ParallelEngine, prompt: list[int], params: SamplingParams, vectors: LayerVectors):
         self._engine = engine
@@ -164,14 +214,15 @@ class RowStream(FrameStream):
         except BaseException:
             self._end()
             raise
-        frame = self._frames.get()
-        if frame == _GONE:
-            self._end()
-            raise engine._crashed(self._child, "generating") from None
+        while (frame := engine._await(self._key, self._frames, self._child))[:1] == b"\0":
+            if frame == _gone(self._child):
+                self._end()
+                raise engine._crashed(self._child, "generating") from None
+            # an earlier child's end, told while this generation waited for the restart
         return frame
 
     def close(self) -> None:
-        """Stop the generation in the child at its next step; its last frames are dropped by the reader."""
+        """Stop the generation in the child at its next step; its last frames are dropped when read."""
         if not self._done and self._child is not None:
             try:
                 with self._engine._send_lock:

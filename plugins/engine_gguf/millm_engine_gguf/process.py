@@ -408,11 +408,14 @@ class FrameStream:
     when the child is gone) and ``_end``.
     """
 
-    TOKEN, PAUSED, END, ERROR = wire.TOKEN, wire.PAUSED, wire.END, wire.ERROR
+    TOKEN, PAUSED, END, ERROR, CACHED = wire.TOKEN, wire.PAUSED, wire.END, wire.ERROR, wire.CACHED
 
     _child: Child | None
     _done: bool
     _paused: bool
+    #: Prompt tokens the child found in its KV cache (``usage.prompt_tokens_details.cached_tokens``);
+    #: None until it said.
+    cached_tokens: int | None = None
 
     def __iter__(self) -> FrameStream:
         return self
@@ -424,6 +427,12 @@ class FrameStream:
         tag = frame[:1]
         if tag == self.TOKEN:
             return wire.frame_token(frame)
+        if tag == self.CACHED:  # before the first token
+            self.cached_tokens = wire.frame_cached(frame)
+            frame = self._next_frame()
+            tag = frame[:1]
+            if tag == self.TOKEN:
+                return wire.frame_token(frame)
         if tag == self.PAUSED:  # the child waits for CONTINUE before computing on
             self._paused = True
             return wire.frame_token(frame)

@@ -25,9 +25,23 @@ SETTINGS = (
     Setting(
         "GGUF_PARALLEL",
         int,
-        1,
-        "Generations llama.cpp decodes together, each a sequence of one context (1: one at a time; "
-        "steering, penalties, logit_bias and logprobs still run alone)",
+        4,
+        "Generations llama.cpp decodes together, each a sequence of one context with a KV cache of GGUF_N_CTX "
+        "tokens (4, as llama-server's automatic --parallel; 1: one at a time, one KV cache; steering runs alone)",
+    ),
+    Setting(
+        "GGUF_FLASH_ATTN",
+        bool,
+        True,
+        "llama.cpp's flash attention for generation, as llama-server's default resolves on a CPU (about 15% "
+        "faster on the default model; false: the separate attention kernels, llama-cpp-python's default)",
+    ),
+    Setting(
+        "GGUF_PROFILE",
+        str,
+        "",
+        "A file the engine process writes its time per part as JSON to whenever it is idle (decode, sampling, "
+        "frames; bench/gguf_vs_llama_server.py reads it); empty: none is kept",
     ),
     Setting(
         "GGUF_ENABLE_EMBEDDINGS",

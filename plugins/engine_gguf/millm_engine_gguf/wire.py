@@ -9,6 +9,7 @@ logprob) pair per alternative.
 Generation, seen from the server::
 
     -> GENERATE (prompt, SamplingParams, control vectors: {layer: float32 bytes})
+    <- CACHED n    (the prompt's first n tokens were found in the KV cache, not decoded)
     <- TOKEN t ... (the child runs ahead, one frame per token)
     <- PAUSED t    (an end-of-generation token, or max_tokens reached:
                     the child waits for CONTINUE or STOP instead of computing on)
@@ -22,8 +23,10 @@ is ignored.
 With ``GGUF_PARALLEL`` > 1 the child serves several generations at once, so each
 of their frames carries the generation's key (a little-endian uint32 the server
 chose) after its tag: ``ROW_GENERATE`` (key, prompt, params, vectors),
-``ROW_TOKEN``/``ROW_PAUSED`` (key, then a token as above), ``ROW_CONTINUE``,
-``ROW_STOP``, ``ROW_END``, ``ROW_ERROR`` (key, then an ERROR frame's body). The flow
+``ROW_TOKEN``/``ROW_PAUSED`` (key, then a token as above), ``ROW_CACHED`` (key,
+then a count as CACHED has it), ``ROW_CONTINUE``, ``ROW_STOP``, ``ROW_END``, ``ROW_ERROR``
+(key, then an ERROR frame's body). The frames a step gives several generations come as
+one ``BUNDLE`` (``bundle``). The flow
 per key is the one above; EMBED is answered between two decode steps. Loading: LOAD, PROGRESS..., then
 LOADED or ERROR. The child sets the control vectors before the first token
 and clears them after END or ERROR. Embedding: EMBED, then VECTOR (float32 bytes) or ERROR.
@@ -43,6 +46,8 @@ EMBED, VECTOR = b"m", b"v"
 ERROR, CLOSE = b"x", b"q"
 ROW_GENERATE, ROW_TOKEN, ROW_PAUSED, ROW_CONTINUE, ROW_STOP, ROW_END = b"G", b"T", b"P", b"C", b"S", b"E"
 ROW_ERROR = b"X"
+CACHED, ROW_CACHED = b"k", b"K"
+BUNDLE = b"B"
 
 
 _LOGPROB = struct.Struct("<f")
@@ -65,6 +70,15 @@ def frame_token(frame: bytes) -> int:
     (logprob,) = _LOGPROB.unpack_from(frame, 5)
     top = [TokenLogprob(i, lp) for i, lp in _ALTERNATIVE.iter_unpack(frame[5 + _LOGPROB.size :])]
     return GeneratedToken(token, logprob, top)
+
+
+def cached_frame(tag: bytes, count: int) -> bytes:
+    """A CACHED frame (``tag`` CACHED, or b"" for a keyed one's body): ``count`` prompt tokens reused."""
+    return tag + count.to_bytes(4, "little")
+
+
+def frame_cached(frame: bytes) -> int:
+    return int.from_bytes(frame[1:5], "little")
 
 
 def pack(tag: bytes, value: Any) -> bytes:
@@ -99,6 +113,20 @@ def frame_error(frame: bytes) -> Exception:
 def keyed(tag: bytes, key: int, body: bytes = b"") -> bytes:
     """A parallel-mode frame: ``tag``, the generation's key, then ``body`` (an unkeyed frame less its tag)."""
     return tag + key.to_bytes(4, "little") + body
+
+
+def bundle(frames: list[bytes]) -> bytes:
+    """One frame carrying ``frames`` (a step's keyed frames: one write, one read), each after its 2-byte length."""
+    return BUNDLE + b"".join(len(frame).to_bytes(2, "little") + frame for frame in frames)
+
+
+def unbundle(frame: bytes) -> list[bytes]:
+    parts, at = [], 1
+    while at < len(frame):
+        size = int.from_bytes(frame[at : at + 2], "little")
+        parts.append(frame[at + 2 : at + 2 + size])
+        at += 2 + size
+    return parts
 
 
 def frame_key(frame: bytes) -> tuple[int, bytes]:

@@ -11,6 +11,7 @@ changes (checked twice a second, even mid-computation), so it is never orphaned.
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import select
 import signal
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if options.parallel > 1:
             ParallelWorker(conn, engine, options).serve()
         else:
-            Worker(conn, engine).serve()
+            Worker(conn, engine, options.profile).serve()
     except (EOFError, OSError):
         pass  # the server went away
     finally:
@@ -78,14 +79,35 @@ def _leave_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+class Profile:
+    """Where the child's time goes (seconds, summed), written as JSON to ``GGUF_PROFILE`` when it is idle."""
+
+    def __init__(self, path: str, times: Any = None) -> None:
+        self.path = path
+        self.times: dict[str, float] = {"generations": 0, "tokens": 0, "compute": 0.0, "send": 0.0, "read": 0.0}
+        self.steps = times  # the batch's StepTimes, or None
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        report = dict(self.times)
+        if self.steps is not None:
+            report.update(self.steps.as_dict())
+        temporary = f"{self.path}.{os.getpid()}"
+        with open(temporary, "w") as out:
+            json.dump(report, out)
+        os.replace(temporary, self.path)
+
+
 class Worker:
     """Answers the server's frames, one request at a time."""
 
-    def __init__(self, conn: Connection, engine: GGUFEngine) -> None:
+    def __init__(self, conn: Connection, engine: GGUFEngine, profile: str = "") -> None:
         self.conn = conn
         self.engine = engine
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN)
+        self.profile = Profile(profile)
 
     def serve(self) -> None:
         conn = self.conn
@@ -107,12 +129,18 @@ class Worker:
     def generate(self, prompt: list[int], params, vectors) -> None:
         conn, send = self.conn, self.conn.send_bytes
         stops = self.engine.info.eos_token_ids
+        times, clock = self.profile.times, time.perf_counter
         count = 0
         try:
             tokens = self.engine.generate_checked(prompt, params, vectors)  # checked by the server
             try:
+                started = clock()
                 for token in tokens:
+                    computed = clock()
+                    times["compute"] += computed - started
                     count += 1
+                    if count == 1:
+                        send(wire.cached_frame(wire.CACHED, self.engine.prompt_cached))
                     # Where the host most likely stops, wait for its word instead of computing on.
                     if token in stops or count >= params.max_tokens:
                         send(wire.token_frame(wire.PAUSED, token))
@@ -122,12 +150,17 @@ class Worker:
                         send(wire.token_frame(wire.TOKEN, token))
                         if self._poll.poll(0) and conn.recv_bytes() == wire.STOP:
                             break
+                    started = clock()
+                    times["send"] += started - computed
             finally:
                 tokens.close()
         except Exception as exc:
             send(wire.error_frame(exc))
             return
         send(wire.END)
+        times["generations"] += 1
+        times["tokens"] += count
+        self.profile.write()
 
 
 class ParallelWorker:
@@ -135,8 +168,8 @@ class ParallelWorker:
 
     Between two steps it reads every frame waiting, admits new generations as rows
     (``batch``), and answers embeddings. A generation that cannot be a row
-    (``serial_reason``) waits until the batch is empty, then runs alone on the serial
-    context while new ones wait behind it.
+    (``serial_reason``: a steered one) waits until the batch is empty, then runs alone
+    on the serial context while new ones wait behind it.
     """
 
     def __init__(self, conn: Connection, engine: GGUFEngine, options: Any) -> None:
@@ -145,7 +178,14 @@ class ParallelWorker:
         window = engine.info.context_window
         assert window is not None
         self.batch = BatchContext(
-            llm.model, options.parallel, window, options.n_batch, llm.n_threads, llm.n_threads_batch
+            llm.model,
+            options.parallel,
+            window,
+            options.n_batch,
+            llm.n_threads,
+            llm.n_threads_batch,
+            engine.info.eos_token_ids,
+            options.flash_attn,
         )
         self.window = window
         self.stops = set(engine.info.eos_token_ids)
@@ -155,19 +195,26 @@ class ParallelWorker:
         self.alone_paused = False
         self._poll = select.poll()
         self._poll.register(conn.fileno(), select.POLLIN)
+        self.profile = Profile(options.profile, self.batch.times)
 
     def serve(self) -> None:
+        times, clock = self.profile.times, time.perf_counter
         try:
             while True:
                 if not self._busy():
+                    self.profile.write()
                     if self.handle(self.conn.recv_bytes()):
                         return
+                started = clock()
                 while self._poll.poll(0):
                     if self.handle(self.conn.recv_bytes()):
                         return
                 self._admit()
+                times["read"] += clock() - started
                 if self.alone is not None and not self.alone_paused:
+                    started = clock()
                     self._step_alone()
+                    times["compute"] += clock() - started
                 elif self.batch.running():
                     self._step_batch()
         finally:
@@ -229,27 +276,44 @@ class ParallelWorker:
                 self.alone = (key, self.engine.generate_checked(prompt, params, vectors), params)
                 self.alone_count, self.alone_paused = 0, False
                 return
-            self.batch.add(key, prompt, params)
+            row = self.batch.add(key, prompt, params)
+            self.conn.send_bytes(wire.keyed(wire.ROW_CACHED, key, wire.cached_frame(b"", row.cached)))
 
     def _step_batch(self) -> None:
-        send = self.conn.send_bytes
         try:
-            for row, token in list(self.batch.step()):
-                if token in self.stops or row.count >= row.params.max_tokens:
-                    row.paused = True  # the host most likely stops here: wait for its word
-                    send(wire.keyed(wire.ROW_PAUSED, row.key, wire.token_frame(b"", token)))
-                else:
-                    send(wire.keyed(wire.ROW_TOKEN, row.key, wire.token_frame(b"", token)))
-                if row.pos + len(row.feed) >= self.window:  # the next token would not fit
-                    self._end_row(row.key)
-        except RuntimeError as exc:  # a failed decode fails every row in it
+            self._emit(self.batch.step())
+            self._emit(self.batch.prefill())
+        except RuntimeError as exc:  # a failed decode fails every row
             for key in list(self.batch.rows):
-                self.batch.remove(key)
-                send(wire.keyed(wire.ROW_ERROR, key, wire.error_frame(exc)[1:]))
+                self.batch.forget(key)
+                self.conn.send_bytes(wire.keyed(wire.ROW_ERROR, key, wire.error_frame(exc)[1:]))
+
+    def _emit(self, picked: list[tuple[Any, int]]) -> None:
+        """Send the rows' tokens, in one bundle (the host most likely stops at an end token or at max_tokens:
+        there a row waits for its word)."""
+        if not picked:
+            return
+        started = time.perf_counter()
+        frames = []
+        for row, token in picked:
+            if token in self.stops or row.count >= row.params.max_tokens:
+                row.paused = True
+                frames.append(wire.keyed(wire.ROW_PAUSED, row.key, wire.token_frame(b"", token)))
+            else:
+                frames.append(wire.keyed(wire.ROW_TOKEN, row.key, wire.token_frame(b"", token)))
+            if row.pos + len(row.feed) >= self.window:  # the next token would not fit
+                self.batch.remove(row.key)
+                frames.append(wire.keyed(wire.ROW_END, row.key))
+                self.profile.times["generations"] += 1
+        self.conn.send_bytes(frames[0] if len(frames) == 1 else wire.bundle(frames))
+        times = self.profile.times
+        times["send"] += time.perf_counter() - started
+        times["tokens"] += len(picked)
 
     def _end_row(self, key: int) -> None:
         self.batch.remove(key)
         self.conn.send_bytes(wire.keyed(wire.ROW_END, key))
+        self.profile.times["generations"] += 1
 
     def _step_alone(self) -> None:
         assert self.alone is not None
@@ -265,6 +329,8 @@ class ParallelWorker:
             self._end_alone()
             return
         self.alone_count += 1
+        if self.alone_count == 1:
+            send(wire.keyed(wire.ROW_CACHED, key, wire.cached_frame(b"", self.engine.prompt_cached)))
         if token in self.stops or self.alone_count >= params.max_tokens:
             self.alone_paused = True
             send(wire.keyed(wire.ROW_PAUSED, key, wire.token_frame(b"", token)))

@@ -73,6 +73,7 @@ def reference_llama(gguf_path: Path) -> Iterator:
         n_threads=1,
         n_threads_batch=1,
         last_n_tokens_size=N_CTX,
+        flash_attn=True,  # GGUF_FLASH_ATTN's default
         verbose=False,
     )
     yield llm

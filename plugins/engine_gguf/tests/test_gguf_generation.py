@@ -26,6 +26,9 @@ MAX_TOKENS = 48
 
 
 def reference_chat(llm, messages, **kwargs):
+    """llama-cpp-python's chat with nothing cached (its prompt cache re-decodes the last prompt token alone,
+    which can round the logits apart: millm's never does, ``millm_engine_gguf.prefix``)."""
+    llm.reset()
     return llm.create_chat_completion(
         messages=messages, temperature=0, max_tokens=MAX_TOKENS, repeat_penalty=1.0, **kwargs
     )
@@ -50,7 +53,8 @@ def test_greedy_chat_equals_llama_cpp_create_chat_completion(gguf_server, refere
     # Same prompt ids (one BOS either way) and same generated count.
     assert reply.usage.prompt_tokens == expected["usage"]["prompt_tokens"]
     assert reply.usage.completion_tokens == expected["usage"]["completion_tokens"]
-    assert reply.system_fingerprint == "millm:SmolLM2-135M-Instruct:Q4_1@unrecorded:unrecorded/Q4_1:gguf"
+    # GGUF_PARALLEL batches by default: a seed promises its text for the same batch shape
+    assert reply.system_fingerprint == "millm:SmolLM2-135M-Instruct:Q4_1@unrecorded:unrecorded/Q4_1:gguf+continuous"
 
 
 def test_prompt_has_exactly_one_bos(gguf_server, reference_llama):
@@ -102,6 +106,7 @@ def test_the_plain_completion_stream_loop_reads_choices_0_of_every_chunk(gguf_se
 
 def test_greedy_completion_equals_llama_cpp_create_completion(gguf_server, reference_llama):
     prompt = "The three primary colours are"
+    reference_llama.reset()  # as reference_chat: nothing cached
     expected = reference_llama.create_completion(prompt, temperature=0, max_tokens=MAX_TOKENS, repeat_penalty=1.0)
     reply = gguf_server.openai().completions.create(
         model=DEFAULT_ID, prompt=prompt, temperature=0, max_tokens=MAX_TOKENS
@@ -116,6 +121,7 @@ def test_trailing_assistant_message_is_continued_mid_sentence(gguf_server, refer
     partial = "Cats are small, furry animals that"
     rendered = reference_prompt(reference_llama, head)
     # Everything before the partial rendered with a generation prompt, the partial appended raw.
+    reference_llama.reset()
     expected = reference_llama.create_completion(
         rendered + partial, temperature=0, max_tokens=MAX_TOKENS, repeat_penalty=1.0
     )
@@ -192,10 +198,8 @@ def test_frequency_and_presence_penalties_equal_llama_cpp(gguf_server, reference
     penalties = {"frequency_penalty": 1.0, "presence_penalty": 0.5}
     client = gguf_server.openai()
     plain = reference_chat(reference_llama, messages)
-    # Under these penalties the greedy pick can flip on a rounding of the last prompt token's logits,
-    # which differ between a whole-prompt pass and the one-token pass of llama-cpp-python's prompt
-    # cache. So both sides start from the same cache: this prompt and three generated tokens.
-    reference_llama.create_chat_completion(messages=messages, temperature=0, max_tokens=4, repeat_penalty=1.0)
+    # Under these penalties the greedy pick flips on a rounding of the last prompt token's logits: the
+    # server's prompt cache (this prompt, then three generated tokens) must give the uncached answer.
     client.chat.completions.create(model=DEFAULT_ID, messages=messages, temperature=0, max_tokens=4)
     expected = reference_chat(reference_llama, messages, **penalties)
     assert expected["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"]

@@ -1,8 +1,10 @@
 """``GGUF_PARALLEL`` > 1: the child decodes several generations together (``batch``, ``parallel``).
 
 Called directly, as ``test_gguf_process.py`` does: concurrent greedy generations
-against the serial engine's, a closed stream freeing its row, a request that
-must run alone, embeddings between steps, and a crash under several generations.
+against the serial engine's (equal to the bit), rows with penalties, logit_bias,
+logprobs or min_tokens against the same request alone, a closed stream freeing its
+row, a steered request that runs alone, embeddings between steps, and a crash under
+several generations.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from millm_engine_gguf.engine import GGUFEngine
 from millm_engine_gguf.parallel import ParallelEngine
 from millm_engine_gguf.process import EngineCrashed, ProcessEngine
 from millm_engine_gguf.spec import describe
-from millm_host.engine import SamplingParams
+from millm_host.engine import GeneratedToken, SamplingParams
 from millm_host.testing.conformance import take
 
 from .test_gguf_engine import settings
+from .test_gguf_steering import add
 
 PROMPTS = ["Count to ten.", "What is the capital of France?", "Write a haiku about rain.", "Say hello."]
 TOKENS = 16
@@ -76,29 +79,12 @@ def test_greedy_rows_one_at_a_time_equal_serial_ones(engine, serial):
         )
 
 
-def test_concurrent_greedy_rows_leave_the_serial_answer_only_at_a_tie(engine, serial):
-    """Batched kernels sum in another order, so a batched row may break a tie the other way.
-
-    Measured here: every divergence falls where the serial logits of the two best tokens are
-    equal (to float32), and before it the row equals its serial answer token for token.
-    """
+def test_concurrent_greedy_rows_equal_serial_ones(engine, serial):
+    """Each row has its own KV cache and a step decodes each prompt chunk alone, so a row computes in a batch
+    what it computes alone, to the bit."""
     expected = [take(serial, ids_of(serial, prompt), GREEDY, TOKENS) for prompt in PROMPTS]
-    for prompt, want, got in zip(PROMPTS, expected, concurrently(engine, PROMPTS), strict=True):
-        assert got is not None and len(got) == TOKENS
-        split = next((k for k in range(TOKENS) if got[k] != want[k]), None)
-        if split is not None:
-            gap = top_two_gap(serial, ids_of(serial, prompt) + want[:split])
-            assert gap <= 1e-3, (prompt, split, gap)
-
-
-def top_two_gap(engine, ids):
-    """The serial logit gap between the two best next tokens after ``ids``."""
-    llm = engine.llm
-    llm.reset()
-    llm.eval(ids)
-    logits = np.sort(np.array(llm.scores[llm.n_tokens - 1]))
-    llm.reset()
-    return float(logits[-1] - logits[-2])
+    for _ in range(2):
+        assert concurrently(engine, PROMPTS) == expected
 
 
 def test_a_closed_stream_frees_its_row(gguf_path):
@@ -115,13 +101,58 @@ def test_a_closed_stream_frees_its_row(gguf_path):
         engine.close()
 
 
-def test_penalties_run_alone_with_the_serial_answer(engine, serial):
-    params = SamplingParams(max_tokens=TOKENS, temperature=0, presence_penalty=1.5)
-    expected = take(serial, ids_of(serial, PROMPTS[0]), params, TOKENS)
-    before = engine.inference()["serial_reasons"].get("penalties", 0)
-    results = concurrently(engine, PROMPTS[:1] * 2, params)
-    assert results == [expected, expected]
-    assert engine.inference()["serial_reasons"]["penalties"] == before + 2
+YES, SUM = "Write the word yes five times.", "What is 2+2?"
+#: Each with a prompt whose greedy answer it changes (logprobs: adds to).
+SAMPLING_FIELDS = {
+    "presence_penalty": (YES, {"presence_penalty": 2.0}),
+    "frequency_penalty": (YES, {"frequency_penalty": 2.0}),
+    "logit_bias": (SUM, {"logit_bias": {504: -100.0, 330: 5.0}}),
+    "logprobs": (SUM, {"logprobs": 3}),
+    "min_tokens": (SUM, {"min_tokens": TOKENS}),
+}
+
+
+def as_read(token) -> tuple:
+    """A token with its logprobs, rounded to the float32 the wire carries them in."""
+    if not isinstance(token, GeneratedToken):
+        return (int(token),)
+    return (
+        int(token),
+        float(np.float32(token.logprob)),
+        [(t.token_id, float(np.float32(t.logprob))) for t in token.top],
+    )
+
+
+@pytest.mark.parametrize(("prompt", "fields"), SAMPLING_FIELDS.values(), ids=SAMPLING_FIELDS)
+def test_a_row_with_sampling_fields_in_a_batch_equals_it_alone(engine, serial, prompt, fields):
+    """Penalties, logit_bias, logprobs and min_tokens are sampled per row, beside plain rows."""
+    params = SamplingParams(max_tokens=TOKENS, temperature=0, **fields)
+    expected = [as_read(t) for t in take(serial, ids_of(serial, prompt), params, TOKENS)]
+    assert expected != [as_read(t) for t in take(serial, ids_of(serial, prompt), GREEDY, TOKENS)]
+    before = engine.inference()
+    results: dict[int, list] = {}
+
+    def run(i: int) -> None:
+        row_params = params if i == 0 else GREEDY
+        results[i] = take(engine, ids_of(engine, [prompt, *PROMPTS][i]), row_params, TOKENS)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [as_read(t) for t in results[0]] == expected
+    after = engine.inference()
+    assert after["batched"] == before["batched"] + 3 and after["serial_reasons"] == before["serial_reasons"]
+
+
+def test_a_steered_generation_runs_alone_and_is_counted(engine, serial):
+    hooks = [add(10, "resid_post", np.full(576, 4.0, dtype=np.float32))]
+    ids = ids_of(engine, PROMPTS[1])
+    expected = take(serial, ids, GREEDY, TOKENS, hooks=hooks)
+    before = engine.inference()["serial_reasons"].get("steering", 0)
+    assert take(engine, ids, GREEDY, TOKENS, hooks=hooks) == expected != take(serial, ids, GREEDY, TOKENS)
+    assert engine.inference()["serial_reasons"]["steering"] == before + 1
 
 
 def test_embeddings_are_answered_between_steps(engine, serial):
@@ -172,5 +203,5 @@ def test_a_parallel_server_answers_concurrent_chats_and_reports_its_batch(server
         assert all(answers.get(i) for i in range(4))
         assert chat(PROMPTS[0], presence_penalty=1.0)
         report = client.get("/api/health/inference").json()
-    assert (report["backend"], report["max_rows"], report["batched"]) == ("continuous", 4, 4)
-    assert report["serial_reasons"] == {"penalties": 1}
+    assert (report["backend"], report["max_rows"], report["batched"]) == ("continuous", 4, 5)
+    assert report["serial_reasons"] == {}

@@ -1,6 +1,7 @@
 """The GGUF engine as the server holds it: ``ProcessEngine``, llama.cpp in a child process.
 
-Called directly here: the conformance suite, the same answers as the
+Called directly here: the conformance suite (on the batched default,
+``GGUF_PARALLEL=4``), the same answers as the
 in-process engine, a crash while loading, a restart that fails and then
 succeeds, and a child that always ends with its engine. The server-level
 crash tests are in ``test_gguf_crash.py``.
@@ -80,7 +81,18 @@ def test_a_crash_mid_generation_fails_that_generation_only(engine, signum):
     assert (after["restarts"], after["last_signal"]) == (before["restarts"] + 1, signum.name)
 
 
-def test_an_abandoned_stream_is_stopped_before_the_next_request(engine):
+@pytest.fixture(scope="module")
+def serial_engine(gguf_path):
+    """The engine with GGUF_PARALLEL=1: one generation at a time."""
+    engine = ProcessEngine.load(
+        describe(str(gguf_path)), settings(GGUF_N_CTX="256", GGUF_N_BATCH="128", GGUF_PARALLEL="1"), lambda _: None
+    )
+    yield engine
+    engine.close()
+
+
+def test_an_abandoned_stream_is_stopped_before_the_next_request(serial_engine):
+    engine = serial_engine
     ids = engine.chat_ids(MESSAGES)
     expected = take(engine, ids, GREEDY, 12)
     abandoned = engine.generate(ids, SamplingParams(max_tokens=200, temperature=0))
