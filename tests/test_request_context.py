@@ -39,4 +39,4 @@ def test_the_context_keeps_full_messages_the_entry_and_the_host(host):
     ]
     assert ctx.conversations[1] == [{"role": "user", "content": "again"}]
     assert ctx.entry is host.registry.entries[model] and ctx.model is ctx.entry.descriptor
-    assert ctx.host is host and ctx.engine_capabilities == ctx.entry.spec.capabilities
+    assert ctx.host is host.plugin_host and ctx.engine_capabilities == ctx.entry.spec.capabilities

@@ -8,6 +8,8 @@ server's database, so the counts are exact on any machine.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sqlalchemy as sa
 
@@ -80,6 +82,7 @@ def seed(server, model_id: str, **columns) -> None:
 
 
 def test_measure_times_the_real_hook_path_and_per_request_work(http, measured):
+    print(json.dumps(measured, indent=1))  # its figures come from timing: shown where an assertion fails
     step, units = measured["measurement"]["step"], measured["unit_costs"]
     assert step["hooked_points"] >= 1 and step["hooked_ms_per_token"] > 0
     parts = measured["measurement"]["parts"]  # what the units were made of, timed on the live path
