@@ -28,11 +28,14 @@ def call_item_id(ctx: RequestContext, index: int) -> str:
 
 
 def usage(ctx: RequestContext) -> dict[str, Any]:
+    """``usage``; ``cached_tokens`` is what the engine's prompt cache held (GGUF's prompt reuse), as the
+    chat completion's ``prompt_tokens_details`` says it."""
     prompt = sum(len(p) for p in ctx.prompts)
     output = sum(len(o.token_ids) for o in ctx.outputs[:1])
+    cached = ctx.outputs[0].cached_tokens if ctx.outputs else None
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,

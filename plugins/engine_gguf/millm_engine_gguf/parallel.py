@@ -40,6 +40,14 @@ _LEAD = b"lead"
 _EMBEDDING = 0
 
 
+def _queued(frames: queue.SimpleQueue[bytes]) -> bytes:
+    """The next frame already handed to ``frames``, or ``_LEAD`` when there is none yet."""
+    try:
+        return frames.get_nowait()
+    except queue.Empty:
+        return _LEAD
+
+
 class ParallelEngine(ProcessEngine):
     """``ProcessEngine`` whose child serves ``options.parallel`` generations at once."""
 
@@ -129,10 +137,7 @@ class ParallelEngine(ProcessEngine):
             self._waiting[key] = frames
         try:
             while True:
-                try:
-                    frame = frames.get_nowait()
-                except queue.Empty:
-                    frame = _LEAD
+                frame = _queued(frames)
                 if frame != _LEAD:
                     return frame
                 if self._reading.acquire(blocking=False):
@@ -151,10 +156,7 @@ class ParallelEngine(ProcessEngine):
     def _read_until(self, key: int, frames: queue.SimpleQueue[bytes], child: Child) -> bytes:
         """Read ``child``'s frames, handing each to its queue, until ``key`` has one."""
         while True:
-            try:
-                frame = frames.get_nowait()
-            except queue.Empty:
-                frame = _LEAD
+            frame = _queued(frames)
             if frame != _LEAD:
                 return frame
             try:

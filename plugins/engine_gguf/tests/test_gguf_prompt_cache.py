@@ -117,3 +117,16 @@ def test_usage_reports_the_cached_prompt_tokens(gguf_server, stream):
     first, second = usage(), usage()
     assert first.prompt_tokens_details.cached_tokens < first.prompt_tokens - 2
     assert second.prompt_tokens_details.cached_tokens == second.prompt_tokens - 2
+
+
+def test_the_responses_api_reports_the_cached_input_tokens(gguf_server):
+    client = gguf_server.openai()
+
+    def usage():
+        return client.responses.create(
+            model=DEFAULT_ID, input="Name a river.", max_output_tokens=2, temperature=0
+        ).usage
+
+    first, second = usage(), usage()
+    assert first.input_tokens_details.cached_tokens < first.input_tokens - 2
+    assert second.input_tokens_details.cached_tokens == second.input_tokens - 2
