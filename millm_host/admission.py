@@ -13,15 +13,22 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .scheduler import BACKGROUND  # re-exported: the Batch API's runner sets it
 
 if TYPE_CHECKING:
-    from .app import Host
     from .engine import Engine
-    from .registry import Lease, ModelEntry
+    from .registry import Lease, ModelEntry, ModelRegistry
     from .scheduler import Scheduler, Ticket
+
+
+class AdmissionHost(Protocol):
+    """What admission uses of the host (``millm_host.app.Host`` is one)."""
+
+    registry: ModelRegistry
+    scheduler: Scheduler
+
 
 T = TypeVar("T")
 
@@ -50,7 +57,7 @@ class Admission:
         self.ticket.release()
 
 
-async def admit(host: Host, entry: ModelEntry, cancel: threading.Event | None = None) -> Admission:
+async def admit(host: AdmissionHost, entry: ModelEntry, cancel: threading.Event | None = None) -> Admission:
     """A queue place, then a lease on ``entry`` (made resident if it is not); the caller releases it.
 
     ``cancel`` (a request's ``cancel_event``): a wait for the model's load ends with
@@ -69,7 +76,7 @@ async def admit(host: Host, entry: ModelEntry, cancel: threading.Event | None = 
 
 
 @asynccontextmanager
-async def engine_slot(host: Host, model: str) -> AsyncIterator[Admission]:
+async def engine_slot(host: AdmissionHost, model: str) -> AsyncIterator[Admission]:
     """``async with host.engine_slot(model_id) as slot: await slot.run(fn, ...)``: admitted work.
 
     ``slot.engine`` is the resident model; the queue place and the lease are

@@ -140,7 +140,8 @@ from .monitoring import (
     stateless_monitor_results,
 )
 from .naming import check_display_name, split_gguf_name
-from .observability.ids import caller_trace, current_trace_id
+from .observability.ids import caller_trace
+from .observability.request import current_trace_id
 from .openapi import Param, operation
 from .output import (
     ORDER_PROBE_VERDICTS,
@@ -153,7 +154,7 @@ from .output import (
 )
 from .paging import page as list_page
 from .paths import confined_path, plain_name
-from .plugin_host import PluginHost
+from .plugin_host import EngineSlot, PluginHost, PluginMetrics
 from .protocol import ChatMessage, ResponseModel, message_text
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
@@ -218,6 +219,8 @@ __all__ = [
     "HookRow",
     "Host",
     "PluginHost",
+    "PluginMetrics",
+    "EngineSlot",
     "InsufficientMemory",
     "InvalidParameter",
     "Item",

@@ -29,11 +29,11 @@ from .draining import Draining
 from .engine import EngineSpec
 from .errors import MillmError
 from .fields import ENDPOINTS, FieldRegistry
+from .host_view import HostView
 from .observability.ids import RequestIdsMiddleware
 from .observability.metrics import Metrics
 from .observability.request import CURRENT, Observation
 from .observability.tracing import Tracing
-from .plugin_host import PluginHost
 from .plugins import build_plugin_manager
 from .registry import ModelRegistry
 from .replicas.convergence import Convergence
@@ -48,6 +48,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .openapi import RouteTable
+    from .plugin_host import PluginHost
     from .serving.run import Flight
 
 log = logging.getLogger("millm")
@@ -104,7 +105,7 @@ class Host:
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}
         #: What plugins see of this host: the ``host`` of every hook and ``ctx.host``.
-        self.plugin_host = PluginHost(self)
+        self.plugin_host: PluginHost = HostView(self)
         #: endpoint → plugin models of the request fields it adds, for ``/openapi.json``.
         self.request_schemas: dict[str, list[type[BaseModel]]] = {}
         hookcalls.startup(pm, "register_request_schemas", register=self._register_request_schema)
@@ -279,7 +280,7 @@ def build(
     host = Host(settings, pm)
     host.start()
     access = Access(settings, bind_host)
-    middleware: list = [RequestIdsMiddleware(), access, Draining(host), _Lifespan(host)]
+    middleware: list = [RequestIdsMiddleware(), access, Draining(host.scheduler), _Lifespan(host)]
     if access.cors_any or access.cors_origins:
         middleware.append(
             falcon.CORSMiddleware(allow_origins="*" if access.cors_any else access.cors_origins, expose_headers="*")

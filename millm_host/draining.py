@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .errors import ShuttingDown
 
 if TYPE_CHECKING:
-    from .app import Host
+    from .scheduler import Scheduler
 
 #: Paths still served while the server drains (a prefix, or the path itself).
 STILL_ANSWERED = ("/api/health", "/health", "/ping", "/metrics")
@@ -23,9 +23,9 @@ STILL_ANSWERED = ("/api/health", "/health", "/ping", "/metrics")
 class Draining:
     """Falcon middleware: once the host's shutdown began, every other request is refused."""
 
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
 
     async def process_request(self, req, resp) -> None:
-        if self.host.scheduler.closing and not req.path.startswith(STILL_ANSWERED):
+        if self.scheduler.closing and not req.path.startswith(STILL_ANSWERED):
             raise ShuttingDown("the server is shutting down; retry on another instance or once it is back")

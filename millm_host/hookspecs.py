@@ -41,12 +41,12 @@ import pluggy
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from .app import Host
     from .batch_api.endpoints import BatchEndpoint
     from .context import RequestContext
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
     from .monitoring import MonitoredRequest
     from .output import OutputFilterFactory, ResponseExtra
+    from .plugin_host import PluginHost
     from .settings import Setting
 
 hookspec = pluggy.HookspecMarker("millm")
@@ -134,7 +134,7 @@ def register_migrations(register: Callable[[str, str], None]) -> None:
 
 
 @hookspec
-def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
+def register_routes(host: PluginHost, add_route: Callable[[str, Any], None]) -> None:
     """Add HTTP routes: ``add_route(uri_template, falcon_asgi_resource)``.
 
     Called once while the app is built, after ``startup``. Resources reach the
@@ -149,7 +149,7 @@ def register_routes(host: Host, add_route: Callable[[str, Any], None]) -> None:
 
 
 @hookspec
-def register_batch_endpoints(host: Host, register: Callable[[str, BatchEndpoint], None]) -> None:
+def register_batch_endpoints(host: PluginHost, register: Callable[[str, BatchEndpoint], None]) -> None:
     """Offer URLs a batch may name (``POST /v1/batches``'s ``endpoint``) beside the host's own.
 
     Called once while the app is built, after ``startup`` and before ``register_routes``,
@@ -173,7 +173,7 @@ def register_batch_endpoints(host: Host, register: Callable[[str, BatchEndpoint]
 
 
 @hookspec
-def startup(host: Host) -> None:
+def startup(host: PluginHost) -> None:
     """The app is built and the database migrated; load persisted state here.
 
     Called once, on the main thread, before the server accepts connections.
@@ -184,7 +184,7 @@ def startup(host: Host) -> None:
 
 
 @hookspec
-def shutdown(host: Host) -> None:
+def shutdown(host: PluginHost) -> None:
     """The server is stopping: release what ``startup`` took.
 
     Called once, on the event loop's shutdown (a worker thread), after the last
@@ -196,7 +196,7 @@ def shutdown(host: Host) -> None:
 
 
 @hookspec
-def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
+def filter_listed_models(host: PluginHost, model_ids: list[str]) -> list[str] | None:
     """Narrow what ``/v1/models`` lists: return the ids of ``model_ids`` to keep.
 
     Called on the event loop for each listing; None keeps everything. A model is
@@ -211,7 +211,7 @@ def filter_listed_models(host: Host, model_ids: list[str]) -> list[str] | None:
 
 
 @hookspec
-def model_loaded(host: Host, engine: Engine) -> None:
+def model_loaded(host: PluginHost, engine: Engine) -> None:
     """A model became resident. Called on the engine thread after the load.
 
     Policy: lifecycle (``millm_host.hookcalls``): an error is logged and every other
@@ -220,7 +220,7 @@ def model_loaded(host: Host, engine: Engine) -> None:
 
 
 @hookspec
-def model_unloading(host: Host, engine: Engine) -> None:
+def model_unloading(host: PluginHost, engine: Engine) -> None:
     """A model is about to be unloaded (no request is running on it).
 
     Called on the engine thread before its memory is released; plugins drop

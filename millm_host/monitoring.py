@@ -58,7 +58,7 @@ class MonitoredRequest:
 def monitor_results(ctx: RequestContext, monitored: MonitoredRequest) -> list[dict[str, Any]]:
     """Every plugin's results for ``monitored`` (hook ``monitor_results``), in one flat list."""
     from . import hookcalls
-    from .plugin_host import host_of
+    from .host_view import host_of
 
     assert ctx.host is not None, "a monitored request runs on a host"
     return hookcalls.monitor(host_of(ctx.host).pm, ctx, monitored)
@@ -69,7 +69,7 @@ def stateless_monitor_results(host: Any, monitored: MonitoredRequest) -> list[di
 
     Blocking (a plugin may wait for operator code): call it off the event loop."""
     from . import hookcalls
-    from .plugin_host import host_of
+    from .host_view import host_of
 
     assert monitored.stateless, "a live request goes through monitor_results(ctx, monitored)"
     return hookcalls.monitor(host_of(host).pm, None, monitored)
@@ -78,6 +78,6 @@ def stateless_monitor_results(host: Any, monitored: MonitoredRequest) -> list[di
 def revise_monitor_results(host: Any, results: list[dict[str, Any]]) -> int:
     """Replace stored results in place, by ``result_id`` (hook ``revise_monitor_results``); how many were."""
     from . import hookcalls
-    from .plugin_host import host_of
+    from .host_view import host_of
 
     return hookcalls.revise(host_of(host).pm, host, results)

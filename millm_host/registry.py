@@ -20,11 +20,11 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import hookcalls
 from .bodies import collector
@@ -44,7 +44,42 @@ from .errors import (
 from .scheduler import BACKGROUND, TICK
 
 if TYPE_CHECKING:
-    from .app import Host
+    import pluggy
+
+    from .errors import MillmError
+    from .observability.metrics import Metrics
+    from .plugin_host import PluginHost
+    from .scheduler import Scheduler
+    from .settings import Settings
+
+
+class _Flight(Protocol):
+    def stop(self, reason: str, error: MillmError) -> None: ...
+
+
+class _Converging(Protocol):
+    def poke(self) -> None: ...
+
+
+class RegistryHost(Protocol):
+    """What the model registry uses of the host."""
+
+    settings: Settings
+    scheduler: Scheduler
+    pm: pluggy.PluginManager
+    metrics: Metrics
+    plugin_host: PluginHost
+
+    @property
+    def convergence(self) -> _Converging: ...
+
+    @property
+    def flights(self) -> Collection[_Flight]: ...
+
+    def listed_models(self) -> list[Any]: ...
+
+    def keep(self, task: asyncio.Task) -> None: ...
+
 
 log = logging.getLogger("millm.registry")
 
@@ -124,7 +159,7 @@ class Lease:
 class ModelRegistry:
     """Known models and the resident one."""
 
-    def __init__(self, host: Host, engines: Sequence[EngineSpec]) -> None:
+    def __init__(self, host: RegistryHost, engines: Sequence[EngineSpec]) -> None:
         self.host = host
         self.engines = list(engines)
         self.entries: dict[str, ModelEntry] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import falcon
 import falcon.asgi
@@ -13,20 +13,37 @@ from .batch_api import resources as batch_resources
 from .errors import MillmError
 from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
-from .resources.health import Health
-from .resources.metrics import MetricsResource
-from .resources.models import ManagedModel, ManagedModels, OpenAIModel, OpenAIModels
-from .resources.serving import ServingResource
+from .resources.health import Health, HealthHost
+from .resources.metrics import MetricsHost, MetricsResource
+from .resources.models import ManagedModel, ManagedModels, ModelsHost, OpenAIModel, OpenAIModels
+from .resources.serving import EndpointHost, ServingResource
 from .resources.settings import SettingsResource
 
 if TYPE_CHECKING:
-    from .app import Host
+    import pluggy
+    from pydantic import BaseModel
+
+    from .batch_api.runner import BatchRunner
+    from .plugin_host import PluginHost
+    from .settings import Settings
+
+
+class RoutesHost(EndpointHost, ModelsHost, HealthHost, MetricsHost, Protocol):
+    """What installing the routes uses of the host: each resource's part, and the route table's own."""
+
+    settings: Settings
+    pm: pluggy.PluginManager
+    plugin_host: PluginHost
+    batches: BatchRunner
+    routes: RouteTable | None
+    request_schemas: dict[str, list[type[BaseModel]]]
+    openapi_bodies: list[tuple[str, type[BaseModel]]]
 
 
 class OpenAPI:
     """``GET /openapi.json``: built once, on the first request (every route is installed by then)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: RoutesHost) -> None:
         self.host = host
         self._document: dict[str, Any] | None = None
 
@@ -37,7 +54,7 @@ class OpenAPI:
         resp.media = self._document
 
 
-def document(host: Host) -> dict[str, Any]:
+def document(host: RoutesHost) -> dict[str, Any]:
     """The OpenAPI document of every route ``host`` serves."""
     table = host.routes
     assert table is not None, "the routes are not installed"
@@ -50,7 +67,7 @@ def document(host: Host) -> dict[str, Any]:
     return openapi_document(((route, method) for route in table.routes for method in table.methods(route)), inputs)
 
 
-def install(app: falcon.asgi.App, host: Host) -> None:
+def install(app: falcon.asgi.App, host: RoutesHost) -> None:
     app.add_error_handler(Exception, handle_unexpected)
     app.add_error_handler(falcon.HTTPError, handle_http_error)
     app.add_error_handler(MillmError, handle_millm_error)
@@ -73,7 +90,7 @@ def install(app: falcon.asgi.App, host: Host) -> None:
     add_route("/health", health, suffix="alias")  # vLLM's and llama.cpp's liveness path (load balancers, guidellm)
     add_route("/ping", health, suffix="alias")  # SageMaker's and vLLM's
     add_route("/metrics", MetricsResource(host))
-    add_route("/api/settings", SettingsResource(host))
+    add_route("/api/settings", SettingsResource(host.settings))
     add_route("/api/models", ManagedModels(host))
     managed = ManagedModel(host)
     add_route("/api/models/{model_id}", managed)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .plugin_host import host_of
+from .host_view import host_of
 
 Converger = Callable[[], Awaitable[list[str]]]
 

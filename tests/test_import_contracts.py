@@ -106,7 +106,7 @@ def test_plugins_reach_the_host_only_through_its_plugin_view():
     import re
     from pathlib import Path
 
-    from millm_host.api import PluginHost
+    from millm_host.host_view import HostView
 
     root = Path(__file__).resolve().parents[1] / "plugins"
     reaching = re.compile(r"\bhost\._host\b|\._host\b|\bhost_of\b|\bhost\.(registry|routes|convergence|scheduler|pm)\b")
@@ -117,4 +117,54 @@ def test_plugins_reach_the_host_only_through_its_plugin_view():
         if reaching.search(line)
     ]
     assert found == []
-    assert PluginHost.__slots__ == ("_host",)  # a view holds nothing else a plugin could reach
+    assert HostView.__slots__ == ("_host",)  # a view holds nothing else a plugin could reach
+
+
+def _host_import_graph() -> dict[str, set[str]]:
+    """Each ``millm_host`` module and the host modules it imports, at run time or for typing alike."""
+    import ast
+
+    modules = {}
+    for path in (ROOT / "millm_host").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                named = [f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in modules]
+                # ``from . import a, b`` names modules: the package itself is not what is imported
+                targets = named if len(named) == len(node.names) else [module, *named]
+            else:
+                continue
+            graph[name] |= {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def test_the_host_has_no_import_cycle_and_only_its_builders_name_the_app():
+    """Host modules type what they use of the host with protocols of their own (``AdmissionHost``,
+    ``ServingHost``, ...), never ``millm_host.app.Host``: only what builds the app imports it, and no
+    chain of imports, ``TYPE_CHECKING`` ones included, leads back to where it started."""
+    graph = _host_import_graph()
+    assert sorted(name for name, imported in graph.items() if "millm_host.app" in imported) == [
+        "millm_host.cli",
+        "millm_host.testing.inprocess",
+    ]
+    done: set[str] = set()
+
+    def walk(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError("an import cycle: " + " -> ".join([*path[path.index(name) :], name]))
+        if name in done:
+            return
+        for imported in sorted(graph[name]):
+            walk(imported, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        walk(name, [])

@@ -18,7 +18,19 @@ from .. import hookcalls
 from ..errors import InvalidParameter
 
 if TYPE_CHECKING:
-    from ..app import Host
+    import pluggy
+
+    from ..plugin_host import PluginHost
+    from ..serving.base import Serving
+
+
+class EndpointsHost(Protocol):
+    """What collecting the batch endpoints uses of the host."""
+
+    serving: dict[str, Serving]
+    pm: pluggy.PluginManager
+    plugin_host: PluginHost
+
 
 #: The batch endpoints OpenAI's clients name, and the ``host.serving`` key serving each.
 HOST_ENDPOINTS: Mapping[str, str] = {
@@ -86,7 +98,7 @@ class BatchEndpoints:
             )
 
 
-def collect(host: Host) -> BatchEndpoints:
+def collect(host: EndpointsHost) -> BatchEndpoints:
     """The host's endpoints, then every plugin's (called once, as the routes are installed)."""
     endpoints = BatchEndpoints()
     for url, name in HOST_ENDPOINTS.items():

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
@@ -53,7 +53,27 @@ from .store import FileNotFound, FileStore, new_id
 from .tables import Batch, BatchLine, StoredFile
 
 if TYPE_CHECKING:
-    from ..app import Host
+    from ..db import Database
+    from ..registry import ModelRegistry
+    from ..settings import Settings
+
+
+class _Replica(Protocol):
+    replica_id: str
+
+
+class BatchHost(Protocol):
+    """What the Batch API's runner uses of the host."""
+
+    settings: Settings
+    db: Database
+    registry: ModelRegistry
+
+    @property
+    def convergence(self) -> _Replica: ...
+
+    def keep(self, task: asyncio.Task) -> None: ...
+
 
 log = logging.getLogger("millm.batch")
 
@@ -104,7 +124,7 @@ def batch_object(row: Batch) -> dict[str, Any]:
 class BatchRunner:
     """Every batch of one host: the routes' operations, and a task per batch being worked on."""
 
-    def __init__(self, host: Host, store: FileStore) -> None:
+    def __init__(self, host: BatchHost, store: FileStore) -> None:
         self.host = host
         self.store = store
         self.db = host.db

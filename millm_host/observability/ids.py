@@ -57,17 +57,6 @@ def new_ids(headers: Mapping[str, str]) -> RequestIds:
     return RequestIds(trace_id=caller[0] if caller else secrets.token_hex(16))
 
 
-def current_trace_id() -> str | None:
-    """The trace id of the request served in this context (its span's when tracing is on); None outside one."""
-    from .request import CURRENT
-
-    observation = CURRENT.get()
-    if observation is not None and observation.trace_id:
-        return observation.trace_id
-    ids = IDS.get()
-    return ids.trace_id if ids is not None else None
-
-
 class RequestIdsMiddleware:
     """Falcon middleware: each request's ``RequestIds``, before routing and before any refusal."""
 

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from .series import Series
+
 if TYPE_CHECKING:
     from ..context import RequestContext
     from ..engine import Engine
@@ -159,7 +161,7 @@ class Metrics:
         """A histogram a plugin names (seconds, by convention); the same name gives the same series."""
         return self._series(Histogram, name, documentation, tuple(labels), buckets=tuple(buckets))
 
-    def trace_events(self, ctx: RequestContext, results: Iterable[Mapping[str, Any]], default_name: str) -> None:
+    def trace_events(self, ctx: object, results: Iterable[Mapping[str, Any]], default_name: str) -> None:
         """Each result becomes an event of the request's span, named by its ``schema`` (never any text)."""
         observation = getattr(ctx, "observation", None)
         if observation is not None:
@@ -186,20 +188,3 @@ class Metrics:
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)
         return generate_latest(self.registry)
-
-
-class Series:
-    """One metric a plugin named: ``inc`` a counter, ``observe`` a histogram, labels by name."""
-
-    def __init__(self, metric: Any, labels: tuple[str, ...]) -> None:
-        self._metric = metric
-        self.labels = labels
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self._child(labels).inc(amount)
-
-    def observe(self, value: float, **labels: str) -> None:
-        self._child(labels).observe(value)
-
-    def _child(self, labels: dict[str, str]) -> Any:
-        return self._metric.labels(**labels) if self.labels else self._metric

@@ -14,15 +14,26 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .ids import IDS, RequestIds, new_ids
 from .timing import Timing
 from .tracing import event_attributes, span_ids
 
 if TYPE_CHECKING:
-    from ..app import Host
     from ..context import RequestContext
+    from ..settings import Settings
+    from .metrics import Metrics
+    from .tracing import Tracing
+
+
+class ObservedHost(Protocol):
+    """What a request's observation uses of the host."""
+
+    settings: Settings
+    metrics: Metrics
+    tracing: Tracing
+
 
 #: The request being served in this context (None outside one).
 CURRENT: ContextVar[Observation | None] = ContextVar("millm_observation", default=None)
@@ -32,10 +43,19 @@ def current() -> Observation | None:
     return CURRENT.get()
 
 
+def current_trace_id() -> str | None:
+    """The trace id of the request served in this context (its span's when tracing is on); None outside one."""
+    observation = CURRENT.get()
+    if observation is not None and observation.trace_id:
+        return observation.trace_id
+    ids = IDS.get()
+    return ids.trace_id if ids is not None else None
+
+
 class Observation:
     """One request's record: its id, its ``Timing``, its span (when tracing is on)."""
 
-    def __init__(self, host: Host, endpoint: str, headers: Mapping[str, str]) -> None:
+    def __init__(self, host: ObservedHost, endpoint: str, headers: Mapping[str, str]) -> None:
         self.host, self.endpoint = host, endpoint
         self.timing = Timing()
         # the HTTP request's ids (set before routing); a request served outside one (a Batch line) has its own

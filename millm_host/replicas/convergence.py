@@ -21,14 +21,25 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
 from .tables import Replica
 
 if TYPE_CHECKING:
-    from ..app import Host
+    from ..db import Database
+    from ..settings import Settings
+
+
+class ConvergenceHost(Protocol):
+    """What convergence uses of the host."""
+
+    settings: Settings
+    db: Database
+
+    def keep(self, task: asyncio.Task) -> None: ...
+
 
 log = logging.getLogger("millm.replicas")
 
@@ -47,7 +58,7 @@ def replica_id(settings: Any) -> str:
 class Convergence:
     """The convergers, the background pass, and this replica's last report."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ConvergenceHost) -> None:
         self.host = host
         self.db = host.db
         self.replica_id = replica_id(host.settings)

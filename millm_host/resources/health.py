@@ -6,7 +6,7 @@ vLLM-style load balancers, Kubernetes examples and benchmark tools (guidellm) pr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
@@ -17,8 +17,20 @@ from ..registry import ModelState
 from ..response_bodies import Health as HealthBody
 
 if TYPE_CHECKING:
-    from ..app import Host
-    from ..registry import ModelEntry
+    from ..engine import EngineSpec
+    from ..registry import ModelEntry, ModelRegistry
+    from ..replicas.convergence import Convergence
+    from ..scheduler import Scheduler
+
+
+class HealthHost(Protocol):
+    """What the health routes use of the host."""
+
+    registry: ModelRegistry
+    scheduler: Scheduler
+    convergence: Convergence
+    engines: list[EngineSpec]
+    report: Any
 
 
 class NotReady(MillmError):
@@ -65,7 +77,7 @@ class Inference(ResponseModel):
     )
 
 
-def inference_report(host: Host) -> dict[str, Any]:
+def inference_report(host: HealthHost) -> dict[str, Any]:
     """The body of ``GET /api/health/inference``."""
     registry, scheduler = host.registry, host.scheduler
     engine = registry.engine
@@ -100,7 +112,7 @@ class ServingState:
     error: str | None = None
 
 
-def serving_state(host: Host) -> ServingState:
+def serving_state(host: HealthHost) -> ServingState:
     """The first that holds: shutting down, a load or an unload, no model (or the start model failed),
     a degraded engine or a stalled generation, admin work (``registry.activity``); else ok."""
     registry, scheduler = host.registry, host.scheduler
@@ -142,7 +154,7 @@ def serving_state(host: Host) -> ServingState:
 
 
 class Health:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: HealthHost) -> None:
         self.host = host
 
     @operation("The server's state: the model, its load, the queue, the plugins", response=HealthBody)
@@ -204,7 +216,7 @@ class Health:
         resp.media = {"status": "ready", "model": model, "replica": self.host.convergence.replica_id}
 
 
-def ready_model(host: Host) -> str:
+def ready_model(host: HealthHost) -> str:
     """The resident model's id when this server takes requests; ``503 not_ready`` saying why not."""
     registry = host.registry
     if host.scheduler.closing:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import falcon
 
@@ -10,11 +10,21 @@ from ..observability.metrics import CONTENT_TYPE
 from ..openapi import operation
 
 if TYPE_CHECKING:
-    from ..app import Host
+    from ..observability.metrics import Metrics
+    from ..registry import ModelRegistry
+    from ..settings import Settings
+
+
+class MetricsHost(Protocol):
+    """What ``/metrics`` reads of the host."""
+
+    settings: Settings
+    registry: ModelRegistry
+    metrics: Metrics
 
 
 class MetricsResource:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: MetricsHost) -> None:
         self.host = host
 
     @operation("Prometheus metrics (text exposition format)", media_type="text/plain", errors=(404,))

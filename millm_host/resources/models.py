@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ModelNotFound
 from ..openapi import operation
@@ -10,7 +10,15 @@ from ..registry import ModelEntry
 from ..response_bodies import Model, ModelDetail, ModelDetailList, ModelList
 
 if TYPE_CHECKING:
-    from ..app import Host
+    from ..registry import ModelRegistry
+
+
+class ModelsHost(Protocol):
+    """What the model routes use of the host."""
+
+    registry: ModelRegistry
+
+    def listed_models(self) -> list[Any]: ...
 
 
 def openai_model(entry: ModelEntry) -> dict[str, Any]:
@@ -20,7 +28,7 @@ def openai_model(entry: ModelEntry) -> dict[str, Any]:
 
 
 class OpenAIModels:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ModelsHost) -> None:
         self.host = host
 
     @operation("The models this server serves", response=ModelList)
@@ -32,7 +40,7 @@ class OpenAIModels:
 
 
 class OpenAIModel:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ModelsHost) -> None:
         self.host = host
 
     @operation("One model", response=Model, errors=(404,))
@@ -43,13 +51,13 @@ class OpenAIModel:
         resp.media = openai_model(entry)
 
 
-def model_detail(host: Host, entry: ModelEntry) -> dict[str, Any]:
+def model_detail(host: ModelsHost, entry: ModelEntry) -> dict[str, Any]:
     """A model's state and the identity probes are checked against."""
     return host.registry.detail(entry)
 
 
 class ManagedModels:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ModelsHost) -> None:
         self.host = host
 
     @operation("Every model found, with its state", response=ModelDetailList)
@@ -58,7 +66,7 @@ class ManagedModels:
 
 
 class ManagedModel:
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ModelsHost) -> None:
         self.host = host
 
     @operation("A model's state, and its identity while resident", response=ModelDetail, errors=(404,))

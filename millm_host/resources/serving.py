@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import falcon
 from falcon.asgi import SSEvent
@@ -22,13 +22,21 @@ from ..serving.base import Chunks, ClientGone
 from .common import lower_headers, read_json
 
 if TYPE_CHECKING:
-    from ..app import Host
+    from ..serving.base import Serving
+    from ..settings import Settings
+
+
+class EndpointHost(Protocol):
+    """What an OpenAI endpoint's resource uses of the host."""
+
+    serving: dict[str, Serving]
+    settings: Settings
 
 
 class ServingResource:
     """One OpenAI endpoint, served by ``host.serving[endpoint]``."""
 
-    def __init__(self, host: Host, endpoint: str) -> None:
+    def __init__(self, host: EndpointHost, endpoint: str) -> None:
         self.host = host
         self.endpoint = endpoint
 

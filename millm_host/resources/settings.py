@@ -13,7 +13,7 @@ from ..openapi import operation
 from ..protocol import ResponseModel
 
 if TYPE_CHECKING:
-    from ..app import Host
+    from ..settings import Settings
 
 
 class SettingView(ResponseModel):
@@ -53,12 +53,12 @@ def _without_password(value: Any) -> Any:
 
 
 class SettingsResource:
-    def __init__(self, host: Host) -> None:
-        self.host = host
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
 
     @operation("Every declared setting in force (secrets only as set or not)", response=SettingList)
     async def on_get(self, req, resp) -> None:
-        settings = self.host.settings
+        settings = self.settings
         data = []
         for setting in settings.declared:
             value = settings[setting.name]

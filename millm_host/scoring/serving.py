@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import hookcalls
 from ..bodies.validate import validate
@@ -25,8 +25,8 @@ from ..engine import SCORING, LayerHook
 from ..errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
 from ..headers import Token, serialize_item
-from ..plugin_host import host_of
-from ..serving.base import ClientGone, Result, Serving
+from ..host_view import host_of
+from ..serving.base import ClientGone, Result, Serving, ServingHost
 from ..serving.generation import flatten
 from ..serving.prompts import chat_prompts, completion_prompts, refuse_out_of_vocabulary
 from ..serving.render import response_id, usage as count_usage
@@ -45,9 +45,6 @@ from .protocol import (
     ScoringCompletionResponse,
     Usage,
 )
-
-if TYPE_CHECKING:
-    from ..app import Host
 
 #: Sampling fields that change nothing when nothing is sampled: reported as unused.
 NOT_APPLIED_FIELDS = ("top_p", "stop", "frequency_penalty", "presence_penalty")
@@ -229,7 +226,7 @@ class ServingScoring(Serving):
     as it is).
     """
 
-    def __init__(self, host: Host, generation: Serving) -> None:
+    def __init__(self, host: ServingHost, generation: Serving) -> None:
         super().__init__(host)
         self.generation = generation
         self.endpoint = generation.endpoint

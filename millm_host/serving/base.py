@@ -18,9 +18,9 @@ the engine work runs on the engine thread; everything else on the event loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hookcalls
 from ..admission import Admission, admit
@@ -35,9 +35,30 @@ from ..output import ResponseExtra
 from .generation import flatten
 
 if TYPE_CHECKING:
+    import pluggy
     from pydantic import BaseModel
 
-    from ..app import Host
+    from ..fields import FieldRegistry
+    from ..observability.request import Observation
+    from ..plugin_host import PluginHost
+    from ..registry import ModelRegistry
+    from ..scheduler import Scheduler
+    from ..settings import Settings
+
+
+class ServingHost(Protocol):
+    """What serving an endpoint uses of the host (``millm_host.app.Host`` is one)."""
+
+    settings: Settings
+    pm: pluggy.PluginManager
+    fields: FieldRegistry
+    plugin_host: PluginHost
+    registry: ModelRegistry
+    scheduler: Scheduler
+    serving: dict[str, Serving]
+
+    def observe(self, endpoint: str, headers: Mapping[str, str]) -> Observation | None: ...
+
 
 #: Waits until the client has gone away (``Serving.handle``'s ``gone``); a resource makes one.
 ClientGone = Callable[[], Awaitable[None]]
@@ -79,7 +100,7 @@ class Serving:
     #: Stream events carry their ``type`` as the SSE ``event:`` name (the Responses API's stream).
     named_events: bool = False
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ServingHost) -> None:
         self.host = host
 
     @property
@@ -303,7 +324,7 @@ def watch_client(ctx: RequestContext, gone: ClientGone | None) -> asyncio.Task |
     return task
 
 
-def collect_headers(host: Host, ctx: RequestContext) -> dict[str, str]:
+def collect_headers(host: ServingHost, ctx: RequestContext) -> dict[str, str]:
     """Every plugin's response headers, and ``X-miLLM-Plugin-Errors`` when a plugin's rendering failed."""
     headers: dict[str, str] = {}
     for result in hookcalls.rendering(host.pm, "render_headers", ctx):
@@ -314,12 +335,12 @@ def collect_headers(host: Host, ctx: RequestContext) -> dict[str, str]:
     return headers
 
 
-def collect_extras(host: Host, ctx: RequestContext) -> list[ResponseExtra]:
+def collect_extras(host: ServingHost, ctx: RequestContext) -> list[ResponseExtra]:
     extras = [e for e in flatten(hookcalls.rendering(host.pm, "response_extras", ctx)) if isinstance(e, ResponseExtra)]
     return sorted(extras, key=lambda e: e.order)
 
 
-def add_extras(host: Host, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
+def add_extras(host: ServingHost, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
     """Merge every plugin's body extras into a non-streamed ``body``, in order."""
     for extra in collect_extras(host, ctx):
         body.update(extra.fields)

@@ -16,17 +16,14 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ..context import RequestContext
 from ..errors import SERVER_ERROR, ContextLengthExceeded, InvalidParameter, MillmError
 from ..protocol import EmbeddingRequest
 from ..response_bodies import EmbeddingData, EmbeddingResponse, EmbeddingUsage
 from ..tiktoken_vocab import NAMES as TIKTOKEN_VOCABULARIES, ranks
-from .base import Serving
-
-if TYPE_CHECKING:
-    from ..app import Host
+from .base import Serving, ServingHost
 
 #: Over-limit inputs named one by one in a context_length_exceeded message.
 NAMED_OVER_LIMIT = 16
@@ -45,7 +42,7 @@ class ServingEmbeddings(Serving):
     protocol = EmbeddingRequest
     response_model = EmbeddingResponse
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: ServingHost) -> None:
         super().__init__(host)
         #: Whose token ids an id input holds: ``model``, or a tiktoken vocabulary its ids are decoded with.
         self.token_ids = host.settings["MILLM_EMBEDDING_TOKEN_IDS"]

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
@@ -29,7 +29,17 @@ from .logprobs import SequenceLogprobs, prompt_chars
 from .text import TextAssembler
 
 if TYPE_CHECKING:
-    from ..app import Host
+    import pluggy
+
+    from ..scheduler import Scheduler
+
+
+class JobHost(Protocol):
+    """What a generation job uses of the host."""
+
+    pm: pluggy.PluginManager
+    scheduler: Scheduler
+
 
 log = logging.getLogger("millm.generation")
 
@@ -64,7 +74,7 @@ def derive_seed(seed: int | None, choice: int) -> int | None:
 class GenerationJob:
     """Generates every sequence of one request (call it on the engine thread)."""
 
-    def __init__(self, host: Host, ctx: RequestContext, emit: Emit | None = None) -> None:
+    def __init__(self, host: JobHost, ctx: RequestContext, emit: Emit | None = None) -> None:
         self.host = host
         self.ctx = ctx
         self.emit = emit

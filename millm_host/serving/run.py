@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import hookcalls
 from ..admission import Admission
@@ -45,13 +45,28 @@ from ..errors import (
 from ..openapi import Operation
 from ..scheduler import TICK
 from ..scoring.serving import ServingScoring, is_scoring_request, refuse_scoring_only_fields
-from .base import Chunks, ClientGone, Result, Serving, add_extras, collect_extras, collect_headers
+from .base import (
+    Chunks,
+    ClientGone,
+    Result,
+    Serving,
+    ServingHost,
+    add_extras,
+    collect_extras,
+    collect_headers,
+)
 from .generation import GenerationJob
 from .logprobs import render as render_logprobs, requested as requested_logprobs, token_biases
 from .render import chunk, completion_body, delta_choice, usage, wants_usage
 
-if TYPE_CHECKING:
-    from ..app import Host
+
+class GenerationHost(ServingHost, Protocol):
+    """What serving a generation uses of the host: serving's, and the generations under way."""
+
+    flights: set[Flight]
+
+    def keep(self, task: asyncio.Task) -> None: ...
+
 
 log = logging.getLogger("millm.serving")
 
@@ -63,7 +78,9 @@ STOPPED = "stopped"  # the host ended the request early
 class ServingGeneration(Serving):
     """What chat and text completions share (see the module docstring)."""
 
-    def __init__(self, host: Host) -> None:
+    host: GenerationHost
+
+    def __init__(self, host: GenerationHost) -> None:
         super().__init__(host)
         #: Serves this endpoint's bodies in scoring mode.
         self.scoring = ServingScoring(host, self)
@@ -188,7 +205,7 @@ class Flight:
 
     def __init__(
         self,
-        host: Host,
+        host: GenerationHost,
         ctx: RequestContext,
         admission: Admission,
         *,
@@ -295,7 +312,7 @@ class Flight:
 
 
 async def complete(
-    host: Host, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None
+    host: GenerationHost, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """Generate the whole answer; return the body and the response headers."""
     flight = Flight(host, ctx, admission, streaming=False, gone=gone)
@@ -315,7 +332,9 @@ async def complete(
     return add_extras(host, ctx, completion_body(ctx)), collect_headers(host, ctx)
 
 
-async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None) -> Chunks:
+async def stream(
+    host: GenerationHost, ctx: RequestContext, admission: Admission, gone: asyncio.Future | None = None
+) -> Chunks:
     """Chunks of a streamed answer (dicts), ``None`` for a keep-alive, ``"[DONE]"`` last.
 
     The generation runs on the engine thread and hands events over a queue. If
@@ -384,7 +403,7 @@ async def stream(host: Host, ctx: RequestContext, admission: Admission, gone: as
         flight.end()
 
 
-def finish_chunk(host: Host, ctx: RequestContext, held: dict[str, Any] | None) -> dict[str, Any]:
+def finish_chunk(host: GenerationHost, ctx: RequestContext, held: dict[str, Any] | None) -> dict[str, Any]:
     """The stream's last finish chunk with every plugin's extras merged in, in order.
 
     ``held`` is None only if no sequence reported its end; the extras then ride
