@@ -15,11 +15,11 @@ What happens when an implementation raises is one of the named policies in
 rendering, monitor); each spec ends with the policy it is called under.
 
 Threads: startup hooks run on the main thread before the server accepts
-connections. On the request path, ``validate_request`` and ``after_tokenize`` run in
-a worker thread off the event loop (they may touch the database),
-``before_forward`` and ``after_generate`` run on the engine thread, ``before_tokenize``
-runs on the text thread (beside the engine thread, when the engine's
-``concurrent_text`` allows it; otherwise on the engine thread), and
+connections. On the request path, ``validate_request`` runs in a worker thread off
+the event loop (it may touch the database), ``before_tokenize`` and ``after_tokenize``
+on the text thread around tokenizing (beside the engine thread, when the engine's
+``concurrent_text`` allows it; otherwise on the engine thread and a worker thread),
+``before_forward`` and ``after_generate`` run on the engine thread, and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
 When the engine batches generations (``Engine.concurrent_generation``: continuous
 batching), ``before_forward`` and ``after_generate`` of a generation run on that
@@ -267,10 +267,12 @@ def before_tokenize(ctx: RequestContext) -> None:
 
 @hookspec
 def after_tokenize(ctx: RequestContext) -> None:
-    """The model is resident and ``ctx.prompts`` holds the token ids.
+    """The model is resident, ``ctx.prompts`` holds the token ids and ``ctx.sampling`` is settled.
 
-    Called once per request in a worker thread, before the request queues and
-    before a stream's ``200``: the last point to refuse with an HTTP status.
+    Called once per request right after tokenizing, in the same hop: on the text
+    thread (another request's tokenizing waits behind it: keep it short), or on a
+    worker thread for an engine without ``concurrent_text``; before the request
+    queues and before a stream's ``200``: the last point to refuse with an HTTP status.
 
     Policy: request (``millm_host.hookcalls``): the first error propagates as the
     request's error.

@@ -10,9 +10,11 @@ Batch API) can call ``handle`` the same way.
 
 Threads: the context is built (on the event loop for a body of at most
 ``INLINE_BODY_BYTES``) and ``validate_request`` runs on a worker thread (work in
-proportion to the body never blocks the event loop); tokenizing runs on
-the text thread (or the engine thread for an engine without ``concurrent_text``);
-the engine work runs on the engine thread; everything else on the event loop.
+proportion to the body never blocks the event loop); tokenizing, the checks after
+it and ``after_tokenize`` run in one hop on the text thread (for an engine without
+``concurrent_text``: tokenizing on the engine thread, the checks on the event loop,
+``after_tokenize`` on a worker); the engine work runs on the engine thread;
+everything else on the event loop.
 """
 
 from __future__ import annotations
@@ -233,16 +235,24 @@ class Serving:
         admission = await admit(host, ctx.entry, ctx.cancel_event)  # a client that leaves stops waiting for a load
         try:
             ctx.engine = admission.engine
-            # On the text thread when the engine allows it: a refusal that needs only the tokenizer
-            # (context_length_exceeded) never waits behind a running generation.
-            run = host.scheduler.run_text if ctx.engine.concurrent_text else admission.run
-            await run(self._render_and_tokenize, ctx, cancel=ctx.cancel_event)
-            self.check(ctx)
-            await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
+            if ctx.engine.concurrent_text:
+                # One hop to the text thread: a refusal that needs only the tokenizer (context_length_exceeded)
+                # never waits behind a running generation, and the checks after it cost no hop of their own.
+                await host.scheduler.run_text(self._tokenize_and_check, ctx, cancel=ctx.cancel_event)
+            else:  # the engine thread tokenizes; after_tokenize may touch the database: not on the model's thread
+                await admission.run(self._render_and_tokenize, ctx, cancel=ctx.cancel_event)
+                self.check(ctx)
+                await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
         except BaseException:
             admission.release()
             raise
         return admission
+
+    def _tokenize_and_check(self, ctx: RequestContext) -> None:
+        """On the text thread: render and tokenize, the host's checks, then plugins' ``after_tokenize``."""
+        self._render_and_tokenize(ctx)
+        self.check(ctx)
+        hookcalls.request(self.host.pm, "after_tokenize", ctx=ctx)
 
     def _render_and_tokenize(self, ctx: RequestContext) -> None:
         """On the text (or engine) thread: plugins adjust the render for the resident model, then tokenize."""
@@ -265,7 +275,7 @@ class Serving:
         raise NotImplementedError
 
     def check(self, ctx: RequestContext) -> None:
-        """Checks on the tokenized prompts that need no thread of their own (event loop)."""
+        """Checks on the tokenized prompts (on the text thread after tokenizing, or the event loop)."""
 
     async def respond(self, ctx: RequestContext, admission: Admission, watcher: asyncio.Future | None) -> Result:
         """The engine work (``run`` on the engine thread), then the rendered body and the headers.
