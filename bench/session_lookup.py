@@ -22,8 +22,8 @@ from types import SimpleNamespace
 
 import sqlalchemy as sa
 
-from millm_probes.session_tables import ProbeSession, ProbeSessionTurn
-from millm_probes.sessions import last_active, matching_sessions
+from millm_probes.sessions.tables import ProbeSession, ProbeSessionTurn
+from millm_probes.sessions.turns import last_active, matching_sessions
 from millm_probes.tables import Base
 
 

@@ -66,7 +66,7 @@ def mismatch_message(mismatches: list[dict[str, Any]]) -> str:
     return "; ".join(f"{m['field']} (probe {m['probe']!r}, model {m['model']!r})" for m in mismatches)
 
 
-# --- Browse Hub (hub.py): the Hub is an upstream, so its failures are gateway errors ---------
+# --- Browse Hub (hub/): the Hub is an upstream, so its failures are gateway errors ----------
 class HubNotFound(MillmError):
     status, code, type = 404, "hub_not_found", "not_found_error"
 

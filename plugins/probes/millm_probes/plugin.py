@@ -13,14 +13,20 @@ from typing import Any
 
 from millm_host.api import add_converger, hookimpl, replica_alone
 
-from . import batch_lines, capacity_store, hub_routes, live, metrics, routes, sessions, set_routes, store
-from .converge import Converger
-from .retention import Retention
+from . import metrics, routes, store
+from .arming import routes as behaviour_routes
+from .arming.converge import Converger
+from .arming.sets import members_of
+from .capacity import routes as capacity_routes
+from .capacity.store import MIGRATIONS as CAPACITY_MIGRATIONS
+from .feed.tail import Tail
+from .hub import routes as hub_routes
 from .runtime import Runtime
-from .session_settings import SESSION_SETTINGS
-from .sets import members_of
+from .serving import batch_lines, live
+from .sessions import turns
+from .sessions.retention import Retention
+from .sessions.settings import SESSION_SETTINGS
 from .settings import SETTINGS
-from .tail import Tail
 
 log = logging.getLogger("millm.probes")
 
@@ -50,7 +56,7 @@ def register_settings(register) -> None:
 def register_migrations(register) -> None:
     """The probe tables, in their own version table (``alembic_version_probes``)."""
     register("probes", str(Path(__file__).parent / "migrations" / "versions"))
-    register("probe_capacity", capacity_store.MIGRATIONS)  # its own history: no merge with the probe tables
+    register("probe_capacity", CAPACITY_MIGRATIONS)  # its own history: no merge with the probe tables
 
 
 @hookimpl
@@ -58,7 +64,8 @@ def register_routes(host, add_route) -> None:
     """The management API under ``/api/probes``."""
     runtime = _start(host)
     routes.install(runtime, add_route)
-    set_routes.install(runtime, add_route)  # behaviour sets and each model's Probe capacity
+    behaviour_routes.install(runtime, add_route)  # behaviour sets
+    capacity_routes.install(runtime, add_route)  # each model's Probe capacity
     hub_routes.install(runtime, add_route)  # Browse Hub
 
 
@@ -71,7 +78,7 @@ def register_batch_endpoints(host, register) -> None:
 @hookimpl
 def startup(host) -> None:
     """Nothing is armed after a restart of the only replica: mark what the last process left armed as
-    disarmed. A replica joining others keeps the armed state, and converges to it (converge.py)."""
+    disarmed. A replica joining others keeps the armed state, and converges to it (arming/converge.py)."""
     runtime = _start(host)
     metrics.declare(host.metrics)
     if replica_alone(host):
@@ -116,12 +123,12 @@ def model_unloading(host, engine) -> None:
 @hookimpl
 def validate_request(ctx) -> None:
     """Refuse a malformed ``X-miLLM-Session``; while a probe is armed, settle the request's session."""
-    sessions.named_session(ctx.headers)
+    turns.named_session(ctx.headers)
     runtime = _runtime(ctx.host)
-    if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in sessions.MONITORED:
+    if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in turns.MONITORED:
         return
-    if sessions.judge_call(ctx.headers):  # never user traffic: it joins no session and keeps no text
-        ctx.state[sessions.UNGROUPED] = True
+    if turns.judge_call(ctx.headers):  # never user traffic: it joins no session and keeps no text
+        ctx.state[turns.UNGROUPED] = True
         return
     live.settle(runtime, ctx)
 
@@ -154,7 +161,7 @@ def render_headers(ctx):
     runtime = _runtime(ctx.host)
     if runtime is None:
         return None
-    found = {**(sessions.headers(ctx) or {}), **(live.headers(runtime, ctx) or {})}
+    found = {**(turns.headers(ctx) or {}), **(live.headers(runtime, ctx) or {})}
     return found or None
 
 

@@ -18,8 +18,8 @@ import uuid6
 
 from .definition import WINDOWS, Decision, ProbeDefinition
 from .digests import ALGORITHM
-from .scoring import aggregate
-from .windows import Layout, NotScored, window_span
+from .scoring.bank import aggregate
+from .scoring.windows import Layout, NotScored, window_span
 
 SCHEMA = "mi.probe.result/v1"
 

@@ -1,4 +1,4 @@
-"""The probes management API: thin Falcon resources over ``manage``, ``stateless`` and ``store``."""
+"""The probes management API: thin Falcon resources over ``arming.manage``, ``serving.stateless`` and ``store``."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import falcon
 
 from millm_host.api import InvalidParameter, JsonResource, Param, ResponseModel, operation
 
-from . import manage, session_routes, stateless, store
+from . import store
+from .arming import manage
+from .arming.manage import ArmRequest, RecalibrationRequest
+from .capacity.limits import armed_cost
 from .definition import WINDOWS, ProbeDefinition
-from .limits import armed_cost
-from .manage import ArmRequest, RecalibrationRequest
 from .params import bool_param
 from .runtime import Runtime
-from .stateless import ScoreRequest
+from .serving import stateless
+from .serving.stateless import ScoreRequest
+from .sessions import routes as session_routes
 
 
 class ProbeResultCount(ResponseModel):

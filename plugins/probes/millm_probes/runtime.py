@@ -13,14 +13,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import metrics, store
-from .evaluate import Plan
-from .feed import Feed
+from .arming.sets import Members, blocks_for
+from .feed.websocket import Feed
 from .results import ProbeView, now_iso
-from .scoring import Bank, CompiledProbe
-from .sessions import Sessions
-from .sets import Members, blocks_for
+from .scoring.bank import Bank, CompiledProbe
+from .scoring.evaluate import Plan
+from .scoring.windows import template_prefix_ids
+from .sessions.turns import Sessions
 from .store import view_of
-from .windows import template_prefix_ids
 
 if TYPE_CHECKING:
     from millm_host.api import Host
@@ -69,10 +69,10 @@ class Runtime:
         self._prefix: dict[str, list[int] | None] = {}
         self._views: dict[tuple[str, int], ProbeView] = {}
         self.encoders: dict[str, Any] = {}  # SAE encoders of the resident model (engine thread)
-        self.sessions = Sessions(host.db)  # turns of sessions (sessions.py)
-        self.feed = Feed(host.settings["PROBE_FEED_QUEUE"])  # the probe:results socket (feed.py)
-        self.retention: Any = None  # the background pass, from startup to shutdown (retention.py)
-        self.tail: Any = None  # other processes' results, read from the events table (tail.py)
+        self.sessions = Sessions(host.db)  # turns of sessions (sessions/turns.py)
+        self.feed = Feed(host.settings["PROBE_FEED_QUEUE"])  # the probe:results socket (feed/websocket.py)
+        self.retention: Any = None  # the background pass, from startup to shutdown (sessions/retention.py)
+        self.tail: Any = None  # other processes' results, read from the events table (feed/tail.py)
         self.members: Members = {}  # behaviour sets, as imported (sets.members_of)
         self.measuring: dict[str, Any] = {}  # model id -> its measurement in progress (measure.Stop)
 

@@ -22,7 +22,7 @@ SETTINGS = (
     Setting(
         "PROBE_OVERHEAD_WARN_MS", float, 5.0, "Per-request probe overhead above which GET /api/probes/status warns"
     ),
-    # the cost budget (probe-monitors.txt, "Probe limits per model"; capacity.py)
+    # the cost budget (probe-monitors.txt, "Probe limits per model"; capacity/costs.py)
     Setting("PROBE_SLOWDOWN_BUDGET_PCT", float, 5.0, "Share of the model's own step time probes may add (percent)"),
     Setting("PROBE_BUDGET_HEADROOM", float, 0.9, "Fraction of the slowdown budget arming may fill"),
     Setting("PROBE_MAX_OVERHEAD_MS_PER_PASS", float, 0.25, "Fallback budget per generated token (ms) until measured"),
@@ -47,7 +47,7 @@ SETTINGS = (
         "Run generations with armed probes alone, outside the continuous batch (default: they score inside it, "
         "with the scores they get alone; test_batched_equals_serial)",
     ),
-    # Browse Hub (hub.py): anonymous, read-only
+    # Browse Hub (hub/): anonymous, read-only
     Setting(
         "PROBE_HUB_ENDPOINT",
         str,

@@ -103,7 +103,7 @@ def test_one_batched_read_fills_each_requests_buffer_with_its_rows_only():
     import torch
 
     from millm_host.api import HookRow
-    from millm_probes.capture import Capture, capture_rows
+    from millm_probes.scoring.capture import Capture, capture_rows
 
     point = (1, "resid_post")
     first, second = Capture([point], 8), Capture([point], 8)

@@ -1,6 +1,6 @@
 """The costing function's structure (probe-monitors.txt, "Probe limits per model"), not its timings.
 
-``capacity.cost`` prices a set as: per hooked point ``layer``; per probe its kind's unit; once,
+``costs.cost`` prices a set as: per hooked point ``layer``; per probe its kind's unit; once,
 ``request``; per result ``result``; on each half alike, and nothing at all while nothing is armed.
 ``measure._units`` says what each unit is made of. Unit values here are powers of two, so every
 term of a sum can be read back from it.
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from millm_probes import capacity, measure
+from millm_probes.capacity import costs, measure
 
 UNITS = {
     "per_token": {
@@ -52,30 +52,30 @@ def test_a_set_costs_its_points_kinds_request_and_results():
         view(5, "topk_mean"),
         view(7, "mean", basis="sae"),  # an SAE-basis probe is sparse, whatever its rule
     ]
-    shape = capacity.Shape.of(views)
+    shape = costs.Shape.of(views)
     assert shape.points == 4 and shape.results == 7 and shape.probes == 6
     assert dict(shape.kinds) == {"mean": 3, "max": 1, "attention": 1, "sparse": 1}
-    spent = capacity.cost(UNITS, shape)
+    spent = costs.cost(UNITS, shape)
     assert spent["per_token"] == 4 * 1 + 3 * 2 + 4 + 8 + 16  # no per-request work on the token half
     assert spent["per_1k_prompt"] == 4 * 32 + 3 * 64 + 128 + 256 + 512 + 1024 + 7 * 2048
 
 
 def test_nothing_armed_costs_nothing_and_plus_is_of():
-    assert capacity.cost(UNITS, capacity.Shape.of([])) == {"per_token": 0.0, "per_1k_prompt": 0.0}
+    assert costs.cost(UNITS, costs.Shape.of([])) == {"per_token": 0.0, "per_1k_prompt": 0.0}
     armed, more = [view(1), view(2, "max")], [view(2, "attention"), view(9)]
-    assert capacity.Shape.of(armed).plus(more) == capacity.Shape.of(armed + more)
+    assert costs.Shape.of(armed).plus(more) == costs.Shape.of(armed + more)
     budget = {"basis": "measured", "units": UNITS}
-    for half in capacity.HALVES:
+    for half in costs.HALVES:
         budget[half] = {"fillable_ms": 1e9, "budget_ms": 1e9, "source": "measured"}
-    assert capacity.project(budget, armed + more) == capacity.project(budget, capacity.Shape.of(armed + more))
+    assert costs.project(budget, armed + more) == costs.project(budget, costs.Shape.of(armed + more))
 
 
 def test_the_recommendations_shapes():
-    dense = capacity.Shape.dense(5)
+    dense = costs.Shape.dense(5)
     assert (dense.points, dict(dense.kinds), dense.results) == (1, {"mean": 5}, 5)
-    sets = capacity.Shape.reference_sets(2)  # nine probes over three layers, mixed rules, each
+    sets = costs.Shape.reference_sets(2)  # nine probes over three layers, mixed rules, each
     assert (sets.points, dict(sets.kinds), sets.results) == (6, {"mean": 6, "max": 6, "attention": 6}, 18)
-    assert capacity.Shape.dense(0).points == 0
+    assert costs.Shape.dense(0).points == 0
 
 
 def test_what_each_measured_unit_is_made_of(monkeypatch):

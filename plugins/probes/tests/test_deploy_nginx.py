@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from millm_host.api import serialize_list
-from millm_probes import header
+from millm_probes.serving import header
 
 CONFIG = Path(__file__).resolve().parents[3] / "docs" / "deploy" / "nginx.conf"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)

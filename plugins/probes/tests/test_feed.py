@@ -109,7 +109,7 @@ def test_a_stalled_client_does_not_delay_a_chat(server, armed):
 
 
 def test_a_full_queue_drops_the_oldest_and_says_how_many():
-    from millm_probes.feed import Feed, Filters
+    from millm_probes.feed.websocket import Feed, Filters
 
     async def scenario():
         feed = Feed(capacity=2)
@@ -129,7 +129,7 @@ def test_a_full_queue_drops_the_oldest_and_says_how_many():
 
 
 def test_filters_pick_behaviour_probe_and_fired():
-    from millm_probes.feed import Filters
+    from millm_probes.feed.websocket import Filters
 
     fired = {"behaviour": "b", "probe_id": "p1", "fires": True}
     quiet = {"behaviour": None, "probe_id": "p2", "fires": False}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_probes.sae import SaeUnavailable, load_encoder, sae_folder
+from millm_probes.scoring.sae import SaeUnavailable, load_encoder, sae_folder
 
 
 def test_an_sae_id_inside_the_directory_resolves(tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from millm_probes import capacity
+from millm_probes.capacity import costs
 
 COUNT = 300
 CHAT = [{"role": "user", "content": "Count the gulls on the harbour wall."}]
@@ -40,9 +40,9 @@ def test_hundreds_of_probes_arm_in_one_call_and_read_one_hook_per_point(http, la
     dry = http.post("/api/probes/behaviours/shoal/arm", json={"dry_run": True}).json()
     assert dry["would_arm"] is True and all(p["gate"] is None for p in dry["probes"])
     units = http.get(f"/api/models/{model_id}/probe-capacity").json()["unit_costs"]
-    shape = capacity.Shape(points=2, kinds=(("mean", COUNT),), results=COUNT)
-    expected = capacity.cost(units, shape)
-    assert {h: dry["projected_cost"][h]["cost_ms"] for h in capacity.HALVES} == {
+    shape = costs.Shape(points=2, kinds=(("mean", COUNT),), results=COUNT)
+    expected = costs.cost(units, shape)
+    assert {h: dry["projected_cost"][h]["cost_ms"] for h in costs.HALVES} == {
         h: round(v, 6) for h, v in expected.items()
     }
 

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from millm_host.api import parse_list
-from millm_probes import header
+from millm_probes.serving import header
 
 SCHEMA_PATH = Path(__file__).resolve().parents[3] / "docs" / "schemas" / "probe-result-v1.json"
 CHAT = [{"role": "user", "content": "Describe the sea."}]

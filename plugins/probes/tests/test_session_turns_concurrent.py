@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 from millm_host.db import Database
 from millm_host.testing.replicas import shared_database_url
-from millm_probes.session_tables import ProbeSession, ProbeSessionTurn
-from millm_probes.sessions import Claim, Sessions
+from millm_probes.sessions.tables import ProbeSession, ProbeSessionTurn
+from millm_probes.sessions.turns import Claim, Sessions
 
 VERSIONS = Path(__file__).parents[1] / "millm_probes" / "migrations" / "versions"
 

@@ -81,7 +81,7 @@ def test_stateless_scoring_is_unsteered(api, model_id, steered):
 def test_what_counts_as_a_write_upstream_of_a_read():
     """Only another plugin's write, and only one before the read point in the pass."""
     from millm_host.api import ORDER_READ_POST_STEERING, ORDER_WRITE_STEERING, LayerHook
-    from millm_probes.live import writes_upstream
+    from millm_probes.serving.live import writes_upstream
 
     def write(layer, point, owner="steering", order=ORDER_WRITE_STEERING):
         return LayerHook(layer, point, lambda hidden, start: None, order, owner)
@@ -98,7 +98,7 @@ def test_what_counts_as_a_write_upstream_of_a_read():
 
 def test_a_failed_unsteered_pass_fails_the_results_not_the_request(api, model_id, steered, monkeypatch):
     """No steered score stands in for an unsteered one: if the pass fails, the results say so."""
-    from millm_probes import live
+    from millm_probes.serving import live
 
     def fails(*args, **kwargs):
         raise RuntimeError("out of memory (test)")

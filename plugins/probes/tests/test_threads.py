@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 
-from millm_probes.scoring import Bank, CompiledProbe
+from millm_probes.scoring.bank import Bank, CompiledProbe
 
 
 def native_threads() -> int:

@@ -71,7 +71,7 @@ def test_the_background_pass_keeps_at_most_the_newest_turns(recording):
 
 
 def test_retention_removes_expired_text_and_context(recording):
-    from millm_probes.retention import sweep
+    from millm_probes.sessions.retention import sweep
 
     name = f"exp-{uuid.uuid4().hex}"
     with recording.http() as http:

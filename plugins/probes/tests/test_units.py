@@ -8,9 +8,18 @@ import json
 import pytest
 
 from millm_host.api import RequestContext
-from millm_probes import header, live, store
-from millm_probes.trace import trace_id_from
-from millm_probes.windows import Layout, NotScored, Span, last_user_span, measure, template_prefix_ids, window_span
+from millm_probes import store
+from millm_probes.scoring.windows import (
+    Layout,
+    NotScored,
+    Span,
+    last_user_span,
+    measure,
+    template_prefix_ids,
+    window_span,
+)
+from millm_probes.serving import header, live
+from millm_probes.serving.trace import trace_id_from
 
 
 def test_window_spans():
@@ -118,7 +127,7 @@ def test_an_engine_without_hooks_records_engine_unsupported(templateless_engine,
     from millm_probes.plugin import STATE_KEY
     from millm_probes.results import now_iso
     from millm_probes.runtime import Armed
-    from millm_probes.scoring import compile_probe
+    from millm_probes.scoring.bank import compile_probe
 
     settings = Settings(environ={"MILLM_DATA_DIR": str(tmp_path), "MILLM_LOAD_ON_START": "false"})
     app, host = build(settings)
@@ -193,16 +202,16 @@ def test_the_recommendation_counts_what_the_gate_accepts(seed):
     import random
     from types import SimpleNamespace
 
-    from millm_probes import capacity
+    from millm_probes.capacity import costs
 
     rng = random.Random(seed)
-    units = {half: {kind: rng.uniform(0.0, 0.5) for kind in capacity.KINDS} for half in capacity.HALVES}
+    units = {half: {kind: rng.uniform(0.0, 0.5) for kind in costs.KINDS} for half in costs.HALVES}
     measurement = {"measurement_id": "pm_x", "units": units, "step": {"ms_per_token": 20.0, "ms_per_1k_prompt": 200.0}}
     settings = {"PROBE_SLOWDOWN_BUDGET_PCT": 5.0, "PROBE_BUDGET_HEADROOM": 0.9}
-    recommendation = capacity.recommendation(settings, measurement)
+    recommendation = costs.recommendation(settings, measurement)
     fillable = recommendation["fillable_ms"]
     budget = {"basis": "measured", "units": units}
-    for half in capacity.HALVES:
+    for half in costs.HALVES:
         budget[half] = {"fillable_ms": fillable[half], "budget_ms": fillable[half] / 0.9, "source": "measured"}
 
     def dense(n: int) -> list[SimpleNamespace]:
@@ -214,16 +223,16 @@ def test_the_recommendation_counts_what_the_gate_accepts(seed):
         return [SimpleNamespace(definition=definition, windows=["all"]) for _ in range(n)]
 
     fit = recommendation["dense_probes_fit"]
-    assert capacity.project(budget, dense(fit))["fits"] or fit == 0
-    assert not capacity.project(budget, dense(fit + 1))["fits"]
-    projected = capacity.project(budget, dense(fit))
-    assert {h: projected[h]["cost_ms"] for h in capacity.HALVES} == recommendation["dense_cost_ms"]
+    assert costs.project(budget, dense(fit))["fits"] or fit == 0
+    assert not costs.project(budget, dense(fit + 1))["fits"]
+    projected = costs.project(budget, dense(fit))
+    assert {h: projected[h]["cost_ms"] for h in costs.HALVES} == recommendation["dense_cost_ms"]
 
 
 def test_parity_checks_the_batch_shape_only_where_monitored_rows_are_batched():
     from types import SimpleNamespace
 
-    from millm_probes.parity import _batch_shape_reason
+    from millm_probes.arming.parity import _batch_shape_reason
 
     def runtime(force_serial: bool):
         return SimpleNamespace(settings={"PROBE_FORCE_SERIAL": force_serial})
@@ -242,8 +251,8 @@ def test_the_tail_reads_a_row_that_commits_after_a_later_id_and_skips_its_own(tm
 
     import sqlalchemy as sa
 
+    from millm_probes.feed.tail import Tail
     from millm_probes.tables import ProbeEvent
-    from millm_probes.tail import Tail
 
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'events.sqlite3'}")
     ProbeEvent.__table__.create(engine)

@@ -41,7 +41,7 @@ def model_id(server) -> str:
 @pytest.fixture
 def probe(server, model_id, lab, helpers, monkeypatch):
     """A probe with three test vectors, each held ``VECTOR_S`` while parity checks it."""
-    from millm_probes import parity
+    from millm_probes.arming import parity
 
     check = parity._score_vectors
 

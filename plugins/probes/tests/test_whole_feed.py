@@ -2,7 +2,7 @@
 
 A feed client connected to one process gets every result of every request served by any process
 on the database, each once: its own at once, the others' from the tail of the events table
-(``tail.py``). A message relayed from another process says ``endpoint: null`` (only the process
+(``feed/tail.py``). A message relayed from another process says ``endpoint: null`` (only the process
 that served a request knows its route), which is how the tests tell that both processes served.
 """
 

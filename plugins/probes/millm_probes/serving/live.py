@@ -34,14 +34,16 @@ from millm_host.api import (
     monitor_results,
 )
 
-from . import header, sessions, store
-from .capture import OWNER, Capture
-from .evaluate import detail, forward_columns, read_pairs
-from .results import Reading, Served, Trace, behaviour_sets, listing, result_object
-from .runtime import Runtime, Snapshot
-from .scoring import Point
+from .. import store
+from ..results import Reading, Served, Trace, behaviour_sets, listing, result_object
+from ..runtime import Runtime, Snapshot
+from ..scoring.bank import Point
+from ..scoring.capture import OWNER, Capture
+from ..scoring.evaluate import detail, forward_columns, read_pairs
+from ..scoring.windows import Layout, NotScored, measure, window_span
+from ..sessions import turns
+from . import header
 from .trace import new_trace
-from .windows import Layout, NotScored, measure, window_span
 
 log = logging.getLogger("millm.probes")
 
@@ -76,9 +78,9 @@ def settle(runtime: Runtime, ctx: RequestContext) -> None:
     it may read the database), timed as part of the request's probe work."""
     began, cpu = time.perf_counter(), time.thread_time()
     if not runtime.settings["PROBE_SESSIONS"]:  # monitored, in no session: nothing looked up or recorded
-        ctx.state[sessions.UNGROUPED] = True
+        ctx.state[turns.UNGROUPED] = True
     else:
-        ctx.state[sessions.STATE] = sessions.settle(runtime.host.db, runtime.settings, ctx)
+        ctx.state[turns.STATE] = turns.settle(runtime.host.db, runtime.settings, ctx)
     ctx.state[SETTLED] = (time.perf_counter() - began, time.thread_time() - cpu)
 
 
@@ -216,7 +218,7 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     details += [None] * len(others)
     order = listing(results)  # behaviour by behaviour: a behaviour's rule results beside its probes'
     results, details = [results[i] for i in order], [details[i] for i in order]
-    session_id, turn = sessions.record_turn(runtime, ctx, request.trace.trace_id, results)
+    session_id, turn = turns.record_turn(runtime, ctx, request.trace.trace_id, results)
     if runtime.tail is not None:  # before the rows can be read: the tail must know them for this process's
         runtime.tail.wrote(results)
     try:

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from millm_host.api import MillmError
 
-from . import store
+from .. import store
 from .manage import arm_here
 from .sets import members_of
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
-    from .tables import Probe
+    from ..runtime import Runtime
+    from ..tables import Probe
 
 
 class Converger:

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from ..results import ProbeView, Reading, not_scored, ordered, read_window
+from .bank import Bank, ProbeUnusable, compile_probe
 from .capture import Capture
-from .results import ProbeView, Reading, not_scored, ordered, read_window
-from .scoring import Bank, ProbeUnusable, compile_probe
 from .windows import Layout
 
 CONTEXT_TOKENS = 16  # tokens either side of the top position in an event's detail

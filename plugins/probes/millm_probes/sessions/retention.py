@@ -13,9 +13,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .session_tables import ProbeSession, ProbeSessionTurn
-from .sessions import now
-from .tables import ProbeEvent
+from ..tables import ProbeEvent
+from .tables import ProbeSession, ProbeSessionTurn
+from .turns import now
 
 log = logging.getLogger("millm.probes")
 

@@ -55,19 +55,20 @@ import sqlalchemy as sa
 
 from millm_host.api import MillmError, NoChatTemplate, RequestContext, SamplingParams, SequenceOutput
 
-from . import capacity, live
-from .capacity import SPARSE_FACTOR, identity_of
-from .capture import Capture
-from .definition import Decision, parse
-from .evaluate import read_pairs
-from .results import ProbeView, now_iso
-from .runtime import Armed, Runtime
-from .scoring import Bank, Point, compile_probe
-from .session_tables import ProbeSession, ProbeSessionTurn
-from .sessions import STATE as SESSION_STATE
-from .sets import Member
-from .tables import ProbeEvent
-from .windows import Layout
+from ..arming.sets import Member
+from ..definition import Decision, parse
+from ..results import ProbeView, now_iso
+from ..runtime import Armed, Runtime
+from ..scoring.bank import Bank, Point, compile_probe
+from ..scoring.capture import Capture
+from ..scoring.evaluate import read_pairs
+from ..scoring.windows import Layout
+from ..serving import live
+from ..sessions.tables import ProbeSession, ProbeSessionTurn
+from ..sessions.turns import STATE as SESSION_STATE
+from ..tables import ProbeEvent
+from . import costs
+from .costs import SPARSE_FACTOR, identity_of
 
 DECODE_TOKENS = 32
 BATCH_DECODE_TOKENS = 16  # decode steps timed per batch size
@@ -504,7 +505,7 @@ def _units(
     request = max(small["request"] - few * (per_result + arithmetic) - fixed, 0.0)
     render = max((large["render"] - small["render"]) / (large["results"] - small["results"]), 0.0)
     per_result += render  # each result is also rendered into the response body
-    # once per request: charged to the prompt half (each request has one prompt; capacity.cost)
+    # once per request: charged to the prompt half (each request has one prompt; costs.cost)
     token.update(request=0.0, result=0.0)
     prompt.update(request=request, result=per_result)
     parts = {
@@ -548,7 +549,7 @@ def _measure(engine: Any, model_id: str, host: Any) -> dict[str, Any]:
     # share of the batched read; its probes' arithmetic and its request's work are its own, as alone.
     step["batch"] = {str(rows): {k: round(v, 6) for k, v in line.items()} for rows, line in batches.items()}
     for rows, line in batches.items():
-        half = f"{capacity.ROWS_HALF}{rows}"
+        half = f"{costs.ROWS_HALF}{rows}"
         step[f"ms_{half}"] = line["ms_per_row_token"]
         layer = line["hook_ms_per_row_pass"] + parts["point_scoring_ms_per_1k"] / PROMPT_TOKENS
         units[half] = {**units["per_token"], "layer": round(layer, 6)}

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-MIGRATIONS = str(Path(__file__).parent / "migrations" / "capacity")
+MIGRATIONS = str(Path(__file__).parents[1] / "migrations" / "capacity")  # millm_probes/migrations/capacity
 
 
 class Base(DeclarativeBase):

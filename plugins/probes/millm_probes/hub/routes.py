@@ -1,9 +1,9 @@
 """Routes of Browse Hub (``/api/probes/hub/…``): search, one repo's definitions, import one.
 
-Thin resources over ``hub.HubClient``: every Hub read runs in a worker thread (it blocks on the
+Thin resources over ``browse.HubClient``: every Hub read runs in a worker thread (it blocks on the
 network), at most ``HUB_IN_FLIGHT`` at once, so a Hub that hangs holds a few threads for at most
 ``PROBE_HUB_TIMEOUT_S`` and never the event loop or the rest of the thread pool. An import goes
-through ``manage.import_probe``, the checks a file import runs (identity digests, 409s).
+through ``arming.manage.import_probe``, the checks a file import runs (identity digests, 409s).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from millm_host.api import InvalidParameter, MillmError, Param, operation, validate
 
-from . import hub, manage
-from .errors import HubBusy
-from .routes import _Resource
-from .runtime import Runtime
+from ..arming import manage
+from ..errors import HubBusy
+from ..routes import _Resource
+from ..runtime import Runtime
+from . import browse
 
 #: Hub reads in flight at once (one more is 503 hub_busy): each holds a worker thread.
 HUB_IN_FLIGHT = 4
@@ -32,7 +33,7 @@ class HubImportRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     repo_id: Annotated[str, Field(min_length=1, max_length=96)]
-    filename: Annotated[str, Field(min_length=1, max_length=hub.FILENAME_MAX_CHARS)]
+    filename: Annotated[str, Field(min_length=1, max_length=browse.FILENAME_MAX_CHARS)]
     revision: Annotated[str, Field(max_length=128)] | None = None
 
 
@@ -43,8 +44,8 @@ class Hub(_Resource):
         super().__init__(runtime)
         self.in_flight = 0
 
-    async def _read(self, call: Callable[[hub.HubClient], T]) -> T:
-        client = hub.HubClient.from_settings(self.host.settings)
+    async def _read(self, call: Callable[[browse.HubClient], T]) -> T:
+        client = browse.HubClient.from_settings(self.host.settings)
         if self.in_flight >= HUB_IN_FLIGHT:
             raise HubBusy(f"{HUB_IN_FLIGHT} Hub reads are already running; try again shortly")
         self.in_flight += 1
@@ -56,13 +57,13 @@ class Hub(_Resource):
     @operation(
         "Search Hugging Face for repos tagged mistudio-probe-definition (anonymous, read-only)",
         query=[
-            Param("q", {"type": "string", "maxLength": hub.QUERY_MAX_CHARS}, "Words the repo id contains"),
-            Param("limit", {"type": "integer", "minimum": 1, "maximum": hub.SEARCH_LIMIT_MAX}, "Most repos (20)"),
+            Param("q", {"type": "string", "maxLength": browse.QUERY_MAX_CHARS}, "Words the repo id contains"),
+            Param("limit", {"type": "integer", "minimum": 1, "maximum": browse.SEARCH_LIMIT_MAX}, "Most repos (20)"),
         ],
         errors=(502, 503, 504),
     )
     async def on_get_search(self, req, resp) -> None:
-        query = hub.check_query(req.get_param("q"))
+        query = browse.check_query(req.get_param("q"))
         limit = _limit(req.get_param("limit"))
         resp.media = await self._read(lambda client: client.search(query, limit))
 
@@ -75,8 +76,8 @@ class Hub(_Resource):
         errors=(404, 502, 503, 504),
     )
     async def on_get_definitions(self, req, resp) -> None:
-        repo_id = hub.check_repo_id(req.get_param("repo_id"))
-        revision = hub.check_revision(req.get_param("revision"))
+        repo_id = browse.check_repo_id(req.get_param("repo_id"))
+        revision = browse.check_revision(req.get_param("revision"))
         resp.media = await self._read(lambda client: client.definitions(repo_id, revision))
 
     @operation(
@@ -88,16 +89,16 @@ class Hub(_Resource):
     )
     async def on_post_import(self, req, resp) -> None:
         request = validate(HubImportRequest, await self.json(req))
-        repo_id = hub.check_repo_id(request.repo_id)
-        filename = hub.check_filename(request.filename)
-        revision = hub.check_revision(request.revision)
+        repo_id = browse.check_repo_id(request.repo_id)
+        filename = browse.check_filename(request.filename)
+        revision = browse.check_revision(request.revision)
         on_conflict = req.get_param("on_conflict") or "fail"
         if on_conflict not in ("rename", "fail"):  # before the download, not after it
             raise InvalidParameter(f"on_conflict must be rename or fail, not {on_conflict!r}", param="on_conflict")
         raw = await self._read(lambda client: client.download(repo_id, filename, revision))
         document = await self._definition(raw, filename)
         imported = await manage.import_probe(self.runtime, raw, document, on_conflict)
-        source = {"endpoint": hub.HubClient.from_settings(self.host.settings).endpoint, "repo_id": repo_id}
+        source = {"endpoint": browse.HubClient.from_settings(self.host.settings).endpoint, "repo_id": repo_id}
         resp.media = {**imported, "hub": {**source, "filename": filename, "revision": revision}}
         resp.status = falcon.HTTP_201
 
@@ -113,8 +114,8 @@ class Hub(_Resource):
 def _limit(raw: str | None) -> int:
     if raw is None:
         return 20
-    if not raw.isdigit() or not 1 <= int(raw) <= hub.SEARCH_LIMIT_MAX:
-        raise InvalidParameter(f"limit is an integer from 1 to {hub.SEARCH_LIMIT_MAX}", param="limit")
+    if not raw.isdigit() or not 1 <= int(raw) <= browse.SEARCH_LIMIT_MAX:
+        raise InvalidParameter(f"limit is an integer from 1 to {browse.SEARCH_LIMIT_MAX}", param="limit")
     return int(raw)
 
 

@@ -31,19 +31,19 @@ from millm_host.api import (
     validate,
 )
 
-from . import store
-from .behaviours import select
-from .definition import Window
-from .errors import GateRefused, ModelChanged, mismatch_message
-from .evaluate import Plan, compile_bank, forward_columns, read_pairs
-from .gates import identity_check, model_identity
+from .. import store
+from ..arming.behaviours import select
+from ..arming.gates import identity_check, model_identity
+from ..arming.parity import parity_summary
+from ..arming.sets import blocks_for
+from ..definition import Window
+from ..errors import GateRefused, ModelChanged, mismatch_message
+from ..results import ProbeView, Reading, Served, behaviour_sets, merged, result_object
+from ..runtime import Runtime
+from ..scoring.evaluate import Plan, compile_bank, forward_columns, read_pairs
+from ..scoring.windows import common_prefix, measure
 from .live import monitored_behaviours, window_text
-from .parity import parity_summary
-from .results import ProbeView, Reading, Served, behaviour_sets, merged, result_object
-from .runtime import Runtime
-from .sets import blocks_for
 from .trace import new_trace
-from .windows import common_prefix, measure
 
 
 class ScoreInput(BaseModel):

@@ -16,14 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm_host.api import InvalidParameter, MillmError, ModelBusy, converge_soon, validate
 
-from . import capacity, gates, store
-from .errors import GateRefused
-from .limits import budget_now, cost_refusal
+from .. import store
+from ..capacity import costs
+from ..capacity.limits import budget_now, cost_refusal
+from ..errors import GateRefused
+from ..results import ProbeView, now_iso
+from ..runtime import Armed, Runtime
+from ..tables import Probe
+from . import gates
 from .parity import parity_summary, run_parity_many
-from .results import ProbeView, now_iso
-from .runtime import Armed, Runtime
 from .sets import members_of, same_version, set_block, state_label
-from .tables import Probe
 
 WAS_ARMED = ("restart", "model_unloaded")  # disarmed by the server, not by a person
 
@@ -105,7 +107,7 @@ def _member_json(runtime: Runtime, row: Probe) -> dict[str, Any]:
         "layer": view.definition.read.layer,
         "hook_point": view.definition.read.hook_point,
         "rule": view.definition.aggregation.rule,
-        "cost_kind": capacity.kind_of(view),
+        "cost_kind": costs.kind_of(view),
         "armed": armed is not None,
         "armed_at": armed.armed_at if armed else None,
         "disarmed_reason": None if armed else row.disarmed_reason,
@@ -161,7 +163,7 @@ async def _gate_probes(
     identity: dict[str, Any],
     acknowledgement: str | None,
     budget: dict[str, Any],
-    armed: capacity.Shape,
+    armed: costs.Shape,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every probe through its own gates, in order (the first refusal is its gate): each probe's outcome,
     and the heads parity compiled for those that passed.
@@ -198,7 +200,7 @@ async def _gate_probes(
         try:
             gates.gate_parity(report)
             gates.gate_scope(view.definition)
-            projection = capacity.project(budget, armed.plus([view]))
+            projection = costs.project(budget, armed.plus([view]))
             outcome["cost"] = projection
             if not projection["fits"]:
                 raise cost_refusal(projection)
@@ -227,7 +229,7 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
         armed_views = [a.view for a in runtime.snapshot.armed]
         todo = [v for v in views if runtime.armed_entry(v.probe_id) is None]
         budget = await asyncio.to_thread(budget_now, runtime, resident_id, engine.info)
-        armed_shape = capacity.Shape.of(armed_views)
+        armed_shape = costs.Shape.of(armed_views)
         outcomes, compiled = await _gate_probes(
             runtime, todo, engine, resident_id, identity, request.acknowledgement, budget, armed_shape
         )
@@ -241,10 +243,10 @@ async def arm_behaviour(runtime: Runtime, key: str, body: dict[str, Any]) -> dic
                     "message": f"{len(armed_views)} armed and {len(todo)} more would pass PROBE_MAX_ARMED ({maximum})",
                 }
             )
-        projection = capacity.project(budget, armed_shape.plus(todo))
+        projection = costs.project(budget, armed_shape.plus(todo))
         if not projection["fits"]:
             set_gates.append(
-                {"gate": "cost", "code": "PROBE_COST_BUDGET_EXCEEDED", "message": capacity.over_message(projection)}
+                {"gate": "cost", "code": "PROBE_COST_BUDGET_EXCEEDED", "message": costs.over_message(projection)}
             )
         refused = bool(set_gates) or any(o["gate"] for o in outcomes)
         report = {

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .definition import ModelBlock, ProbeDefinition
-from .errors import GateRefused, mismatch_message
+from ..definition import ModelBlock, ProbeDefinition
+from ..errors import GateRefused, mismatch_message
 
 IDENTITY_FIELDS = ("hf_id", "d_model", "n_layers", "chat_template_sha256")
 MODEL_KEYS = ("id", "hf_id", "revision", "d_model", "n_layers", "chat_template_sha256", "load_id")

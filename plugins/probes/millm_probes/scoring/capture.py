@@ -16,7 +16,7 @@ from typing import Any
 
 from millm_host.api import ORDER_READ_PRE_STEERING, HookRow, LayerHook
 
-from .scoring import Point
+from .bank import Point
 
 OWNER = "probes"
 

@@ -13,7 +13,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, mapped_column
 
-from .tables import Base
+from ..tables import Base
 
 
 class ProbeSession(Base):

@@ -332,7 +332,7 @@ def recommendation(settings: Any, measurement: dict[str, Any] | None) -> dict[st
         "fillable_ms": {h: round(v, 6) for h, v in fillable.items()},
         "reference_sets_fit": sets,
         "dense_probes_fit": dense,
-        # what the counts above cost, by the function the arming gate uses (capacity.cost)
+        # what the counts above cost, by the function the arming gate uses (``cost``)
         "dense_cost_ms": {h: round(v, 6) for h, v in cost(units, Shape.dense(dense)).items()},
         "reference_sets_cost_ms": {h: round(v, 6) for h, v in cost(units, Shape.reference_sets(sets)).items()},
     }

@@ -9,11 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from millm_host.api import MillmError, ModelBusy, admin_activity, validate
 
-from . import capacity, capacity_store
-from .errors import GateRefused, ProbeArmed
+from ..errors import GateRefused, ProbeArmed
+from ..results import now_iso
+from ..runtime import Runtime
+from . import costs, store
 from .measure import Stop, measure
-from .results import now_iso
-from .runtime import Runtime
 
 
 class ModelNotResident(MillmError):
@@ -65,8 +65,8 @@ def resident_info(runtime: Runtime, model_id: str) -> Any | None:
 
 def budget_now(runtime: Runtime, model_id: str, info: Any | None) -> dict[str, Any]:
     """The budget in force for ``model_id`` (blocking: reads the database)."""
-    measurement, limits = capacity_store.read(runtime.host.db, model_id)
-    return capacity.budget(runtime.settings, measurement, limits, info)
+    measurement, limits = store.read(runtime.host.db, model_id)
+    return costs.budget(runtime.settings, measurement, limits, info)
 
 
 def armed_cost(runtime: Runtime) -> dict[str, Any] | None:
@@ -76,9 +76,9 @@ def armed_cost(runtime: Runtime) -> dict[str, Any] | None:
         return None
     budget = budget_now(runtime, engine.info.id, engine.info)
     armed = [a.view for a in runtime.snapshot.armed]
-    projection = capacity.project(budget, armed)
+    projection = costs.project(budget, armed)
     rows = int(engine.inference().get("running") or 0)
-    half = capacity.half_at_rows(budget["halves"], rows)
+    half = costs.half_at_rows(budget["halves"], rows)
     running = {  # what each monitored row pays now, at the batch's size
         "rows": rows,
         "half": half,
@@ -90,17 +90,17 @@ def armed_cost(runtime: Runtime) -> dict[str, Any] | None:
 
 
 def cost_refusal(projection: dict[str, Any]) -> GateRefused:
-    return GateRefused("cost", "PROBE_COST_BUDGET_EXCEEDED", capacity.over_message(projection), cost=projection)
+    return GateRefused("cost", "PROBE_COST_BUDGET_EXCEEDED", costs.over_message(projection), cost=projection)
 
 
 def _in_force(limits: dict[str, Any]) -> dict[str, Any]:
     """``in_force`` of stored limits, and why not (decision D83: an approval before 2026-10-29)."""
-    reason = capacity.not_in_force(limits)
+    reason = costs.not_in_force(limits)
     return {"in_force": reason is None, "not_in_force_reason": reason}
 
 
 def _limits_in_force(settings: Any, budget: dict[str, Any], limits: dict[str, Any] | None) -> dict[str, Any]:
-    if capacity.not_in_force(limits):
+    if costs.not_in_force(limits):
         limits = None  # superseded (stored_limits says why): the settings are in force
     who = {"set_by": (limits or {}).get("set_by"), "set_at": (limits or {}).get("set_at")}
     pct_from_limits = budget["slowdown_budget_pct_source"] != "setting PROBE_SLOWDOWN_BUDGET_PCT"
@@ -128,9 +128,9 @@ def _limits_in_force(settings: Any, budget: dict[str, Any], limits: dict[str, An
 def _capacity(runtime: Runtime, model_id: str) -> dict[str, Any]:
     info = resident_info(runtime, model_id)
     settings = runtime.settings
-    measurement, limits = capacity_store.read(runtime.host.db, model_id)
-    budget = capacity.budget(settings, measurement, limits, info)
-    stale = capacity.stale_fields(measurement, info)
+    measurement, limits = store.read(runtime.host.db, model_id)
+    budget = costs.budget(settings, measurement, limits, info)
+    stale = costs.stale_fields(measurement, info)
     armed = [a.view for a in runtime.snapshot.armed] if info is not None else []
     return {
         "object": "probe.capacity",
@@ -150,10 +150,10 @@ def _capacity(runtime: Runtime, model_id: str) -> dict[str, Any]:
         },
         "budget": {k: v for k, v in budget.items() if k != "units"},
         "unit_costs": budget["units"],
-        "recommendation": capacity.recommendation(settings, measurement),
+        "recommendation": costs.recommendation(settings, measurement),
         "limits": _limits_in_force(settings, budget, limits),
         "stored_limits": None if limits is None else {**limits, **_in_force(limits)},
-        "armed": capacity.project(budget, armed) | {"probes": len(armed)},
+        "armed": costs.project(budget, armed) | {"probes": len(armed)},
         "checked_at": now_iso(),
     }
 
@@ -189,7 +189,7 @@ async def measure_model(runtime: Runtime, model_id: str) -> dict[str, Any]:
                     measurement = await slot.run(measure, engine, model_id, host, stop)
         finally:
             runtime.measuring.pop(model_id, None)
-        await asyncio.to_thread(capacity_store.write, host.db, model_id, measurement=measurement)
+        await asyncio.to_thread(store.write, host.db, model_id, measurement=measurement)
     return await get_capacity(runtime, model_id)
 
 
@@ -212,12 +212,12 @@ async def put_limits(runtime: Runtime, model_id: str, body: dict[str, Any]) -> d
     db = runtime.host.db
     async with runtime.lock:
         await asyncio.to_thread(runtime.host.model_detail, model_id)  # 404 for an unknown model
-        measurement, _ = await asyncio.to_thread(capacity_store.read, db, model_id)
+        measurement, _ = await asyncio.to_thread(store.read, db, model_id)
         limits: dict[str, Any] | None
         if request.action == "clear":
             limits = None
         elif request.action == "approve":
-            recommendation = capacity.recommendation(runtime.settings, measurement)
+            recommendation = costs.recommendation(runtime.settings, measurement)
             if recommendation is None:
                 raise NotMeasured("measure the model before approving its recommendation", param="action")
             if recommendation["digest"] != request.recommendation_digest:
@@ -232,5 +232,5 @@ async def put_limits(runtime: Runtime, model_id: str, body: dict[str, Any]) -> d
             limits["ms_per_token"], limits["ms_per_1k_prompt"] = request.ms_per_token, request.ms_per_1k_prompt
         if limits is not None:
             limits.update(set_by=request.set_by or "api", set_at=now_iso())
-        await asyncio.to_thread(capacity_store.write, db, model_id, limits=limits)
+        await asyncio.to_thread(store.write, db, model_id, limits=limits)
     return await get_capacity(runtime, model_id)

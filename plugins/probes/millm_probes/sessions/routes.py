@@ -1,4 +1,4 @@
-"""Routes of sessions and the live feed: thin Falcon resources over ``timeline`` and ``feed``."""
+"""Routes of sessions and the live feed: thin Falcon resources over ``timeline`` and ``feed.websocket``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import asyncio
 
 from millm_host.api import InvalidParameter, JsonResource, Param, operation
 
+from ..feed.websocket import FeedResource
+from ..params import bool_param
+from ..runtime import Runtime
 from . import timeline
-from .feed import FeedResource
-from .params import bool_param
-from .runtime import Runtime
 
 
 class SessionsResource(JsonResource):

@@ -22,16 +22,18 @@ from millm_host.api import (
     validate,
 )
 
-from . import capacity, digests, gates, store
-from .definition import Decision, ProbeDefinition, parse
-from .errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
-from .limits import budget_now, cost_refusal
+from .. import digests, store
+from ..capacity import costs
+from ..capacity.limits import budget_now, cost_refusal
+from ..definition import Decision, ProbeDefinition, parse
+from ..errors import IdentityAlgorithmUnknown, IdentityMismatch, ProbeArmed, ProvenanceMismatch
+from ..results import ProbeView, now_iso
+from ..runtime import Armed, Runtime
+from ..scoring.bank import CompiledProbe
+from ..tables import Probe
+from . import gates
 from .parity import parity_summary, run_parity, tolerance
-from .results import ProbeView, now_iso
-from .runtime import Armed, Runtime
-from .scoring import CompiledProbe
 from .sets import members_of
-from .tables import Probe
 
 
 class ArmRequest(BaseModel):
@@ -241,7 +243,7 @@ async def arm_here(runtime: Runtime, row: Probe, acknowledgement: str | None, *,
     gates.gate_parity(report)
     gates.gate_scope(d)
     budget = await asyncio.to_thread(budget_now, runtime, resident_id, engine.info)
-    projection = capacity.project(budget, [*(a.view for a in runtime.snapshot.armed), view])
+    projection = costs.project(budget, [*(a.view for a in runtime.snapshot.armed), view])
     if not projection["fits"]:
         raise cost_refusal(projection)
     if desired and acknowledgement and acknowledgement.strip():

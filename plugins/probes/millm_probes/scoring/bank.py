@@ -19,7 +19,7 @@ import numpy as np
 
 from millm_host.api import HookPointName
 
-from .definition import ProbeDefinition
+from ..definition import ProbeDefinition
 from .sae import SaeUnavailable, load_encoder
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from millm_host.api import MillmError, RequestContext
 
 from . import stored_text
-from .session_tables import ProbeSession, ProbeSessionTurn
+from .tables import ProbeSession, ProbeSessionTurn
 
 SESSION_HEADER = "x-millm-session"
 SESSION_ID_HEADER = "X-miLLM-Session-Id"

@@ -12,7 +12,7 @@ import secrets
 
 from millm_host.api import caller_trace, current_trace_id
 
-from .results import Trace
+from ..results import Trace
 
 
 def trace_id_from(traceparent: str | None) -> str | None:

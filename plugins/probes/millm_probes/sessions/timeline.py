@@ -16,10 +16,10 @@ import sqlalchemy as sa
 
 from millm_host.api import MillmError, list_page
 
+from ..tables import ProbeEvent
 from . import stored_text
-from .session_tables import ProbeSession, ProbeSessionTurn
-from .sessions import _aware, now
-from .tables import ProbeEvent
+from .tables import ProbeSession, ProbeSessionTurn
+from .turns import _aware, now
 
 SESSION_LIST_MAX = 500
 

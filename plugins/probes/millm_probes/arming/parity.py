@@ -30,15 +30,15 @@ import numpy as np
 
 from millm_host.api import NoChatTemplate
 
-from .capture import Capture
-from .definition import TestVector
-from .errors import ParityStopped
-from .evaluate import forward_columns, read_pairs
+from ..definition import TestVector
+from ..errors import ParityStopped
+from ..results import ProbeView, now_iso
+from ..runtime import Runtime
+from ..scoring.bank import Bank, CompiledProbe, ProbeUnusable, compile_probe
+from ..scoring.capture import Capture
+from ..scoring.evaluate import forward_columns, read_pairs
+from ..scoring.windows import common_prefix, measure
 from .gates import model_identity
-from .results import ProbeView, now_iso
-from .runtime import Runtime
-from .scoring import Bank, CompiledProbe, ProbeUnusable, compile_probe
-from .windows import common_prefix, measure
 
 #: The spec's bar (probe-monitors.txt, "within 1e-3"): a definition may tighten it, never loosen it.
 MAX_TOLERANCE = 1e-3

@@ -24,7 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .tables import ProbeEvent
+from ..tables import ProbeEvent
 
 log = logging.getLogger("millm.probes")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from millm_host.api import BatchResult
 
+from ..runtime import Runtime
 from . import stateless
-from .runtime import Runtime
 
 URL = "/api/probes/score"
 

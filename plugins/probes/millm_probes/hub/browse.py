@@ -26,8 +26,8 @@ from huggingface_hub.utils import HFValidationError, build_hf_headers, validate_
 
 from millm_host.api import InvalidParameter, check_display_name
 
-from .definition import RUNG_LANGUAGE
-from .errors import HubNotConfigured, HubNotFound, HubResponseTooLarge, HubTimeout, HubUnavailable
+from ..definition import RUNG_LANGUAGE
+from ..errors import HubNotConfigured, HubNotFound, HubResponseTooLarge, HubTimeout, HubUnavailable
 
 TAG = "mistudio-probe-definition"
 SUFFIX = ".probe.json"

@@ -1,0 +1,1 @@
+"""Browse Hub: anonymous, read-only reads of probe definitions on the Hugging Face Hub, and their routes."""
