@@ -46,7 +46,6 @@ from .scheduler import BACKGROUND, TICK
 if TYPE_CHECKING:
     import pluggy
 
-    from .errors import MillmError
     from .observability.metrics import Metrics
     from .plugin_host import PluginHost
     from .scheduler import Scheduler
@@ -54,10 +53,14 @@ if TYPE_CHECKING:
 
 
 class _Flight(Protocol):
+    """A generation under way, as an unload past its grace ends it."""
+
     def stop(self, reason: str, error: MillmError) -> None: ...
 
 
 class _Converging(Protocol):
+    """The replica's convergence, as a new model wakes it."""
+
     def poke(self) -> None: ...
 
 

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 
 class _Replica(Protocol):
+    """The replica's convergence, as a batch's lease names its owner."""
+
     replica_id: str
 
 
