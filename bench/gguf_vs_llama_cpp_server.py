@@ -64,18 +64,23 @@ def start_llama_cpp_server(model: Path, n_ctx: int, threads: int, log: Path) -> 
     ]
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+    return proc, wait_until_serving(proc, base, "/v1/models", "llama_cpp.server", log)
+
+
+def wait_until_serving(proc: subprocess.Popen, base: str, path: str, name: str, log: Path) -> str:
+    """``base`` once ``GET path`` answers 200 (within 120 s); a server that exits or never answers fails."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(f"{name} exited:\n{log.read_text()[-4000:]}")
         try:
-            if httpx.get(f"{base}/v1/models", timeout=2).status_code == 200:
-                return proc, base
+            if httpx.get(f"{base}{path}", timeout=2).status_code == 200:
+                return base
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise TimeoutError("llama_cpp.server did not start")
+    raise TimeoutError(f"{name} did not start")
 
 
 def timed_chat(client: httpx.Client, url: str, body: dict) -> tuple[float, int, str]:

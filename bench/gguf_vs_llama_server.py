@@ -48,7 +48,7 @@ from millm_host.default_model import default_model_path
 from millm_host.testing import ServerProcess, free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_vs_llama_cpp_server import timed_chat  # noqa: E402  (the same timed request)
+from gguf_vs_llama_cpp_server import timed_chat, wait_until_serving  # noqa: E402  (the same timed request)
 
 LLAMA_CPP_PYTHON = "0.3.36"
 # The flags requirements*.in build llama-cpp-python with (portable x86-64, no AMX), and the server.
@@ -137,19 +137,7 @@ def start_llama_server(binary: Path, args: argparse.Namespace, log: Path) -> tup
         args.flash_attn,
     ]
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("llama-server did not start")
+    return proc, wait_until_serving(proc, f"http://127.0.0.1:{port}", "/health", "llama-server", log)
 
 
 def start_millm(args: argparse.Namespace, work: Path, parallel: int) -> ServerProcess:
