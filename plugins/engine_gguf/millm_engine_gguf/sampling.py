@@ -87,10 +87,10 @@ def draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -
     scaled = logits.astype(np.float64) / params.temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
+    if params.top_p >= 1.0:  # no nucleus to cut: no sort of the vocabulary (most of a draw's time)
+        return int(rng.choice(len(probs), p=probs))
     order = np.argsort(-probs, kind="stable")
-    if params.top_p < 1.0:
-        cumulative = np.cumsum(probs[order])
-        keep = int(np.searchsorted(cumulative, params.top_p)) + 1
-        order = order[:keep]
+    cumulative = np.cumsum(probs[order])
+    order = order[: int(np.searchsorted(cumulative, params.top_p)) + 1]
     kept = probs[order] / probs[order].sum()
     return int(order[rng.choice(len(order), p=kept)])
