@@ -30,6 +30,7 @@ from .engine import EngineSpec
 from .errors import MillmError
 from .fields import ENDPOINTS, FieldRegistry
 from .host_view import HostView
+from .intake import IntakeGate
 from .observability.ids import RequestIdsMiddleware
 from .observability.metrics import Metrics
 from .observability.request import CURRENT, Observation
@@ -73,6 +74,8 @@ class Host:
         self.fields = FieldRegistry(self.engines)
         hookcalls.startup(pm, "register_request_fields", register=self.fields.register)
         self.scheduler = Scheduler(settings["MILLM_QUEUE_MAX"], settings["MILLM_GENERATION_STALL_S"])
+        #: Paces new requests' intake while a generation runs (``MILLM_INTAKE_SHARE``).
+        self.intake = IntakeGate(settings["MILLM_INTAKE_SHARE"], self._generating_here)
         #: Generations under way (``serving.run.Flight``): the end of the shutdown grace stops them all at once.
         self.flights: set[Flight] = set()
         #: Prometheus metrics (``/metrics``); plugins record through its methods (see ``millm_host.api``).
@@ -152,6 +155,11 @@ class Host:
             if allowed is not None:
                 keep &= set(allowed)
         return [e for e in entries if e.id in keep]
+
+    def _generating_here(self) -> bool:
+        """A generation runs whose decode steps share this process's interpreter lock (the intake gate's test)."""
+        engine = self.registry.engine
+        return self.scheduler.generating and engine is not None and engine.steps_in_process
 
     def observe(self, endpoint: str, headers: Mapping[str, str]) -> Observation | None:
         """A request's ``Observation`` (None when metrics, tracing and JSON logs are all off)."""

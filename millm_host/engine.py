@@ -298,6 +298,10 @@ class Engine(abc.ABC):
     #: itself). The host then runs each generation request on a thread of its own instead
     #: of the engine thread; scoring, embeddings and loads stay on the engine thread.
     concurrent_generation: bool = False
+    #: True when ``generate``'s decode steps are Python on a thread of this process, sharing its
+    #: interpreter lock with the request path (not a child process's, as llama.cpp's are). While
+    #: one runs, the host then paces new requests' intake (``MILLM_INTAKE_SHARE``, ``intake.py``).
+    steps_in_process: bool = False
 
     @property
     def steering_points(self) -> Sequence[HookPoint]:

@@ -108,6 +108,15 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "Origins (scheme://host:port, or *) whose pages may call this server from a browser; unset: CORS off",
     ),
     Setting("MILLM_QUEUE_MAX", int, 16, "Requests that may wait for the generation slot before 503 queue_full"),
+    Setting(
+        "MILLM_INTAKE_SHARE",
+        float,
+        0.1,
+        "While a generation runs, the most of the time new requests' intake (validation, admission, "
+        "tokenizing) may take: they pass one at a time, each after a pause in proportion to the one before, "
+        "so a flood of requests (or of clients that drop them at once) cannot starve the running batch of "
+        "the interpreter lock (0 or 1: no pacing)",
+    ),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_FILES_MAX_BYTES", int, 200 * 1024 * 1024, "Largest file POST /v1/files accepts (413 above)"),
     Setting(

@@ -18,6 +18,7 @@ from ..response_bodies import Health as HealthBody
 
 if TYPE_CHECKING:
     from ..engine import EngineSpec
+    from ..intake import IntakeGate
     from ..registry import ModelEntry, ModelRegistry
     from ..replicas.convergence import Convergence
     from ..scheduler import Scheduler
@@ -28,6 +29,7 @@ class HealthHost(Protocol):
 
     registry: ModelRegistry
     scheduler: Scheduler
+    intake: IntakeGate
     convergence: Convergence
     engines: list[EngineSpec]
     report: Any
@@ -71,6 +73,15 @@ class Inference(ResponseModel):
         description="Generations cancelled (their client gone) before they entered the batch, since the model loaded",
     )
     steps: int | None = Field(default=None, description="Batched decode steps run since the model loaded")
+    intake_paced: int = Field(
+        default=0,
+        description="Requests that waited for their turn at the intake gate (MILLM_INTAKE_SHARE: while a "
+        "generation runs, new requests' intake is paced) since the server started",
+    )
+    intake_left: int = Field(
+        default=0,
+        description="Requests whose client left while they waited at the intake gate (they cost nothing more)",
+    )
     serial_reasons: dict[str, int] = Field(
         default_factory=dict,
         description="Generations that ran alone while batching was on, counted by why (probe_force_serial: armed probes with PROBE_FORCE_SERIAL)",
@@ -95,6 +106,8 @@ def inference_report(host: HealthHost) -> dict[str, Any]:
         "batched": report.get("batched", 0),
         "left_waiting": report.get("left_waiting", 0),
         "steps": report.get("steps"),
+        "intake_paced": host.intake.paced,
+        "intake_left": host.intake.left,
         "serial_reasons": dict(report.get("serial_reasons", {})),
     }
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hookcalls
-from ..admission import Admission, admit
+from ..admission import BACKGROUND, Admission, admit
 from ..bodies.validate import refuse_long_chat, validate
 from ..context import Endpoint, RequestContext
 from ..errors import ClientDisconnected, MillmError, RequestCancelled
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from ..fields import FieldRegistry
+    from ..intake import IntakeGate
     from ..observability.request import Observation
     from ..plugin_host import PluginHost
     from ..registry import ModelRegistry
@@ -57,6 +58,7 @@ class ServingHost(Protocol):
     plugin_host: PluginHost
     registry: ModelRegistry
     scheduler: Scheduler
+    intake: IntakeGate
     serving: dict[str, Serving]
 
     def observe(self, endpoint: str, headers: Mapping[str, str]) -> Observation | None: ...
@@ -172,14 +174,21 @@ class Serving:
     async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
         """Everything after the context is built: watch the client, prepare, respond."""
         watcher = watch_client(ctx, gone)
+        intake, turn = self.host.intake, None
         try:
+            if not BACKGROUND.get():  # the Batch API's own lines are the batch's rows, not new clients
+                turn = await intake.enter(ctx.cancel_event)
+            if ctx.cancel_event.is_set():  # its client left while it waited for its turn
+                raise RequestCancelled()
             admission = await self.prepare(ctx)
         except BaseException as exc:
+            intake.done(turn)
             if watcher is not None:
                 watcher.cancel()
             if isinstance(exc, RequestCancelled):
                 raise ClientDisconnected("the client went away before the request was prepared") from None
             raise
+        intake.done(turn)
         return await self.respond(ctx, admission, watcher)
 
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:

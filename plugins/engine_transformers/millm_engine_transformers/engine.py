@@ -44,6 +44,9 @@ from .scoring import last_logits, next_token_scores, prompt_scores
 from .spec import ENGINE_NAME, SETTINGS
 from .token_span import TokenFloor
 
+#: Copies of the HF tokenizer the engine's own calls share (see ``TransformersEngine.__init__``).
+TOKENIZER_COPIES = 4
+
 T = TypeVar("T")
 _DONE = object()  # a generation handed to the batch thread ended
 
@@ -59,6 +62,7 @@ class TransformersEngine(Engine):
 
     name = ENGINE_NAME
     concurrent_text = True
+    steps_in_process = True
 
     def __init__(
         self,
@@ -73,10 +77,16 @@ class TransformersEngine(Engine):
         self.settings = settings
         # Never used directly: HF fast tokenizers are not safe to share between threads, so each
         # call borrows a copy from a pool. A copy per thread instead cost a deepcopy per request
-        # (each request's sequences run on threads of their own).
+        # (each request's sequences run on threads of their own). The pool is bounded: a copy takes
+        # ~90 ms of the interpreter lock (SmolLM2's), which the running batch waits for, where a
+        # borrower keeps one for microseconds (a token's text) to milliseconds (a prompt): past
+        # TOKENIZER_COPIES a borrower waits for a copy instead (a drop storm's threads grew it
+        # for ever, a copy every second, issue 35).
         self._tokenizer_original = tokenizer
-        self._tokenizer_lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()  # serializes making copies
+        self._tokenizer_free = threading.Condition()  # guards the pool; notified when a copy comes back
         self._tokenizer_pool: list[Any] = []
+        self._tokenizer_copies = 0  # made for the pool (in it or borrowed)
         self._tokenizers = threading.local()  # for ``tokenizer``: plugins that read the HF tokenizer
         self.descriptor = descriptor
         self.device = device
@@ -112,6 +122,7 @@ class TransformersEngine(Engine):
         params = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._tokenizer_pool.append(copy.deepcopy(tokenizer))  # the first copy, made now
+        self._tokenizer_copies = 1
         self._intraop = IntraOp.confine(device)
         self._start_batching(settings)
 
@@ -184,16 +195,29 @@ class TransformersEngine(Engine):
 
     @contextmanager
     def _tokenizer(self) -> Iterator[Any]:
-        """A copy of the HF tokenizer that no other thread uses meanwhile (a new one when all are in use)."""
-        with self._tokenizer_lock:
+        """A copy of the HF tokenizer that no other thread uses meanwhile: a free one, a new one while
+        fewer than ``TOKENIZER_COPIES`` exist, else the first one given back."""
+        with self._tokenizer_free:
+            while not self._tokenizer_pool and self._tokenizer_copies >= TOKENIZER_COPIES:
+                self._tokenizer_free.wait()
             tokenizer = self._tokenizer_pool.pop() if self._tokenizer_pool else None
             if tokenizer is None:
-                tokenizer = copy.deepcopy(self._tokenizer_original)
+                self._tokenizer_copies += 1
+        if tokenizer is None:
+            try:
+                with self._tokenizer_lock:
+                    tokenizer = copy.deepcopy(self._tokenizer_original)
+            except BaseException:
+                with self._tokenizer_free:
+                    self._tokenizer_copies -= 1
+                    self._tokenizer_free.notify()
+                raise
         try:
             yield tokenizer
         finally:
-            with self._tokenizer_lock:
+            with self._tokenizer_free:
                 self._tokenizer_pool.append(tokenizer)
+                self._tokenizer_free.notify()
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with self._tokenizer() as tokenizer:

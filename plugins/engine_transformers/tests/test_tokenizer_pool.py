@@ -41,3 +41,42 @@ def test_requests_on_new_threads_reuse_the_pooled_copies(tiny_model_dir, monkeyp
     assert len(copies) <= 5  # at most one more per thread that found every copy in use
     assert all(ids == want for ids, _ in got) and len({tuple(texts) for _, texts in got}) == 1
     engine.close()
+
+
+def test_the_pool_is_bounded_and_a_borrower_waits_for_a_copy_instead(tiny_model_dir, monkeypatch):
+    """A copy holds the interpreter lock ~90 ms (SmolLM2's), which a running batch waits for: past
+    ``TOKENIZER_COPIES`` the pool stops growing, and threads that find every copy in use wait."""
+    from millm_engine_transformers import engine as engine_module
+    from millm_engine_transformers.engine import TOKENIZER_COPIES, TransformersEngine
+
+    descriptor = ModelDescriptor(id="tiny", path=str(tiny_model_dir), format="hf", engine="transformers")
+    engine = TransformersEngine.load(descriptor, Settings(environ={}), lambda message: None)
+    copies = []
+    real = engine_module.copy.deepcopy
+    monkeypatch.setattr(engine_module.copy, "deepcopy", lambda obj: copies.append(obj) or real(obj))
+    start, borrowed, most = threading.Barrier(3 * TOKENIZER_COPIES), [0], [0]
+    lock = threading.Lock()
+    want = engine.tokenize("the same words")
+    got = []
+
+    def request():
+        start.wait()
+        with engine._tokenizer() as tokenizer:
+            with lock:
+                borrowed[0] += 1
+                most[0] = max(most[0], borrowed[0])
+            got.append(list(tokenizer("the same words")["input_ids"]))
+            threading.Event().wait(0.02)  # hold it a while: the others find every copy in use
+            with lock:
+                borrowed[0] -= 1
+
+    threads = [threading.Thread(target=request) for _ in range(3 * TOKENIZER_COPIES)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert len(copies) == TOKENIZER_COPIES - 1  # the one made at load, and as many more as the bound allows
+    assert most[0] == TOKENIZER_COPIES
+    assert got == [want] * (3 * TOKENIZER_COPIES)
+    engine.close()
