@@ -2,16 +2,19 @@
 
 A real ``millm serve`` (continuous batching; a random 4-layer Llama by default,
 ``--default-model`` for SmolLM2-135M). Six steady clients each ask, one after the
-other, for a non-streamed greedy completion of ``--max-tokens`` tokens, all run
-long. Two droppers beside them take turns with quiet: in each storm window each
+other, for a streamed greedy completion of ``--max-tokens`` tokens, all run long,
+and read it whole. Two droppers beside them take turns with quiet: in each storm window each
 dropper opens a streamed completion and drops it once its headers are in, again
 and again; in each quiet window they do nothing. ``--mode send`` drops instead as
 soon as the request is sent (a connection flood: a client can open connections
 faster than the server accepts them, and the backlog spills into the next window),
 ``--mode both`` alternates.
 
-The figure is the steady clients' completions in a storm window over the mean of
-the two quiet windows beside it (target ≥ 0.9): ``--pairs`` storms, each between
+The figure is the steady clients' tokens per second in a storm window over the mean
+of the two quiet windows beside it (target ≥ 0.9). Tokens, not completions: the six
+run in step in one batch and finish together, so a window of a few seconds counts
+completions in waves of six, and two quiet windows of one machine differed by half;
+each token arrives on its own (a streamed chunk), so a window counts hundreds: ``--pairs`` storms, each between
 two quiet windows of the same length, so a machine whose speed drifts (other
 work on it) is compared with itself a few seconds apart. Printed per window and
 as the median ratio; beside them, the drops made, how many generations entered
@@ -72,6 +75,7 @@ class Storm:
         self.server, self.model, self.max_tokens, self.mode = server, model, max_tokens, mode
         self.stop, self.dropping = threading.Event(), threading.Event()
         self.done: list[float] = []  # when each steady completion came back
+        self.tokens: list[float] = []  # when each of their tokens arrived (a streamed chunk)
         self.refused: list[float] = []  # steady requests answered otherwise (e.g. 503 queue_full)
         self.drops: list[float] = []
         self.dropper_cpu: list[tuple[float, float]] = []  # (when, CPU seconds of one dropper's turn)
@@ -91,10 +95,18 @@ class Storm:
 
     def steady(self) -> None:
         body = {"model": self.model, "prompt": "Once upon a time", "max_tokens": self.max_tokens, "temperature": 0}
+        body["stream"] = True
         with httpx.Client(base_url=self.server.base_url, timeout=300) as http:
             while not self.stop.is_set():
-                response = http.post("/v1/completions", json=body)
-                (self.done if response.status_code == 200 else self.refused).append(time.monotonic())
+                with http.stream("POST", "/v1/completions", json=body) as response:
+                    if response.status_code != 200:
+                        response.read()
+                        self.refused.append(time.monotonic())
+                        continue
+                    for line in response.iter_lines():
+                        if line.startswith("data: {"):
+                            self.tokens.append(time.monotonic())
+                self.done.append(time.monotonic())
 
     def dropper(self) -> None:
         body = {"model": self.model, "prompt": "Tell me a long story", "max_tokens": 4 * self.max_tokens}
@@ -126,7 +138,7 @@ class Storm:
             sock.sendall(head.encode() + payload)
 
     def window(self, seconds: float, dropping: bool) -> dict:
-        """One window: its completions per second (after ``SETTLE_S``), its drops and the batch's counters."""
+        """One window: the steady clients' tokens per second (after ``SETTLE_S``), its drops and the batch's counters."""
         (self.dropping.set if dropping else self.dropping.clear)()
         start = time.monotonic()
         before = inference(self.server)
@@ -144,7 +156,8 @@ class Storm:
             "server_cpu": server_cpu,
             "dropper_cpu": sum(cpu for t, cpu in self.dropper_cpu if start <= t < end),
             "dropping": dropping,
-            "per_s": sum(counted <= t < end for t in self.done) / (end - counted),
+            "per_s": sum(counted <= t < end for t in self.tokens) / (end - counted),
+            "completions": sum(counted <= t < end for t in self.done),
             "refused": sum(start <= t < end for t in self.refused),
             "drops": sum(start <= t < end for t in self.drops),
             "batched": after["batched"] - before["batched"],
@@ -182,13 +195,14 @@ def main() -> None:
     for index, window in enumerate(windows):
         cpu_s = window["seconds"] * cores
         line = (
-            f"  {'storm' if window['dropping'] else 'quiet'}: {window['per_s']:.2f} completions/s; "
+            f"  {'storm' if window['dropping'] else 'quiet'}: {window['per_s']:.1f} tokens/s "
+            f"({window['completions']} completions); "
             f"server CPU {window['server_cpu']:.1f} s"
         )
         if window["dropping"]:
             quiet = [windows[index - 1], windows[index + 1]]
             beside = statistics.mean([w["per_s"] for w in quiet])
-            ratio = window["per_s"] / beside if beside else math.nan  # none finished: windows too short
+            ratio = window["per_s"] / beside if beside else math.nan  # no token came: windows too short
             if beside:
                 ratios.append(ratio)
             dropper_share.append(window["dropper_cpu"] / cpu_s)
@@ -217,7 +231,7 @@ def main() -> None:
         f"and its dropper {statistics.median(d[1] for d in per_drop):.1f} ms (medians)"
     )
     if not ratios:
-        print("no quiet window finished a completion: use longer --seconds or fewer --max-tokens")
+        print("no token came in a quiet window: use longer --seconds")
         return
     spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
     print(

@@ -112,10 +112,10 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "MILLM_INTAKE_SHARE",
         float,
         0.1,
-        "While a generation runs, the most of the time new requests' intake (validation, admission, "
-        "tokenizing) may take: they pass one at a time, each after a pause in proportion to the one before, "
-        "so a flood of requests (or of clients that drop them at once) cannot starve the running batch of "
-        "the interpreter lock (0 or 1: no pacing)",
+        "The most of the time that requests whose clients leave before their answer may take while a "
+        "generation runs: each is charged the time it held the server (up to 20 ms), and new requests wait "
+        "at the intake gate for that time x (1 - share) / share, so clients that drop requests as fast as "
+        "the server answers cannot starve the running batch of the interpreter lock (0 or 1: off)",
     ),
     Setting("MILLM_MAX_BODY_BYTES", int, 4 * 1024 * 1024, "Largest request body accepted (413 above)"),
     Setting("MILLM_FILES_MAX_BYTES", int, 200 * 1024 * 1024, "Largest file POST /v1/files accepts (413 above)"),

@@ -1,6 +1,8 @@
-"""The intake gate (``millm_host/intake.py``): while a generation runs, requests pass one at a time,
-each after a pause in proportion to the intake before it; idle, it is open; a request whose client
-leaves gives up its turn. The drop storm it answers is measured by ``bench/drop_storm.py``."""
+"""The intake gate (``millm_host/intake.py``): a request whose client leaves before its answer is
+charged the time it held the server; while a generation runs, new requests wait until that charge
+(times ``(1 - share) / share``) has passed, in the order they came. Idle, the gate is open; a
+request whose client leaves while it waits gives up its turn. The drop storm it answers is
+measured by ``bench/drop_storm.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import asyncio
 import threading
 import time
 
-from millm_host.intake import LONGEST_COUNTED_S, IntakeGate
+from millm_host.intake import LONGEST_CHARGED_S, IntakeGate
 
 
 class Flag:
@@ -19,64 +21,75 @@ class Flag:
         return self.value
 
 
-def test_idle_gate_lets_everyone_pass_at_once():
+def test_requests_that_are_answered_cost_the_ones_behind_them_nothing():
     async def main() -> None:
-        gate = IntakeGate(0.1, Flag(False))
-        tokens = await asyncio.gather(*(gate.enter(threading.Event()) for _ in range(50)))
-        assert tokens == [None] * 50  # nothing to give back, nothing counted
-        assert gate.paced == gate.passed == 0
-
-    asyncio.run(main())
-
-
-def test_share_of_one_or_zero_turns_pacing_off():
-    async def main() -> None:
-        for share in (0.0, 1.0):
-            gate = IntakeGate(share, Flag(True))
-            assert await gate.enter(threading.Event()) is None
-
-    asyncio.run(main())
-
-
-def test_while_generating_requests_pass_one_at_a_time_with_a_pause_after_each():
-    share, intake_s = 0.5, 0.01  # a pause as long as the intake before it
-
-    async def request(gate: IntakeGate, spans: list[tuple[float, float]]) -> None:
-        token = await gate.enter(threading.Event())
-        assert token is not None
+        gate = IntakeGate(0.1, Flag(True))
         began = time.monotonic()
-        await asyncio.sleep(intake_s)  # its intake
-        gate.done(token)
-        spans.append((began, time.monotonic()))
+        await asyncio.gather(*(gate.enter(threading.Event()) for _ in range(50)))
+        assert time.monotonic() - began < 1  # no pause without a charge (a loose bound: nothing waits)
+        assert gate.paced == 0
+
+    asyncio.run(main())
+
+
+def test_a_charge_closes_the_gate_for_its_share_while_generating():
+    share, held_s = 0.5, 0.01  # closed as long as the dropped request held the server
 
     async def main() -> None:
         gate = IntakeGate(share, Flag(True))
-        spans: list[tuple[float, float]] = []
-        await asyncio.gather(*(request(gate, spans) for _ in range(5)))
-        assert gate.passed == 5 and gate.paced == 4  # the first found the gate open
-        for (_, ended), (began, _) in zip(spans, spans[1:], strict=False):
-            took = min(intake_s, LONGEST_COUNTED_S)
-            # never two at once, and the next only after the pause (a lower bound: later is allowed)
-            assert began >= ended + took * (1 - share) / share - 0.002
+        gate.charge(held_s)
+        closed_until = time.monotonic() + held_s * (1 - share) / share
+        await gate.enter(threading.Event())
+        assert time.monotonic() >= closed_until - 0.001  # a lower bound: later is allowed
+        assert gate.paced == 1 and gate.charged == 1
 
     asyncio.run(main())
 
 
-def test_a_request_whose_client_left_gives_up_its_turn_and_the_next_goes_on():
+def test_charges_add_up_and_a_long_one_is_charged_as_the_longest():
+    async def main() -> None:
+        gate = IntakeGate(0.5, Flag(True))
+        began = time.monotonic()
+        for _ in range(3):
+            gate.charge(10.0)  # a request that held the server for ten seconds, then lost its client
+        await gate.enter(threading.Event())
+        waited = time.monotonic() - began
+        assert waited >= 3 * LONGEST_CHARGED_S - 0.001
+        assert waited < 3 * LONGEST_CHARGED_S + 1  # not ten seconds (a loose bound)
+
+    asyncio.run(main())
+
+
+def test_idle_or_with_pacing_off_the_gate_is_open():
+    async def main() -> None:
+        idle = IntakeGate(0.1, Flag(False))
+        idle.charge(LONGEST_CHARGED_S)
+        off = IntakeGate(1.0, Flag(True))
+        off.charge(LONGEST_CHARGED_S)
+        await asyncio.wait_for(asyncio.gather(idle.enter(threading.Event()), off.enter(threading.Event())), 0.05)
+        assert idle.paced == off.paced == 0 and off.charged == 0
+
+    asyncio.run(main())
+
+
+def test_waiters_pass_in_order_and_one_whose_client_left_gives_up_its_turn():
     async def main() -> None:
         gate = IntakeGate(0.1, Flag(True))
-        first = await gate.enter(threading.Event())  # in its intake: the others wait
-        gone, staying = threading.Event(), threading.Event()
-        waiting_gone = asyncio.ensure_future(gate.enter(gone))
-        waiting_staying = asyncio.ensure_future(gate.enter(staying))
-        await asyncio.sleep(0.005)
-        gone.set()  # that client left while it waited
-        gate.done(first)
-        assert await waiting_gone is None  # no turn: the caller refuses it as cancelled
-        token = await waiting_staying
-        assert token is not None
-        gate.done(token)
-        assert gate.left == 1 and gate.passed == 2
+        gate.charge(LONGEST_CHARGED_S)  # closed for 180 ms
+        passed: list[int] = []
+        cancels = [threading.Event() for _ in range(4)]
+
+        async def request(index: int) -> None:
+            await gate.enter(cancels[index])
+            if not cancels[index].is_set():
+                passed.append(index)
+
+        waiting = [asyncio.ensure_future(request(i)) for i in range(4)]
+        await asyncio.sleep(0.01)
+        cancels[2].set()  # that client left while it waited
+        await asyncio.gather(*waiting)
+        assert passed == [0, 1, 3]
+        assert gate.left == 1 and gate.paced == 4
 
     asyncio.run(main())
 
@@ -84,10 +97,8 @@ def test_a_request_whose_client_left_gives_up_its_turn_and_the_next_goes_on():
 def test_the_gate_opens_when_the_generation_ends():
     async def main() -> None:
         generating = Flag(True)
-        gate = IntakeGate(0.01, generating)  # a pause of 99 intakes
-        first = await gate.enter(threading.Event())
-        await asyncio.sleep(LONGEST_COUNTED_S)
-        gate.done(first)  # the next would wait ~2 s for its turn
+        gate = IntakeGate(0.01, generating)
+        gate.charge(LONGEST_CHARGED_S)  # closed for ~2 s
         waiting = asyncio.ensure_future(gate.enter(threading.Event()))
         await asyncio.sleep(0.01)
         assert not waiting.done()
@@ -97,14 +108,21 @@ def test_the_gate_opens_when_the_generation_ends():
     asyncio.run(main())
 
 
-def test_a_slow_intake_does_not_hold_back_the_next_for_longer_than_it_counts():
+def test_a_connection_whose_last_request_was_answered_passes_at_once_until_it_drops_one():
     async def main() -> None:
-        gate = IntakeGate(0.5, Flag(True))
-        slow = await gate.enter(threading.Event())  # never done while the next waits (a stuck hook)
-        began = time.monotonic()
-        nxt = await asyncio.wait_for(gate.enter(threading.Event()), 1.0)
-        assert nxt is not None and time.monotonic() - began >= LONGEST_COUNTED_S - 0.002
-        gate.done(slow)
-        gate.done(nxt)
+        gate = IntakeGate(0.1, Flag(True))
+        kept, fresh = ("127.0.0.1", 50001), ("127.0.0.1", 50002)
+        gate.answered(kept)  # its client read its answer: it kept the connection
+        gate.charge(LONGEST_CHARGED_S, fresh)  # a drop on another connection closes the gate for 180 ms
+        await asyncio.wait_for(gate.enter(threading.Event(), kept), 0.05)
+        assert gate.paced == 0
+        waiting = asyncio.ensure_future(gate.enter(threading.Event(), fresh))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # a new connection waits
+        gate.charge(0.0, kept)  # the kept connection's client dropped a request: it waits like the rest now
+        other = asyncio.ensure_future(gate.enter(threading.Event(), kept))
+        await asyncio.sleep(0.01)
+        assert not other.done()
+        await asyncio.wait_for(asyncio.gather(waiting, other), 1.0)
 
     asyncio.run(main())

@@ -73,11 +73,12 @@ class Inference(ResponseModel):
         description="Generations cancelled (their client gone) before they entered the batch, since the model loaded",
     )
     steps: int | None = Field(default=None, description="Batched decode steps run since the model loaded")
-    intake_paced: int = Field(
+    intake_charged: int = Field(
         default=0,
-        description="Requests that waited for their turn at the intake gate (MILLM_INTAKE_SHARE: while a "
-        "generation runs, new requests' intake is paced) since the server started",
+        description="Requests whose client left before their answer, each charged its intake: while a generation "
+        "runs, new requests then wait at the intake gate (MILLM_INTAKE_SHARE), since the server started",
     )
+    intake_paced: int = Field(default=0, description="Requests that found the intake gate closed and waited")
     intake_left: int = Field(
         default=0,
         description="Requests whose client left while they waited at the intake gate (they cost nothing more)",
@@ -106,6 +107,7 @@ def inference_report(host: HealthHost) -> dict[str, Any]:
         "batched": report.get("batched", 0),
         "left_waiting": report.get("left_waiting", 0),
         "steps": report.get("steps"),
+        "intake_charged": host.intake.charged,
         "intake_paced": host.intake.paced,
         "intake_left": host.intake.left,
         "serial_reasons": dict(report.get("serial_reasons", {})),

@@ -16,6 +16,7 @@ import falcon
 from falcon.asgi import SSEvent
 
 from ..bodies.encode import encoded, is_large
+from ..intake import CONNECTION
 from ..openapi import Operation
 from ..scheduler import TICK
 from ..serving.base import Chunks, ClientGone
@@ -48,7 +49,12 @@ class ServingResource:
         body = await read_json(req, self.host.settings)
         # a client that leaves cancels its request, streamed or not
         serving = self.host.serving[self.endpoint]
-        result = await serving.observed(body, lower_headers(req), gone=client_gone(req))
+        client = req.scope.get("client")  # the connection (address, port): the intake gate knows answered ones
+        token = CONNECTION.set(tuple(client) if client else None)
+        try:
+            result = await serving.observed(body, lower_headers(req), gone=client_gone(req))
+        finally:
+            CONNECTION.reset(token)
         resp.set_headers(result.headers)
         if result.stream is not None:
             resp.sse = _events(result.stream, named=serving.named_events)

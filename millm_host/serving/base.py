@@ -20,6 +20,7 @@ everything else on the event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +32,7 @@ from ..context import Endpoint, RequestContext
 from ..errors import ClientDisconnected, MillmError, RequestCancelled
 from ..fields import check_fields, strict_mode
 from ..headers import serialize_string_list
+from ..intake import CONNECTION
 from ..observability.request import CURRENT
 from ..openapi import Operation
 from ..output import ResponseExtra
@@ -174,21 +176,32 @@ class Serving:
     async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
         """Everything after the context is built: watch the client, prepare, respond."""
         watcher = watch_client(ctx, gone)
-        intake, turn = self.host.intake, None
+        intake, connection, began = self.host.intake, CONNECTION.get(), None
         try:
             if not BACKGROUND.get():  # the Batch API's own lines are the batch's rows, not new clients
-                turn = await intake.enter(ctx.cancel_event)
-            if ctx.cancel_event.is_set():  # its client left while it waited for its turn
+                await intake.enter(ctx.cancel_event, connection)
+            if ctx.cancel_event.is_set():  # its client left while it waited at the gate
                 raise RequestCancelled()
+            began = time.monotonic()
             admission = await self.prepare(ctx)
         except BaseException as exc:
-            intake.done(turn)
             if watcher is not None:
                 watcher.cancel()
             if isinstance(exc, RequestCancelled):
+                if began is not None:  # its client left during its intake
+                    intake.charge(time.monotonic() - began, connection)
                 raise ClientDisconnected("the client went away before the request was prepared") from None
             raise
-        intake.done(turn)
+        if watcher is not None:
+            # a client that leaves before its answer is charged the time it held the server; one that stays
+            # has proved its connection
+            def settle(task: asyncio.Future) -> None:
+                if task.cancelled():
+                    intake.answered(connection)
+                else:
+                    intake.charge(time.monotonic() - began, connection)
+
+            watcher.add_done_callback(settle)
         return await self.respond(ctx, admission, watcher)
 
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:

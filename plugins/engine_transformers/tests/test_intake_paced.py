@@ -3,8 +3,9 @@
 A real ``millm serve`` on the tiny model, continuous batching. One long generation runs;
 two clients open streamed completions and drop each once its headers arrive, again and
 again (the drop storm of issue 35 §2), and raw sockets send whole requests and close at
-once. The intake gate (``millm_host/intake.py``) lets them in one at a time with a pause
-after each (``intake_paced`` in ``/api/health/inference``); the long generation finishes,
+once. The intake gate (``millm_host/intake.py``) charges each dropped request the time it
+held the server and keeps new requests waiting for that long times nine (``intake_charged``
+and ``intake_paced`` in ``/api/health/inference``); the long generation finishes,
 the queue empties, and the server answers at once afterwards. The throughput the steady
 clients keep beside such a storm is measured by ``bench/drop_storm.py``.
 """
@@ -43,7 +44,7 @@ def test_a_drop_storm_beside_a_running_generation_is_paced_and_leaves_nothing_be
     runner = threading.Thread(target=long_generation)
     runner.start()
     wait_until(lambda: inference(server)["running"] == 1, "the long generation to run", interval=0.01)
-    drop_body = {"model": model, "prompt": "Tell me a story", "max_tokens": 50, "stream": True}
+    drop_body = {"model": model, "prompt": "Tell me a story", "max_tokens": 200, "stream": True}
     statuses: list[int] = []
 
     def dropper() -> None:
@@ -65,7 +66,8 @@ def test_a_drop_storm_beside_a_running_generation_is_paced_and_leaves_nothing_be
     assert statuses == [200] * (2 * DROPS_EACH)
     assert long_answer[0].status_code == 200, long_answer[0].text
     assert long_answer[0].json()["usage"]["completion_tokens"] == 400
-    assert during["intake_paced"] > before["intake_paced"]  # they waited for their turns
+    assert during["intake_charged"] - before["intake_charged"] >= 2 * DROPS_EACH  # each drop was charged
+    assert during["intake_paced"] > before["intake_paced"]  # and the requests after it waited
     wait_until(lambda: inference(server)["admitted"] == 0, "every dropped request to leave", interval=0.01)
     after = inference(server)
     assert after["waiting"] == 0 and after["running"] == 0
@@ -73,7 +75,8 @@ def test_a_drop_storm_beside_a_running_generation_is_paced_and_leaves_nothing_be
     assert answer.status_code == 200, answer.text
     print(
         f"{2 * DROPS_EACH} streams dropped at their headers and 10 requests sent and dropped beside a "
-        f"400-token generation: {after['intake_paced'] - before['intake_paced']} paced at intake, "
+        f"400-token generation: {after['intake_charged'] - before['intake_charged']} charged, "
+        f"{after['intake_paced'] - before['intake_paced']} paced at intake, "
         f"{after['intake_left'] - before['intake_left']} left while waiting, "
         f"{after['batched'] - before['batched']} entered the batch"
     )
