@@ -16,7 +16,7 @@ server on loopback needs against web pages its operator visits:
   (``Origin`` not this server nor a CORS origin) is refused with ``403``: this
   covers the body-less POST (``fetch(url, {method: "POST", mode: "no-cors"})``).
 
-Keys (``Authorization: Bearer <key>``, as OpenAI clients send) are optional:
+Keys (``Authorization: Bearer <key>``, as OpenAI clients send, or ``X-Api-Key: <key>``, as Anthropic's do) are optional:
 
 - ``MILLM_API_KEYS`` guards ``/v1`` (and ``/tokenize``, ``/detokenize``); admin keys are accepted there too.
 - ``MILLM_ADMIN_API_KEYS`` guards everything else (every ``/api`` route, reads
@@ -149,7 +149,7 @@ class Access:
             return  # a CORS preflight carries no credentials; it changes nothing
         keys = self.keys_for(req.path)
         if keys is not None:
-            check_key(req.get_header("Authorization"), keys)
+            check_key(authorization(req), keys)
         if method in STATE_CHANGING:
             origin = req.get_header("Origin")
             if origin is not None and not self.origin_allowed(origin, host):
@@ -173,6 +173,13 @@ class Access:
         origin = req.get_header("Origin")
         if origin is not None and not self.origin_allowed(origin, host):
             raise CrossOriginRefused(f"a WebSocket from origin {origin!r} is refused", param="Origin")
+
+
+def authorization(req) -> str | None:
+    """``Authorization``, or Anthropic's ``X-Api-Key: <key>`` (what its SDKs send) read as ``Bearer <key>``."""
+    value = req.get_header("Authorization")
+    key = req.get_header("X-Api-Key")
+    return f"Bearer {key}" if value is None and key else value
 
 
 def _is_multipart(req) -> bool:

@@ -43,6 +43,7 @@ from .serving.base import Serving
 from .serving.chat import ServingChat
 from .serving.completion import ServingCompletion
 from .serving.embeddings import ServingEmbeddings
+from .serving.messages_api import ServingCountTokens, ServingMessages
 from .serving.responses_api import ServingResponses
 from .serving.tokens import ServingDetokenize, ServingTokenize
 from .settings import Settings
@@ -104,6 +105,8 @@ class Host:
             )
         }
         self.serving[ServingResponses.route] = ServingResponses(self)  # served as chat, under its own route
+        self.serving[ServingMessages.route] = ServingMessages(self)  # Anthropic's, served as chat too
+        self.serving[ServingCountTokens.route] = ServingCountTokens(self)
         #: Each plugin's per-host object under its own key (``host.state["steering"]``), made at
         #: ``startup``; like ``ctx.state``, a plugin never reads another's.
         self.state: dict[str, Any] = {}

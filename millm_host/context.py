@@ -38,6 +38,8 @@ class SequenceOutput:
     logprobs: list[Any] | None = None
     #: Prompt tokens the engine found already computed (its prompt cache); None: it does not say.
     cached_tokens: int | None = None
+    #: The stop sequence (``stop``) that ended the text; None when none did.
+    stop_sequence: str | None = None
 
 
 @dataclass

@@ -85,6 +85,10 @@ class Operation:
     media_type: str = "application/json"
     #: A ``multipart/form-data`` body instead of JSON (``POST /v1/files``).
     form: type[BaseModel] | None = None
+    #: The model of every refusal (None: OpenAI's ``ErrorResponse``; ``/v1/messages`` answers Anthropic's shape).
+    error: type[BaseModel] | None = None
+    #: Whether a stream ends with ``data: [DONE]`` (OpenAI's chunks do; named events do not).
+    stream_done: bool = True
 
 
 def operation(
@@ -187,6 +191,7 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
             *(op.response or ()),
             *((op.stream,) if op.stream else ()),
             *((op.form,) if op.form else ()),
+            *((op.error,) if op.error else ()),
         ):
             model = merged.get(model, model) if op.request and model in op.request else model
             if model not in models:
@@ -234,11 +239,11 @@ def openapi_document(routes: Iterable[tuple[Route, str]], inputs: DocumentInputs
                 "schema": {
                     **ref(op.stream),
                     "description": f"With stream: true, server-sent events: each data: line is one "
-                    f"{op.stream.__name__}, then data: [DONE]",
+                    f"{op.stream.__name__}" + (", then data: [DONE]" if op.stream_done else ""),
                 }
             }
         success["content"] = content
-        errors = _error_responses(route.template, method, op, inputs, ref(ErrorResponse))
+        errors = _error_responses(route.template, method, op, inputs, ref(op.error or ErrorResponse))
         entry["responses"] = {str(op.status): success, **errors}
         paths.setdefault(route.template, {})[method.lower()] = entry
     return {

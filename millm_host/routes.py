@@ -80,6 +80,8 @@ def install(app: falcon.asgi.App, host: RoutesHost) -> None:
     add_route("/tokenize", ServingResource(host, "tokenize"))  # vLLM's paths, outside /v1
     add_route("/detokenize", ServingResource(host, "detokenize"))
     add_route("/v1/responses", ServingResource(host, "responses"))
+    add_route("/v1/messages", ServingResource(host, "messages"))  # Anthropic's Messages API
+    add_route("/v1/messages/count_tokens", ServingResource(host, "messages.count_tokens"))
     add_route("/v1/models", OpenAIModels(host))
     add_route("/v1/models/{model_id}", OpenAIModel(host))
     health = Health(host)

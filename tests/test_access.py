@@ -76,6 +76,18 @@ def test_v1_takes_an_api_key_or_an_admin_key(guarded, model_id, key):
     assert reply.status_code == 200, reply.text
 
 
+def test_anthropics_x_api_key_is_a_key_too(guarded, model_id):
+    """Anthropic's SDKs send ``X-Api-Key``; ``/v1/messages`` refuses a wrong one in Anthropic's shape."""
+    body = {"model": model_id, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    with guarded.http() as http:
+        assert http.get("/v1/models", headers={"X-Api-Key": USER_KEY}).status_code == 200
+        assert http.post("/v1/messages", headers={"X-Api-Key": USER_KEY}, json=body).status_code == 200
+        wrong = http.post("/v1/messages", headers={"X-Api-Key": "wrong"}, json=body)
+        both = http.post("/v1/messages", headers={"X-Api-Key": USER_KEY, **bearer("wrong")}, json=body)
+    assert wrong.status_code == both.status_code == 401  # Authorization, when sent, is the one checked
+    assert wrong.json()["type"] == "error" and wrong.json()["error"]["type"] == "authentication_error"
+
+
 def test_the_openai_sdk_sends_its_key(guarded, model_id):
     with pytest.raises(openai.AuthenticationError):
         guarded.openai().models.list()  # api_key="not-needed"

@@ -72,14 +72,15 @@ def _nodes(app):
 
 
 def test_every_operation_is_described(document):
-    """A summary, a typed success body, and only errors in OpenAI's shape."""
+    """A summary, a typed success body, and only errors in OpenAI's shape (Anthropic's on its Messages API)."""
     for path, ops in document["paths"].items():
+        shape = "MessagesErrorResponse" if path.startswith("/v1/messages") else "ErrorResponse"
         for method, op in ops.items():
             assert op.get("summary"), f"{method} {path} is not described (@operation on its responder)"
             for status, response in op["responses"].items():
                 if int(status) >= 400:
                     schema = response["content"]["application/json"]["schema"]
-                    assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (method, path, status)
+                    assert schema == {"$ref": f"#/components/schemas/{shape}"}, (method, path, status)
 
 
 def test_request_schemas_carry_the_plugins_fields(document):
@@ -145,3 +146,23 @@ def test_real_responses_match_the_document(full_app, document):
     assert chunks
     for chunk in chunks:
         _holds(document, chunk, "/v1/chat/completions", "post", 200, "text/event-stream")
+
+
+def test_real_messages_responses_match_the_document(full_app, document):
+    """Anthropic's Messages API: the message, its stream's events, the count and a refusal, as documented."""
+    model = full_app.model_id
+    body = {"model": model, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    with full_app.http() as http:
+        message = http.post("/v1/messages", json=body)
+        count = http.post("/v1/messages/count_tokens", json={"model": model, "messages": body["messages"]})
+        refused = http.post("/v1/messages", json={**body, "max_tokens": "3"})
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True}) as stream:
+            events = list(sse_events(stream))
+    assert message.status_code == count.status_code == 200
+    _holds(document, message.json(), "/v1/messages", "post", 200)
+    _holds(document, count.json(), "/v1/messages/count_tokens", "post", 200)
+    assert refused.status_code == 400
+    _holds(document, refused.json(), "/v1/messages", "post", 400)
+    assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+    for event in events:
+        _holds(document, event, "/v1/messages", "post", 200, "text/event-stream")

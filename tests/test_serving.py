@@ -29,8 +29,11 @@ def test_every_endpoint_has_one_serving(echo_app):
         "tokenize",
         "detokenize",
         "responses",
+        "messages",
+        "messages.count_tokens",
     }
-    # /v1/responses is served as a chat completion (its context's endpoint), under a route of its own
+    # /v1/responses and /v1/messages are served as chat completions (their context's endpoint), under routes
+    # of their own
     assert all(getattr(serving, "route", serving.endpoint) == name for name, serving in echo_app.host.serving.items())
 
 

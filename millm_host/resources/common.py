@@ -14,6 +14,7 @@ import falcon.asgi
 from ..access import check_media_type
 from ..bodies.read import parse_json_body
 from ..errors import InternalError, MillmError
+from ..serving.messages_api.errors import error_body as messages_error, is_messages_path
 from ..settings import Settings
 
 log = logging.getLogger("millm.http")
@@ -61,11 +62,12 @@ def lower_headers(req: falcon.asgi.Request) -> dict[str, str]:
     return {k.lower(): v for k, v in req.headers.items()}
 
 
-def render_error(resp: falcon.asgi.Response, error: MillmError) -> None:
-    """The error in OpenAI's shape; every 503 says when to retry (``Retry-After``)."""
+def render_error(resp: falcon.asgi.Response, error: MillmError, path: str = "") -> None:
+    """The error in OpenAI's shape (in Anthropic's on ``path`` ``/v1/messages``); every 503 says when to
+    retry (``Retry-After``)."""
     resp.status = error.status
     resp.content_type = falcon.MEDIA_JSON
-    resp.text = json.dumps({"error": error.to_dict()})
+    resp.text = json.dumps(messages_error(error) if is_messages_path(path) else {"error": error.to_dict()})
     if error.status == 503:
         resp.set_header("Retry-After", str(error.retry_after))
     for name, value in error.headers.items():
@@ -82,7 +84,7 @@ async def handle_millm_error(req, resp, ex: MillmError, params, ws=None) -> None
     if ws is not None:
         await close_websocket(ws, ex.status)
         return
-    render_error(resp, ex)
+    render_error(resp, ex, req.path)
 
 
 async def handle_http_error(req, resp, ex: falcon.HTTPError, params, ws=None) -> None:
@@ -96,6 +98,7 @@ async def handle_http_error(req, resp, ex: falcon.HTTPError, params, ws=None) ->
     render_error(
         resp,
         MillmError(message, code=code, status=status, type="invalid_request_error" if status < 500 else "server_error"),
+        req.path,
     )
     headers = ex.headers or {}
     for name, value in headers.items() if isinstance(headers, Mapping) else headers:
@@ -110,7 +113,7 @@ async def handle_unexpected(req, resp, ex: Exception, params, ws=None) -> None:
     if ws is not None:
         await close_websocket(ws, 500)
         return
-    render_error(resp, InternalError(f"internal error: {type(ex).__name__}"))
+    render_error(resp, InternalError(f"internal error: {type(ex).__name__}"), req.path)
 
 
 class JsonResource:

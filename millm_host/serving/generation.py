@@ -59,6 +59,13 @@ def flatten(results: Iterable[Any]) -> list[Any]:
     return items
 
 
+def matched_stop(text: str, stops: list[str], at: int) -> str | None:
+    """The stop sequence that ended ``text`` (the whole generation decoded), which the assembler cut at ``at``."""
+    found = [(text.find(stop, max(at - len(stop), 0)), i, stop) for i, stop in enumerate(stops) if stop]
+    hits = sorted((position, i, stop) for position, i, stop in found if position >= 0)
+    return hits[0][2] if hits else None
+
+
 def _nothing() -> Generator[int, None, None]:
     """No tokens: what a generation of ``max_tokens: 0`` reads."""
     yield from ()
@@ -230,6 +237,9 @@ class GenerationJob:
                     self._send(out, delta, seq_filters)
                 if assembler.stopped:
                     finish = "stop"
+                    out.stop_sequence = matched_stop(
+                        engine.decode(out.token_ids), ctx.params.stop_list, len(assembler.text)
+                    )
                     break
                 if len(out.token_ids) >= params.max_tokens:
                     break

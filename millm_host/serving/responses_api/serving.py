@@ -10,16 +10,14 @@ A refusal names the location in the Responses body (``text.format``, not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ...context import RequestContext
-from ...errors import MillmError
 from ...fields import strict_mode
 from ...openapi import Operation
 from ..base import ClientGone, Result
 from ..chat import ServingChat
+from ..renamed import named_as_sent
 from .events import response_events
 from .protocol import ResponseObject, ResponsesRequest, ResponseStreamEvent
 from .render import from_completion
@@ -42,6 +40,7 @@ class ServingResponses(ServingChat):
             response=(ResponseObject,),
             stream=ResponseStreamEvent,
             errors=self.refusals,
+            stream_done=False,
         )
 
     def scoring_for(self, body: dict[str, Any]) -> None:
@@ -51,7 +50,7 @@ class ServingResponses(ServingChat):
     def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
         """The chat completion's context, built from the translated body (worker thread)."""
         translation = translate(body, strict_mode(headers))
-        with _named_in_responses_terms(translation):
+        with named_as_sent(translation.param):
             ctx = super().build_context(translation.chat, headers)
         ctx.plan = translation
         ctx.unused_fields = [*translation.reported, *ctx.unused_fields]
@@ -60,24 +59,9 @@ class ServingResponses(ServingChat):
     async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
         """The chat completion, rendered as a Responses object or its stream of events."""
         translation: Translation = ctx.plan
-        with _named_in_responses_terms(translation):
+        with named_as_sent(translation.param):
             result = await super().serve(ctx, gone)
         if result.stream is not None:
             return Result(headers=result.headers, stream=response_events(result.stream, ctx, translation))
         assert result.body is not None
         return Result(headers=result.headers, body=from_completion(ctx, translation, result.body))
-
-
-@contextmanager
-def _named_in_responses_terms(translation: Translation) -> Iterator[None]:
-    """A refusal names the Responses body's field (``text.format``), not the chat body's it became."""
-    try:
-        yield
-    except MillmError as exc:
-        if exc.param is not None:
-            renamed = translation.param(exc.param)
-            if renamed != exc.param:  # the message names the chat field too: name the Responses one
-                exc.message = exc.message.replace(exc.param, renamed or "", 1)
-                exc.args = (exc.message,)
-            exc.param = renamed
-        raise

@@ -1,0 +1,122 @@
+"""A streamed chat completion as Anthropic's Messages stream events.
+
+``message_start`` first (the message with no content, its ``input_tokens``
+known); then a block at a time: ``content_block_start``, its
+``content_block_delta``s (``text_delta`` for text, ``input_json_delta`` for a
+tool call's input, sent as it is generated) and ``content_block_stop``; last
+``message_delta`` (``stop_reason``, ``stop_sequence``, ``usage``, and the
+plugins' extras such as ``millm_probe_verdicts``) and ``message_stop``. A
+keep-alive is a ``ping``. An error the chat stream ends with becomes an
+``error`` event, and the stream ends there. No ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...context import RequestContext
+from ..base import Chunks
+from .errors import stream_error
+from .render import CHAT_KEYS, message, stop_reason, stop_sequence, usage
+
+PING = {"type": "ping"}
+
+
+class _Events:
+    """The state of one stream: the open block, the calls' block indexes, what was said."""
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+        self.blocks = 0  # blocks opened so far (the next one's index)
+        self.open: int | None = None  # the open block's index
+        self.text_open = False  # the open block is text (else a tool call)
+        self.calls: dict[int, int] = {}  # chat tool call index -> block index
+        self.finish_reason: str | None = None
+        self.extras: dict[str, Any] = {}
+
+    def start(self) -> dict[str, Any]:
+        snapshot = message(self.ctx, [], None)
+        snapshot["usage"]["output_tokens"] = 0
+        return {"type": "message_start", "message": snapshot}
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.open is None:
+            return []
+        index, self.open, self.text_open = self.open, None, False
+        return [{"type": "content_block_stop", "index": index}]
+
+    def begin(self, block: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self.close()
+        self.open, self.blocks = self.blocks, self.blocks + 1
+        events.append({"type": "content_block_start", "index": self.open, "content_block": block})
+        return events
+
+    def add_text(self, text: str) -> list[dict[str, Any]]:
+        events = [] if self.text_open else self.begin({"type": "text", "text": ""})
+        self.text_open = True
+        events.append(
+            {"type": "content_block_delta", "index": self.open, "delta": {"type": "text_delta", "text": text}}
+        )
+        return events
+
+    def add_call(self, fragment: dict[str, Any]) -> list[dict[str, Any]]:
+        """A chat ``tool_calls`` delta entry: the first of an index opens a ``tool_use`` block, later ones add input."""
+        index = fragment.get("index", len(self.calls))
+        function = fragment.get("function") or {}
+        events: list[dict[str, Any]] = []
+        if index not in self.calls:
+            block = {"type": "tool_use", "id": fragment.get("id"), "name": function.get("name", ""), "input": {}}
+            events.extend(self.begin(block))
+            self.calls[index] = self.blocks - 1
+        arguments = function.get("arguments") or ""
+        if arguments:
+            delta = {"type": "input_json_delta", "partial_json": arguments}
+            events.append({"type": "content_block_delta", "index": self.calls[index], "delta": delta})
+        return events
+
+    def chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        self.extras.update({k: v for k, v in chunk.items() if k not in CHAT_KEYS})
+        events: list[dict[str, Any]] = []
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                events.extend(self.add_text(delta["content"]))
+            for fragment in delta.get("tool_calls") or ():
+                events.extend(self.add_call(fragment))
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return events
+
+    def finish(self) -> list[dict[str, Any]]:
+        events = self.close()
+        ctx = self.ctx
+        final = {"stop_reason": stop_reason(ctx, self.finish_reason or "stop"), "stop_sequence": stop_sequence(ctx)}
+        events.append({"type": "message_delta", "delta": final, "usage": usage(ctx), **self.extras})
+        events.append({"type": "message_stop"})
+        return events
+
+
+async def message_events(chunks: Chunks, ctx: RequestContext) -> Chunks:
+    """The Messages events for a chat stream (see the module docstring); closes ``chunks`` when it ends."""
+    state = _Events(ctx)
+    try:
+        yield state.start()
+        async for item in chunks:
+            if item is None:
+                yield PING  # lets the server notice a client that went away
+                continue
+            if isinstance(item, str):  # "[DONE]": the Messages stream has no such line
+                continue
+            if "error" in item:
+                yield stream_error(item["error"])
+                return
+            for event in state.chunk(item):
+                yield event
+        if ctx.interrupted == "client_disconnected":
+            return  # nobody reads what would follow
+        for event in state.finish():
+            yield event
+    finally:
+        await chunks.aclose()
