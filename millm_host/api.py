@@ -52,6 +52,10 @@ What is here:
   ``caller_trace(headers)``: a valid W3C ``traceparent``'s (trace id, parent id).
 - Replicas and admin work (``services``): ``add_converger``, ``converge_soon``,
   ``replica_alone`` and ``admin_activity`` (what ``/api/health`` reports while it runs).
+- Reasoning output (``millm_host.reasoning``): ``Markers`` (a model's thinking markers),
+  ``model_markers(mode, chat_template)`` (those ``MILLM_REASONING`` splits a model's replies on;
+  a live chat's are ``ctx.reasoning.markers``), ``reasoning_span(engine, prompt, generated,
+  markers)`` (where the thinking block lies among a reply's tokens, a ``ReasoningSpan``).
 - Batch lines for a plugin's route (hook ``register_batch_endpoints``): ``BatchEndpoint``
   (what ``register(url, endpoint)`` takes: ``precheck`` and ``observed``) and
   ``BatchResult`` (what ``observed`` returns for a line: ``body``, ``headers``, ``request_id``).
@@ -156,6 +160,7 @@ from .paging import page as list_page
 from .paths import confined_path, plain_name
 from .plugin_host import EngineSlot, PluginHost, PluginMetrics
 from .protocol import ChatMessage, ResponseModel, message_text
+from .reasoning import Markers, ReasoningSpan, model_markers, reasoning_span
 from .registry import available_memory
 from .resources.common import JsonResource, lower_headers, read_body, read_json
 from .response_bodies import ErrorResponse
@@ -227,6 +232,10 @@ __all__ = [
     "JsonResource",
     "LayerHook",
     "LogitsProcessorFactory",
+    "Markers",
+    "ReasoningSpan",
+    "model_markers",
+    "reasoning_span",
     "MillmError",
     "ModelBusy",
     "ModelDescriptor",

@@ -40,6 +40,11 @@ class SequenceOutput:
     cached_tokens: int | None = None
     #: The stop sequence (``stop``) that ended the text; None when none did.
     stop_sequence: str | None = None
+    #: The reply's thinking block, split from ``text`` (``millm_host.reasoning``); None: it had none, or the
+    #: model does not think.
+    reasoning: str | None = None
+    #: Generated tokens up to the one that ended the block (all of them while it is open); 0 without one.
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -92,6 +97,11 @@ class RequestContext:
     #: Tools passed to the chat template (set by a plugin that honours ``tools``).
     chat_tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: For chat with a model that thinks: its markers (``reasoning.Markers``) and, per prompt, whether the
+    #: prompt opened the block (set by the host when it tokenizes); None: replies are not split.
+    reasoning: Any = None
+    #: ``include_reasoning`` (default true): the reply carries the block; false drops it (still split off).
+    include_reasoning: bool = True
     sampling: SamplingParams | None = None
     #: Every plugin's layer hooks for this generation, as ``before_forward`` returned them (set by
     #: the host before the first pass): a monitor reads from them whether anything writes upstream.

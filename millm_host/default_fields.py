@@ -35,6 +35,7 @@ CHAT_FIELDS = (
     *(f"messages[].{f}" for f in _MESSAGE),
     "extra_messages",
     *(f"extra_messages[][].{f}" for f in _MESSAGE),
+    "include_reasoning",  # a model that thinks: whether the reply carries its block (``millm_host.reasoning``)
 )
 COMPLETION_FIELDS = (*_SAMPLING, "prompt", "add_special_tokens", "echo")
 EMBEDDINGS_FIELDS = ("model", "input", "encoding_format", "normalize")

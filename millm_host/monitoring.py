@@ -49,7 +49,8 @@ class MonitoredRequest:
     _texts: dict[str, WindowText] = field(default_factory=dict)
 
     def window(self, name: str) -> WindowText:
-        """The text of ``name`` (``all``, ``prompt``, ``response``, ``last_user``), decoded once."""
+        """The text of ``name`` (``all``, ``prompt``, ``response``, ``last_user``, ``reasoning``, ``answer``),
+        decoded once."""
         if name not in self._texts:
             self._texts[name] = self.read_window(name)
         return self._texts[name]

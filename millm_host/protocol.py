@@ -142,6 +142,10 @@ class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1), FAIL_FAST]
     logprobs: bool | None = Field(default=None, description="Return each generated token's log-probability")
     top_logprobs: TopLogprobs | None = Field(default=None, description="Most probable alternatives per token, 0-20")
+    include_reasoning: bool | None = Field(
+        default=None,
+        description="For a model that thinks: false leaves the thinking block (message.reasoning_content) out",
+    )
 
 
 TokenId = Annotated[int, Field(ge=0)]

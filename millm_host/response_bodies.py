@@ -84,6 +84,9 @@ class ChatCompletionMessage(Extensible):
     role: Literal["assistant"]
     content: str | None
     refusal: str | None = None
+    reasoning_content: str | None = Field(
+        default=None, description="A model that thinks: its thinking block, split from content"
+    )
     tool_calls: list[ToolCall] | None = None
 
 
@@ -110,6 +113,9 @@ class ChatCompletionDelta(Extensible):
     role: Literal["assistant"] | None = None
     content: str | None = None
     refusal: str | None = None
+    reasoning_content: str | None = Field(
+        default=None, description="A model that thinks: its thinking block, split from content"
+    )
     tool_calls: list[ToolCall] | None = None
 
 

@@ -154,6 +154,14 @@ HOST_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("MILLM_MAX_N", int, 16, "Largest n (choices per prompt) accepted"),
     Setting(
+        "MILLM_REASONING",
+        str,
+        "auto",
+        "Reasoning output: auto (a chat reply's thinking block, <think>...</think> and the variants of "
+        "millm_host/reasoning.py's MARKERS, goes to reasoning_content when the model's chat template holds an "
+        "opening marker), on (split every model's replies: the template's markers, else <think>), off (never)",
+    ),
+    Setting(
         "MILLM_MAX_MESSAGES",
         int,
         4096,

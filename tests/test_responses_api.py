@@ -154,12 +154,23 @@ def test_stream_cut_by_max_output_tokens_ends_incomplete(http):
         ({"max_tokens": 5}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}]}, "messages"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),  # the echo engine has no constraint
     ],
 )
 def test_output_changing_fields_are_refused(http, fields, param):
     assert_error(respond(http, **{"input": "x", **fields}), 400, "field_not_honoured", param)
+
+
+def test_reasoning_items_sent_back_are_left_out(http):
+    """An earlier turn's ``reasoning`` output item, sent back in ``input`` as OpenAI asks: accepted, and left
+    out of the conversation (chat templates leave earlier thinking out too)."""
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]}
+    turns = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}]
+    without = ok(respond(http, input=[*turns, {"role": "user", "content": "second"}]))
+    body = ok(respond(http, input=[turns[0], thought, turns[1], {"role": "user", "content": "second"}]))
+    assert body["usage"]["input_tokens"] == without["usage"]["input_tokens"]
+    assert output_text(body) == "second"
 
 
 def test_fields_that_ask_for_nothing_are_accepted_silently(http):

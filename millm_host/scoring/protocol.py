@@ -63,6 +63,12 @@ class Usage(ResponseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = Field(
+        default=None, description="cached_tokens: prompt tokens the engine's prompt cache held"
+    )
+    completion_tokens_details: dict[str, int] | None = Field(
+        default=None, description="reasoning_tokens: for a model that thinks, the tokens its thinking block took"
+    )
 
 
 class CompletionLogprobs(ResponseModel):

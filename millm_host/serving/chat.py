@@ -8,6 +8,7 @@ from ..bodies.validate import VALIDATION_SLICE
 from ..context import RequestContext
 from ..errors import InvalidParameter
 from ..protocol import ChatCompletionRequest, ChatMessage, message_text
+from ..reasoning import ReasoningPlan, model_markers, opens_in_prompt
 from ..response_bodies import ChatCompletionChunk, ChatCompletionResponse
 from .prompts import chat_prompts
 from .run import ServingGeneration
@@ -36,6 +37,7 @@ class ServingChat(ServingGeneration):
         ctx.chat_template_kwargs = ctx.body.get("chat_template_kwargs")
         if ctx.chat_template_kwargs is not None and not isinstance(ctx.chat_template_kwargs, dict):
             raise InvalidParameter("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        ctx.include_reasoning = params.include_reasoning is not False
         super().read(ctx)
 
     def refuse_unfitting_text(self, ctx: RequestContext) -> None:
@@ -45,6 +47,12 @@ class ServingChat(ServingGeneration):
         ctx.prompts = chat_prompts(  # a model with no template gets a generic render
             ctx, fallback=True, refuse_unfitting=lambda _, least: self.refuse_at_least(ctx, least)
         )
+        engine = ctx.engine
+        assert engine is not None
+        markers = model_markers(ctx.settings["MILLM_REASONING"], engine.info.chat_template)
+        if markers is not None:  # a model that thinks: its replies are split (``millm_host.reasoning``)
+            inside = tuple(opens_in_prompt(engine.decode, prompt, markers) for prompt in ctx.prompts)
+            ctx.reasoning = ReasoningPlan(markers, inside)
 
 
 def _conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:

@@ -200,6 +200,8 @@ class GenerationJob:
         seq_filters = [f.make(out.index) for f in filters]
         # vLLM's min_tokens: no stop sequence ends the text before it (ignore_eos leaves stops be)
         assembler = TextAssembler(engine.decode, ctx.params.stop_list, stops_after=ctx.params.min_tokens or 0)
+        # a model that thinks: its block goes to ``out.reasoning`` before the filters see the answer
+        splitter = ctx.reasoning.splitter(prompt_index) if ctx.reasoning is not None else None
         eos = engine.info.eos_token_ids
         finish = "length"
         logprobs = None
@@ -233,8 +235,14 @@ class GenerationJob:
                 if logprobs is not None:
                     logprobs.add(token)
                 delta = assembler.add(token)
-                if delta:
-                    self._send(out, delta, seq_filters)
+                if splitter is None:
+                    if delta:
+                        self._send(out, delta, seq_filters)
+                else:
+                    thinking = splitter.state != splitter.ANSWER
+                    self._split(out, splitter.feed(delta), seq_filters)
+                    if thinking and splitter.found:
+                        out.reasoning_tokens = len(out.token_ids)
                 if assembler.stopped:
                     finish = "stop"
                     out.stop_sequence = matched_stop(
@@ -250,7 +258,12 @@ class GenerationJob:
             tokens.close()
             out.cached_tokens = getattr(tokens, "cached_tokens", None)
         tail = assembler.finish()
-        if tail:
+        if splitter is not None:
+            self._split(out, splitter.feed(tail), seq_filters)
+            self._split(out, splitter.finish(), seq_filters)
+            if splitter.found and out.reasoning is None:  # an empty block
+                out.reasoning = ""
+        elif tail:
             self._send(out, tail, seq_filters)
         out.finish_reason = finish
         for position, seq_filter in enumerate(seq_filters):
@@ -267,6 +280,16 @@ class GenerationJob:
             self.emit(("delta_logprobs", out.index, ("", logprobs.pending())))  # tokens no text was sent for
         if self.emit:
             self.emit(("finish", out.index, out.finish_reason))
+
+    def _split(self, out: SequenceOutput, parts: tuple[str, str], filters: list[OutputFilter]) -> None:
+        """A splitter's ``(reasoning, answer)``: the reasoning kept (and streamed), the answer sent on."""
+        reasoning, answer = parts
+        if reasoning:
+            out.reasoning = (out.reasoning or "") + reasoning
+            if self.emit and self.ctx.include_reasoning:
+                self.emit(("delta_extra", out.index, {"reasoning_content": reasoning}))
+        if answer:
+            self._send(out, answer, filters)
 
     def _send(self, out: SequenceOutput, text: str, filters: list[OutputFilter]) -> None:
         fed = 0

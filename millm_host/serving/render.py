@@ -40,6 +40,8 @@ def usage(ctx: RequestContext) -> dict[str, Any]:
             cached[out.prompt_index] = max(cached.get(out.prompt_index, 0), out.cached_tokens)
     if cached:
         body["prompt_tokens_details"] = {"cached_tokens": sum(cached.values())}
+    if ctx.reasoning is not None:  # a model that thinks: the tokens its blocks took (OpenAI's field)
+        body["completion_tokens_details"] = {"reasoning_tokens": sum(o.reasoning_tokens for o in ctx.outputs)}
     return body
 
 
@@ -50,6 +52,8 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
     for out in ctx.outputs:
         if ctx.is_chat:
             message: dict[str, Any] = {"role": "assistant", "content": out.text, "refusal": None}
+            if ctx.reasoning is not None and ctx.include_reasoning:  # a model that thinks (vLLM's field)
+                message["reasoning_content"] = out.reasoning
             message.update(out.message_extras)
             choices.append(
                 {

@@ -36,6 +36,25 @@ def smollm2_tokenizer_dir() -> Path:
     return target
 
 
+#: SmolLM2's chat template as a model that thinks writes it: an earlier assistant turn's thinking block is
+#: left out of the conversation, and ``chat_template_kwargs: {"open_think": true}`` opens the block in the
+#: prompt (as Qwen3's ``enable_thinking`` and DeepSeek-R1's forced ``<think>`` do): generation starts inside.
+THINKING_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% set content = message['content'] %}"
+    "{% if message['role'] == 'assistant' and '</think>' in content %}"
+    "{% set content = content.split('</think>')[-1].lstrip() %}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if open_think %}{{ '<think>\\n' }}{% endif %}{% endif %}"
+)
+
+
 def tiny_llama(
     name: str = "tiny-llama",
     *,

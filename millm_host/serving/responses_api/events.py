@@ -1,6 +1,9 @@
 """A streamed chat completion as the Responses stream events.
 
-``response.created`` and ``response.in_progress`` first; then, for the text,
+``response.created`` and ``response.in_progress`` first; then, for a thinking
+block (a model that thinks), ``response.output_item.added`` (a reasoning item),
+``response.content_part.added``, ``response.reasoning_text.delta``... and their
+``.done`` events; for the text,
 ``response.output_item.added`` (a message), ``response.content_part.added``,
 ``response.output_text.delta``... and their ``.done`` events; for each function
 call, ``response.output_item.added``, ``response.function_call_arguments.delta``
@@ -17,7 +20,17 @@ from typing import Any
 
 from ...context import RequestContext
 from ..base import Chunks
-from .render import CHAT_KEYS, call_item, message_id, message_item, response_object, text_part
+from .render import (
+    CHAT_KEYS,
+    call_item,
+    message_id,
+    message_item,
+    reasoning_id,
+    reasoning_item,
+    reasoning_part,
+    response_object,
+    text_part,
+)
 from .translate import Translation
 
 #: The codes a failed response's ``error`` may carry (OpenAI's ``ResponseErrorCode``, those that can apply).
@@ -34,6 +47,8 @@ class _Events:
         self.text: str | None = None  # the open message's text (None: no message open)
         self.text_index = 0
         self.text_done = False
+        self.reasoning: str | None = None  # the open reasoning item's text (None: none open)
+        self.reasoning_index = 0
         self.calls: dict[int, tuple[int, dict[str, Any]]] = {}  # chat index -> (output index, call so far)
         self.finish_reason: str | None = None
         self.extras: dict[str, Any] = {}
@@ -57,12 +72,66 @@ class _Events:
     def item_status(self) -> str:
         return "incomplete" if self.finish_reason == "length" else "completed"
 
+    def add_reasoning(self, delta: str) -> list[dict[str, Any]]:
+        """Reasoning text: the first opens the reasoning item (before the message: the block comes first)."""
+        events: list[dict[str, Any]] = []
+        if self.reasoning is None:
+            if self.text is not None or self.text_done or self.calls or self.output:
+                return events  # the answer has begun: late reasoning has nowhere to go
+            self.reasoning, self.reasoning_index = "", self._next_index()
+            events += [
+                self.event(
+                    "response.output_item.added",
+                    output_index=self.reasoning_index,
+                    item=reasoning_item(self.ctx, "", "in_progress"),
+                ),
+                self.event(
+                    "response.content_part.added",
+                    item_id=reasoning_id(self.ctx),
+                    output_index=self.reasoning_index,
+                    content_index=0,
+                    part=reasoning_part(""),
+                ),
+            ]
+        self.reasoning += delta
+        events.append(
+            self.event(
+                "response.reasoning_text.delta",
+                item_id=reasoning_id(self.ctx),
+                output_index=self.reasoning_index,
+                content_index=0,
+                delta=delta,
+            )
+        )
+        return events
+
+    def close_reasoning(self) -> list[dict[str, Any]]:
+        if self.reasoning is None:
+            return []
+        text, index, item_id = self.reasoning, self.reasoning_index, reasoning_id(self.ctx)
+        self.reasoning = None
+        item = reasoning_item(self.ctx, text, self.item_status)
+        self.output.insert(self._position(index), item)
+        return [
+            self.event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text),
+            self.event(
+                "response.content_part.done",
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                part=reasoning_part(text),
+            ),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+
     def open_text(self) -> list[dict[str, Any]]:
         if self.text is not None or self.text_done:
             return []
+        events = self.close_reasoning()
         self.text, self.text_index = "", self._next_index()
         item_id = message_id(self.ctx)
         return [
+            *events,
             self.event(
                 "response.output_item.added",
                 output_index=self.text_index,
@@ -126,6 +195,7 @@ class _Events:
         function = fragment.get("function") or {}
         events: list[dict[str, Any]] = []
         if index not in self.calls:
+            events.extend(self.close_reasoning())
             events.extend(self.close_text())
             call = {"id": fragment.get("id"), "function": {"name": function.get("name", ""), "arguments": ""}}
             output_index = self._next_index()
@@ -170,7 +240,7 @@ class _Events:
         return events
 
     def _next_index(self) -> int:
-        opened = len(self.output) + len(self.calls) + (1 if self.text is not None else 0)
+        opened = len(self.output) + len(self.calls) + (self.text is not None) + (self.reasoning is not None)
         return opened
 
     def _position(self, output_index: int) -> int:
@@ -183,6 +253,8 @@ class _Events:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events.extend(self.add_reasoning(delta["reasoning_content"]))
             if delta.get("content"):
                 events.extend(self.add_text(delta["content"]))
             for fragment in delta.get("tool_calls") or ():
@@ -192,10 +264,10 @@ class _Events:
         return events
 
     def finish(self) -> list[dict[str, Any]]:
-        if not self.output and not self.calls and self.text is None:
+        if not self.calls and self.text is None and not [i for i in self.output if i["type"] != "reasoning"]:
             events = self.open_text()  # an empty answer is still a message
         else:
-            events = []
+            events = self.close_reasoning()
         events.extend(self.close_text())
         events.extend(self.close_calls())
         response = self.snapshot("completed")

@@ -23,6 +23,10 @@ def message_id(ctx: RequestContext) -> str:
     return f"msg_{ctx.request_id}"
 
 
+def reasoning_id(ctx: RequestContext) -> str:
+    return f"rs_{ctx.request_id}"
+
+
 def call_item_id(ctx: RequestContext, index: int) -> str:
     return f"fc_{ctx.request_id}_{index}"
 
@@ -37,7 +41,7 @@ def usage(ctx: RequestContext) -> dict[str, Any]:
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": ctx.outputs[0].reasoning_tokens if ctx.outputs else 0},
         "total_tokens": prompt + output,
     }
 
@@ -45,6 +49,23 @@ def usage(ctx: RequestContext) -> dict[str, Any]:
 def message_item(ctx: RequestContext, text: str, status: str) -> dict[str, Any]:
     content = [text_part(text)] if status != "in_progress" else []
     return {"id": message_id(ctx), "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_item(ctx: RequestContext, text: str, status: str) -> dict[str, Any]:
+    """A model's thinking block as OpenAI's ``reasoning`` item: its text as ``reasoning_text`` content, no summary."""
+    content = [reasoning_part(text)] if status != "in_progress" else []
+    return {
+        "id": reasoning_id(ctx),
+        "type": "reasoning",
+        "summary": [],
+        "content": content,
+        "encrypted_content": None,
+        "status": status,
+    }
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -65,9 +86,12 @@ def call_item(ctx: RequestContext, index: int, call: dict[str, Any], status: str
 
 
 def output_items(ctx: RequestContext, message: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
-    """The assistant message (when it has text) then each function call, as output items."""
+    """The reasoning (a model that thinks, unless ``include_reasoning`` is false), the assistant message (when
+    it has text) then each function call, as output items."""
     status = "incomplete" if finish_reason == "length" else "completed"
     items = []
+    if message.get("reasoning_content"):
+        items.append(reasoning_item(ctx, message["reasoning_content"], status))
     text = message.get("content")
     calls = message.get("tool_calls") or []
     if text or not calls:

@@ -3,7 +3,8 @@
 Every field is honoured, reported or refused, as on chat completions:
 
 - honoured by translation: ``input`` (text, or message, ``function_call`` and
-  ``function_call_output`` items), ``instructions`` (a system message first),
+  ``function_call_output`` items; ``reasoning`` items, an earlier turn's thinking
+  sent back, are accepted and left out, as chat templates leave it out), ``instructions`` (a system message first),
   ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``, function
   ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``text.format``
   (``response_format``); ``metadata`` is echoed in the response object;
@@ -239,6 +240,8 @@ def _messages(request: Any, reported: list[str]) -> tuple[list[dict[str, Any]], 
                 output = _content(output, where, reported, key="output")
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": output})
             sources.append(where)
+        elif kind == "reasoning":  # an earlier turn's thinking, sent back: templates leave it out, and so does this
+            continue
         elif isinstance(kind, str):
             raise FieldNotHonoured(
                 f"input items of type {kind!r} are not supported; only message, function_call and function_call_output",

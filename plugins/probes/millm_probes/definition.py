@@ -26,7 +26,7 @@ RUNG_LANGUAGE = {
     3: "detects on unseen tasks, compared with a judge",
 }
 
-Window = Literal["all", "prompt", "response", "last_user"]
+Window = Literal["all", "prompt", "response", "last_user", "reasoning", "answer"]
 WINDOWS: tuple[str, ...] = get_args(Window)  # also the order results are listed in
 NonNegative = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]

@@ -42,6 +42,25 @@ def test_window_spans():
     )
 
 
+def test_reasoning_and_answer_windows():
+    """A model that thinks: the block's positions, and the reply after it; the prefix never touches either."""
+    thought = Layout(positions=20, prompt_len=12, prefix=5, reasoning=Span(12, 16))
+    assert window_span(thought, "reasoning", True) == Span(12, 16)
+    assert window_span(thought, "answer", True) == Span(16, 20)
+    assert window_span(thought, "response", True) == Span(12, 20)
+    not_split = Layout(positions=20, prompt_len=12)  # a model that does not think: all answer
+    assert window_span(not_split, "reasoning", False) == NotScored("skipped", "reasoning_not_split")
+    assert window_span(not_split, "answer", False) == Span(12, 20)
+    no_block = Layout(positions=20, prompt_len=12, reasoning_reason="no_reasoning_block")
+    assert window_span(no_block, "reasoning", False) == NotScored("skipped", "no_reasoning_block")
+    unclosed = Layout(positions=20, prompt_len=12, reasoning=Span(12, 21))  # the block never closed
+    assert window_span(unclosed, "reasoning", False) == Span(12, 20)
+    assert window_span(unclosed, "answer", False) == NotScored("skipped", "no_scored_tokens")
+    unknown = Layout(positions=20, prompt_len=None)
+    assert window_span(unknown, "answer", False) == NotScored("skipped", "prompt_boundary_unknown")
+    assert window_span(unknown, "reasoning", False) == NotScored("skipped", "prompt_boundary_unknown")
+
+
 def test_traceparent_parsing():
     good = "4bf92f3577b34da6a3ce929d0e0e4736"
     assert trace_id_from(f"00-{good}-00f067aa0ba902b7-01") == good

@@ -24,6 +24,7 @@ class Plan:
     pairs: tuple[tuple[ProbeView, str], ...] = ()
     skip_prefix: bool = False  # some probe leaves the template prefix out
     last_user: bool = False  # some probe reads the newest user message
+    reasoning: bool = False  # some probe reads the thinking block or the answer after it
 
     @classmethod
     def of(cls, pairs: Iterable[tuple[ProbeView, str]]) -> Plan:
@@ -32,6 +33,7 @@ class Plan:
             listed,
             any(v.definition.aggregation.skip_template_prefix for v, _ in listed),
             any(window == "last_user" for _, window in listed),
+            any(window in ("reasoning", "answer") for _, window in listed),
         )
 
 

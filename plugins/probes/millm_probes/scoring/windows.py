@@ -2,7 +2,13 @@
 
 ``all`` is every position with a residual, ``prompt`` those before the prompt
 boundary, ``response`` the rest, ``last_user`` the newest user message (its
-header included). With ``skip_template_prefix`` the template prefix (the longest
+header included). For a model that thinks (``millm_host.reasoning``), ``reasoning``
+is the reply's thinking block (from its first position, the opening marker's or the
+first generated token when the template opened the block, through the token that
+completed the closing marker; the whole reply when it never closed) and ``answer``
+the reply after it; for a reply that is not split (a model that does not think, a
+text completion) ``answer`` is the whole reply and ``reasoning`` says
+``reasoning_not_split``, for a reply without a block it says ``no_reasoning_block``. With ``skip_template_prefix`` the template prefix (the longest
 common prefix of the request's ids and the template's render of one empty user
 message, up to that message's header) is left out of ``all``, ``prompt`` and
 ``last_user``. Boundaries are measured from the request's own ids, never guessed:
@@ -14,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from millm_host.api import Markers, reasoning_span
 
 # Stands in for a message's content so the render shows where its header ends.
 SENTINEL = "\u2063millm\u2063probe\u2063sentinel\u2063"
@@ -48,19 +56,23 @@ class Layout:
     prefix: int | None = None  # template prefix length; None: unknown
     last_user: Span | None = None
     last_user_reason: str = "last_user_span_unknown"
+    reasoning: Span | None = None  # the thinking block's positions (``reasoning``); None: no block
+    reasoning_reason: str = "reasoning_not_split"
 
 
 def window_span(layout: Layout, window: str, skip_prefix: bool) -> Span | NotScored:
     """The positions ``window`` covers, or why it cannot be scored."""
-    if window in ("prompt", "response"):
+    if window in ("prompt", "response", "reasoning", "answer"):
         if layout.boundary_failure:
             return NotScored("failed", layout.boundary_failure)
         if layout.prompt_len is None:
             return NotScored("skipped", "prompt_boundary_unknown")
     if window == "last_user" and layout.last_user is None:
         return NotScored("skipped", layout.last_user_reason)
+    if window == "reasoning" and layout.reasoning is None:
+        return NotScored("skipped", layout.reasoning_reason)
     start = 0
-    if skip_prefix and window != "response":
+    if skip_prefix and window in ("all", "prompt", "last_user"):
         if layout.prefix is None:
             return NotScored("skipped", "template_prefix_unknown")
         start = layout.prefix
@@ -75,6 +87,12 @@ def window_span(layout: Layout, window: str, skip_prefix: bool) -> Span | NotSco
     elif window == "last_user":
         assert last_user is not None
         start, end = max(start, last_user.start), min(end, last_user.end)
+    elif window == "reasoning":
+        assert layout.reasoning is not None
+        start, end = layout.reasoning.start, min(end, layout.reasoning.end)
+    elif window == "answer":
+        assert prompt_len is not None
+        start = prompt_len if layout.reasoning is None else layout.reasoning.end
     if end <= start:
         return NotScored("skipped", "no_scored_tokens")
     return Span(start, end)
@@ -164,10 +182,13 @@ def measure(
     tools: Any = None,
     template_kwargs: Mapping[str, Any] | None = None,
     need_last_user: bool = False,
+    markers: Markers | None = None,
+    need_reasoning: bool = False,
 ) -> Layout:
     """The layout of one sequence: its boundaries as far as its own ids establish them.
 
-    ``no_turns`` is the reason ``last_user`` gives when there is no conversation.
+    ``no_turns`` is the reason ``last_user`` gives when there is no conversation. ``markers``: the
+    thinking markers the reply is split on (None: it is not split).
     """
     layout = Layout(
         positions=positions,
@@ -182,4 +203,10 @@ def measure(
             layout.last_user = span
         else:
             layout.last_user_reason = span
+    if need_reasoning and markers is not None and prompt_len is not None:
+        block = reasoning_span(engine, ids[:prompt_len], ids[prompt_len:], markers)
+        if block is None:
+            layout.reasoning_reason = "no_reasoning_block"
+        else:
+            layout.reasoning = Span(prompt_len, prompt_len + block.end)
     return layout

@@ -181,6 +181,8 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
             tools=ctx.chat_tools,
             template_kwargs=ctx.chat_template_kwargs,
             need_last_user=plan.last_user,
+            markers=ctx.reasoning.markers if ctx.reasoning is not None else None,  # a chat with a model that thinks
+            need_reasoning=plan.reasoning,
         )
         columns = None
         unsteered_failed = False

@@ -27,6 +27,7 @@ from millm_host.api import (
     NoChatTemplate,
     WindowText,
     message_text,
+    model_markers,
     stateless_monitor_results,
     validate,
 )
@@ -180,6 +181,8 @@ def _score_one(
         conversation=item.conversation,
         no_turns="token_ids_have_no_turns",
         need_last_user=plan.last_user,
+        markers=model_markers(runtime.settings["MILLM_REASONING"], engine.info.chat_template),
+        need_reasoning=plan.reasoning,
     )
     readings = list(zip(pairs, read_pairs(pairs, bank, columns, layout, compiled["unusable"]), strict=True))
     return readings, {w: window_text(engine, item.ids, layout, w) for w in windows}

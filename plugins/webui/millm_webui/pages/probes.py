@@ -12,7 +12,7 @@ from typing import Any
 from ..histogram import histogram
 from ..render import Page
 
-WINDOWS = ("all", "prompt", "response", "last_user")
+WINDOWS = ("all", "prompt", "response", "last_user", "reasoning", "answer")
 RESULTS_SHOWN = 200  # results listed per probe (the API pages by cursor; the page reads the newest)
 
 
