@@ -19,11 +19,9 @@ from typing import Any
 from ...admission import Admission
 from ...bodies.validate import refuse_long_chat
 from ...context import RequestContext
-from ...fields import strict_mode
 from ...openapi import Operation
-from ..base import ClientGone, Result
-from ..chat import ServingChat
-from ..renamed import named_as_sent
+from ..as_chat import ServingAsChat
+from ..base import Result
 from .events import message_events
 from .protocol import (
     MessagesCountRequest,
@@ -37,7 +35,7 @@ from .render import from_completion
 from .translate import Translation, translate
 
 
-class ServingMessages(ServingChat):
+class ServingMessages(ServingAsChat):
     """``POST /v1/messages`` (see the module docstring)."""
 
     #: The key of ``host.serving`` and the resource's endpoint name (the context's stays chat's).
@@ -59,27 +57,14 @@ class ServingMessages(ServingChat):
             stream_done=False,
         )
 
-    def scoring_for(self, body: dict[str, Any]) -> None:
-        """A Messages body is never scoring mode."""
-        return None
-
-    def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
-        """The chat completion's context, built from the translated body (worker thread for a large body)."""
+    def translate(self, body: dict[str, Any], strict: bool) -> Translation:
         settings = self.host.settings
         # before any block is read: the same bounds as a chat's messages and parts
         refuse_long_chat(body, settings["MILLM_MAX_MESSAGES"], settings["MILLM_MAX_CONTENT_PARTS"])
-        translation = translate(body, strict_mode(headers), counting=self.counting)
-        with named_as_sent(translation.param):
-            ctx = super().build_context(translation.chat, headers)
-        ctx.plan = translation
-        ctx.unused_fields = [*translation.reported, *ctx.unused_fields]
-        return ctx
+        return translate(body, strict, counting=self.counting)
 
-    async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
-        """The chat completion, written as a message or its stream of events."""
-        translation: Translation = ctx.plan
-        with named_as_sent(translation.param):
-            result = await super().serve(ctx, gone)
+    def written(self, ctx: RequestContext, result: Result) -> Result:
+        """The chat completion, written as a message or its stream of events (count_tokens: as it is)."""
         if result.stream is not None:
             return Result(headers=result.headers, stream=message_events(result.stream, ctx))
         assert result.body is not None

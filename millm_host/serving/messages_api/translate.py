@@ -34,12 +34,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...bodies.validate import validate
-from ...errors import FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
-from ...fields import is_no_change
+from ...errors import FieldNotHonoured, InvalidParameter
+from .. import as_chat
+from ..as_chat import FieldRules
 from .protocol import MessagesCountFields, MessagesFields
 
 #: Fields this module turns into chat fields (or reports): never passed through as they are.
@@ -104,6 +104,14 @@ CHAT_NAMES = {
     "stream_options": None,
 }
 
+RULES = FieldRules(
+    route="/v1/messages",
+    refused=MESSAGES_REFUSED,
+    reported=MESSAGES_REPORTED,
+    chat_names=CHAT_NAMES,
+    translated=TRANSLATED,
+)
+
 _MESSAGE_KEYS = frozenset({"role", "content"})
 _TEXT_KEYS = frozenset({"type", "text"})
 _TOOL_USE_KEYS = frozenset({"type", "id", "name", "input"})
@@ -112,35 +120,6 @@ _TOOL_KEYS = frozenset({"type", "name", "description", "input_schema", "strict"}
 _CHOICE_KEYS = frozenset({"type", "name", "disable_parallel_tool_use"})
 _ROLES = ("user", "assistant")
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
-
-
-@dataclass
-class Translation:
-    """A Messages body translated: the chat body, what was reported, and how to name chat locations back."""
-
-    request: Any  # the validated ``MessagesFields`` (or ``MessagesCountFields``)
-    chat: dict[str, Any]
-    reported: list[str] = field(default_factory=list)
-    #: The Messages location of each chat message (``system``, ``messages[3]``).
-    sources: list[str] = field(default_factory=list)
-
-    def param(self, chat_param: str | None) -> str | None:
-        """A chat location named as the Messages request sent it (``stop`` → ``stop_sequences``)."""
-        if chat_param is None:
-            return None
-        return ", ".join(self._one(p.strip()) for p in chat_param.split(","))
-
-    def _one(self, param: str) -> str:
-        match = re.match(r"messages\[(\d+)\](.*)", param, re.S)
-        if match:
-            index = int(match.group(1))
-            where = self.sources[index] if index < len(self.sources) else "messages"
-            return where + (match.group(2) if where.startswith("messages[") else "")
-        for chat, messages in _RENAMES:
-            if param == chat or param.startswith((chat + ".", chat + "[", chat + "/")):
-                return messages + param[len(chat) :]
-        param = re.sub(r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema", param)
-        return re.sub(r"^tools\[(\d+)\]\.function", r"tools[\1]", param)
 
 
 _RENAMES = (
@@ -153,17 +132,25 @@ _RENAMES = (
 )
 
 
+class Translation(as_chat.Translation):
+    """A Messages body translated (``as_chat.Translation``)."""
+
+    renames = _RENAMES
+    turns = "messages"
+
+    def tool_param(self, param: str) -> str:
+        """``tools[0].function.parameters`` → ``tools[0].input_schema``; otherwise as on Responses."""
+        param = re.sub(r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema", param)
+        return super().tool_param(param)
+
+
 def translate(body: dict[str, Any], strict: bool, *, counting: bool = False) -> Translation:
     """The chat body for a Messages body (``counting``: a count_tokens body, which generates nothing);
     raises a ``MillmError`` naming the Messages location."""
     top = {key: value for key, value in body.items() if key != "messages"}
     request = validate(MessagesCountFields if counting else MessagesFields, top)
-    refused = _refuse_fields(body)
-    if refused:
-        raise refused
-    reported = [
-        name for name, asks_nothing in MESSAGES_REPORTED.items() if name in body and not asks_nothing(body[name])
-    ]
+    RULES.refuse(body)
+    reported = RULES.reported_in(body)
     chat: dict[str, Any] = {"model": request.model}
     messages, sources = _messages(body.get("messages"), request.system, reported)
     chat["messages"] = messages
@@ -185,26 +172,9 @@ def translate(body: dict[str, Any], strict: bool, *, counting: bool = False) -> 
         response_format = _output_config(request.output_config, reported)
         if response_format is not None:
             chat["response_format"] = response_format
-    for name, value in body.items():  # millm's own fields and anything unknown: the chat rules decide
-        if name not in TRANSLATED and name not in MESSAGES_REPORTED and name not in MESSAGES_REFUSED:
-            chat[name] = value
-    if strict and reported:
-        raise UnusedFieldsRefused(
-            "X-miLLM-Strict refuses fields this request path does not use: " + ", ".join(reported),
-            param=reported[0],
-        )
+    RULES.pass_on(body, chat)
+    RULES.refuse_unused(strict, reported)
     return Translation(request=request, chat=chat, reported=reported, sources=sources)
-
-
-def _refuse_fields(body: dict[str, Any]) -> FieldNotHonoured | None:
-    for name, (asks_nothing, why) in MESSAGES_REFUSED.items():
-        if name in body and not asks_nothing(body[name]):
-            return FieldNotHonoured(f"{name} cannot be honoured on /v1/messages: {why}", param=name)
-    for name, instead in CHAT_NAMES.items():
-        if name in body and not is_no_change(name, body[name]):
-            hint = f"; send {instead}" if instead else ""
-            return FieldNotHonoured(f"{name} is a chat completions field, not served on /v1/messages{hint}", param=name)
-    return None
 
 
 def _top_k(request: Any, chat: dict[str, Any]) -> None:

@@ -13,18 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 from ...context import RequestContext
-from ...fields import strict_mode
 from ...openapi import Operation
-from ..base import ClientGone, Result
-from ..chat import ServingChat
-from ..renamed import named_as_sent
+from ..as_chat import ServingAsChat
+from ..base import Result
 from .events import response_events
 from .protocol import ResponseObject, ResponsesRequest, ResponseStreamEvent
 from .render import from_completion
 from .translate import Translation, translate
 
 
-class ServingResponses(ServingChat):
+class ServingResponses(ServingAsChat):
     """``POST /v1/responses`` (see the module docstring)."""
 
     #: The key of ``host.serving`` and the resource's endpoint name (the context's stays chat's).
@@ -43,24 +41,12 @@ class ServingResponses(ServingChat):
             stream_done=False,
         )
 
-    def scoring_for(self, body: dict[str, Any]) -> None:
-        """A Responses body is never scoring mode."""
-        return None
+    def translate(self, body: dict[str, Any], strict: bool) -> Translation:
+        return translate(body, strict)
 
-    def build_context(self, body: dict[str, Any], headers: dict[str, str]) -> RequestContext:
-        """The chat completion's context, built from the translated body (worker thread)."""
-        translation = translate(body, strict_mode(headers))
-        with named_as_sent(translation.param):
-            ctx = super().build_context(translation.chat, headers)
-        ctx.plan = translation
-        ctx.unused_fields = [*translation.reported, *ctx.unused_fields]
-        return ctx
-
-    async def serve(self, ctx: RequestContext, gone: ClientGone | None = None) -> Result:
+    def written(self, ctx: RequestContext, result: Result) -> Result:
         """The chat completion, rendered as a Responses object or its stream of events."""
         translation: Translation = ctx.plan
-        with named_as_sent(translation.param):
-            result = await super().serve(ctx, gone)
         if result.stream is not None:
             return Result(headers=result.headers, stream=response_events(result.stream, ctx, translation))
         assert result.body is not None

@@ -24,14 +24,13 @@ honour, report or refuse it under the same name.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...bodies.validate import validate
-from ...errors import FieldNotHonoured, InvalidParameter, UnusedFieldsRefused
-from ...fields import is_no_change
+from ...errors import FieldNotHonoured, InvalidParameter
+from .. import as_chat
+from ..as_chat import FieldRules
 from .protocol import ResponsesRequest
 
 #: Fields this module turns into chat fields (or echoes): never passed through as they are.
@@ -98,6 +97,14 @@ CHAT_NAMES = {
     "logprobs": None,
 }
 
+RULES = FieldRules(
+    route="/v1/responses",
+    refused=RESPONSES_REFUSED,
+    reported=RESPONSES_REPORTED,
+    chat_names=CHAT_NAMES,
+    translated=TRANSLATED,
+)
+
 _MESSAGE_KEYS = frozenset({"type", "role", "content", "id", "status"})
 _PART_KEYS = frozenset({"type", "text", "annotations", "logprobs"})
 _CALL_KEYS = frozenset({"type", "call_id", "name", "arguments", "id", "status"})
@@ -106,34 +113,6 @@ _TOOL_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
 _FORMAT_KEYS = frozenset({"type", "name", "schema", "description", "strict"})
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
-
-
-@dataclass
-class Translation:
-    """A Responses body translated: the chat body, what was reported, and how to name chat locations back."""
-
-    request: Any  # the validated ``ResponsesRequest``
-    chat: dict[str, Any]
-    reported: list[str] = field(default_factory=list)
-    #: The Responses location of each chat message (``instructions``, ``input``, ``input[3]``).
-    sources: list[str] = field(default_factory=list)
-
-    def param(self, chat_param: str | None) -> str | None:
-        """A chat location named as the Responses request sent it (``messages[1].content`` → ``input[0].content``)."""
-        if chat_param is None:
-            return None
-        return ", ".join(self._one(p.strip()) for p in chat_param.split(","))
-
-    def _one(self, param: str) -> str:
-        match = re.match(r"messages\[(\d+)\](.*)", param, re.S)
-        if match:
-            index = int(match.group(1))
-            where = self.sources[index] if index < len(self.sources) else "input"
-            return where + (match.group(2) if where.startswith("input[") else "")
-        for chat, responses in _RENAMES:
-            if param == chat or param.startswith((chat + ".", chat + "[", chat + "/")):
-                return responses + param[len(chat) :]
-        return re.sub(r"^tools\[(\d+)\]\.function", r"tools[\1]", param)
 
 
 _RENAMES = (
@@ -146,17 +125,20 @@ _RENAMES = (
 )
 
 
+class Translation(as_chat.Translation):
+    """A Responses body translated (``as_chat.Translation``)."""
+
+    renames = _RENAMES
+    turns = "input"
+
+
 def translate(body: dict[str, Any], strict: bool) -> Translation:
     """The chat body for a Responses body; raises a ``MillmError`` naming the Responses location."""
     request = validate(ResponsesRequest, body)
     reported: list[str] = []
     chat: dict[str, Any] = {"model": request.model}
-    refused = _refuse_fields(body)
-    if refused:
-        raise refused
-    for name, asks_nothing in RESPONSES_REPORTED.items():
-        if name in body and not asks_nothing(body[name]):
-            reported.append(name)
+    RULES.refuse(body)
+    reported.extend(RULES.reported_in(body))
     messages, sources = _messages(request, reported)
     chat["messages"] = messages
     if request.max_output_tokens is not None:
@@ -172,28 +154,9 @@ def translate(body: dict[str, Any], strict: bool) -> Translation:
         response_format = _text(request.text, reported)
         if response_format is not None:
             chat["response_format"] = response_format
-    for name, value in body.items():  # millm's own fields and anything unknown: the chat rules decide
-        if name not in TRANSLATED and name not in RESPONSES_REPORTED and name not in RESPONSES_REFUSED:
-            chat[name] = value
-    if strict and reported:
-        raise UnusedFieldsRefused(
-            "X-miLLM-Strict refuses fields this request path does not use: " + ", ".join(reported),
-            param=reported[0],
-        )
+    RULES.pass_on(body, chat)
+    RULES.refuse_unused(strict, reported)
     return Translation(request=request, chat=chat, reported=reported, sources=sources)
-
-
-def _refuse_fields(body: dict[str, Any]) -> FieldNotHonoured | None:
-    for name, (asks_nothing, why) in RESPONSES_REFUSED.items():
-        if name in body and not asks_nothing(body[name]):
-            return FieldNotHonoured(f"{name} cannot be honoured on /v1/responses: {why}", param=name)
-    for name, instead in CHAT_NAMES.items():
-        if name in body and not is_no_change(name, body[name]):
-            hint = f"; send {instead}" if instead else ""
-            return FieldNotHonoured(
-                f"{name} is a chat completions field, not served on /v1/responses{hint}", param=name
-            )
-    return None
 
 
 def _report_keys(item: dict[str, Any], known: frozenset[str], where: str, reported: list[str]) -> None:
