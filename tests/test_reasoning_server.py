@@ -254,3 +254,40 @@ def test_probe_and_rule_windows_over_the_reasoning(server):
     assert (
         plain_results[("probe", "answer")]["n_scored_tokens"] == plain_results[("probe", "response")]["n_scored_tokens"]
     )
+
+
+def test_anthropics_messages_api_shows_the_block_as_thinking_blocks_only_when_asked(server):
+    """``/v1/messages`` through the official ``anthropic`` SDK: ``thinking`` enabled gives a ``thinking``
+    block before the text (streamed as ``thinking_delta``s); left out or disabled, the reply is the answer
+    alone, as Anthropic's is. A reply's thinking block sent back in an assistant turn is accepted."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    ask_for = {"model": server.model_id, "max_tokens": 64, "messages": QUESTION, "extra_headers": scripted(REPLY)}
+    for thinking in (None, {"type": "disabled"}):
+        plain = client.messages.create(**ask_for, **({"thinking": thinking} if thinking else {}))
+        assert [(b.type, b.text) for b in plain.content] == [("text", ANSWER)]
+    raw = client.messages.with_raw_response.create(**ask_for, thinking={"type": "enabled", "budget_tokens": 1024})
+    shown = raw.parse()
+    assert [b.type for b in shown.content] == ["thinking", "text"]
+    assert (shown.content[0].thinking, shown.content[0].signature, shown.content[1].text) == (THINKING, "", ANSWER)
+    assert "thinking.budget_tokens" in raw.headers["x-millm-ignored-fields"]  # the template decides, not a budget
+    kinds = []
+    with client.messages.stream(**ask_for, thinking={"type": "adaptive"}) as stream:
+        for event in stream:
+            if event.type == "content_block_delta":
+                kinds.append(event.delta.type)
+        final = stream.get_final_message()
+    assert kinds[0] == "thinking_delta" and "text_delta" in kinds
+    assert kinds.index("text_delta") > max(i for i, kind in enumerate(kinds) if kind == "thinking_delta")
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
+        ("thinking", THINKING),
+        ("text", ANSWER),
+    ]
+    turns = [
+        *QUESTION,
+        {"role": "assistant", "content": [shown.content[0].model_dump(), {"type": "text", "text": ANSWER}]},
+        {"role": "user", "content": "And 3 + 3?"},
+    ]
+    again = client.messages.create(**{**ask_for, "messages": turns})
+    assert again.content[0].type == "text"

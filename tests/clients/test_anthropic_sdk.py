@@ -307,7 +307,7 @@ def _refusal(response, status: int, kind: str = "invalid_request_error") -> dict
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
         ({"top_k": 40}, "top_k"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"thinking": {"type": "enabled", "budget_tokens": "many"}}, "thinking.budget_tokens"),
         ({"stop": ["."]}, "stop"),
         ({"stop_sequences": ["."] * 17}, "stop_sequences"),
         ({"model": "\ud800" * 3}, "model"),

@@ -2,8 +2,9 @@
 
 ``message_start`` first (the message with no content, its ``input_tokens``
 known); then a block at a time: ``content_block_start``, its
-``content_block_delta``s (``text_delta`` for text, ``input_json_delta`` for a
-tool call's input, sent as it is generated) and ``content_block_stop``; last
+``content_block_delta``s (``thinking_delta`` for a thinking model's block,
+``text_delta`` for text, ``input_json_delta`` for a tool call's input, sent as
+it is generated) and ``content_block_stop``; last
 ``message_delta`` (``stop_reason``, ``stop_sequence``, ``usage``, and the
 plugins' extras such as ``millm_probe_verdicts``) and ``message_stop``. A
 keep-alive is a ``ping``. An error the chat stream ends with becomes an
@@ -17,7 +18,7 @@ from typing import Any
 from ...context import RequestContext
 from ..base import Chunks
 from .errors import stream_error
-from .render import CHAT_KEYS, message, stop_reason, stop_sequence, usage
+from .render import CHAT_KEYS, message, stop_reason, stop_sequence, thinking_block, usage
 
 PING = {"type": "ping"}
 
@@ -29,7 +30,7 @@ class _Events:
         self.ctx = ctx
         self.blocks = 0  # blocks opened so far (the next one's index)
         self.open: int | None = None  # the open block's index
-        self.text_open = False  # the open block is text (else a tool call)
+        self.open_kind: str | None = None  # the open block's type: thinking, text or tool_use
         self.calls: dict[int, int] = {}  # chat tool call index -> block index
         self.finish_reason: str | None = None
         self.extras: dict[str, Any] = {}
@@ -42,21 +43,27 @@ class _Events:
     def close(self) -> list[dict[str, Any]]:
         if self.open is None:
             return []
-        index, self.open, self.text_open = self.open, None, False
+        index, self.open, self.open_kind = self.open, None, None
         return [{"type": "content_block_stop", "index": index}]
 
     def begin(self, block: dict[str, Any]) -> list[dict[str, Any]]:
         events = self.close()
         self.open, self.blocks = self.blocks, self.blocks + 1
+        self.open_kind = block["type"]
         events.append({"type": "content_block_start", "index": self.open, "content_block": block})
         return events
 
     def add_text(self, text: str) -> list[dict[str, Any]]:
-        events = [] if self.text_open else self.begin({"type": "text", "text": ""})
-        self.text_open = True
+        events = [] if self.open_kind == "text" else self.begin({"type": "text", "text": ""})
         events.append(
             {"type": "content_block_delta", "index": self.open, "delta": {"type": "text_delta", "text": text}}
         )
+        return events
+
+    def add_thinking(self, text: str) -> list[dict[str, Any]]:
+        events = [] if self.open_kind == "thinking" else self.begin(thinking_block(""))
+        delta = {"type": "thinking_delta", "thinking": text}
+        events.append({"type": "content_block_delta", "index": self.open, "delta": delta})
         return events
 
     def add_call(self, fragment: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,6 +88,8 @@ class _Events:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events.extend(self.add_thinking(delta["reasoning_content"]))
             if delta.get("content"):
                 events.extend(self.add_text(delta["content"]))
             for fragment in delta.get("tool_calls") or ():

@@ -51,6 +51,11 @@ class MessagesFields(MessagesCountFields):
         default=None, description="1 (greedy) or 0 (no cut) is served; another top_k is refused unless greedy"
     )
     metadata: dict[str, Any] | None = Field(default=None, description="Accepted and unused (reported)")
+    thinking: dict[str, Any] | None = Field(
+        default=None,
+        description='{"type": "enabled"} (or "adaptive"): a thinking model\'s block as thinking blocks; '
+        '"disabled" or none: left out. budget_tokens is reported, not honoured',
+    )
 
 
 _MESSAGES = Field(
@@ -89,7 +94,9 @@ class MessagesResponse(BaseModel):
     id: str
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
-    content: list[dict[str, Any]] = Field(description="text and tool_use blocks")
+    content: list[dict[str, Any]] = Field(
+        description="thinking (a thinking model's, when asked for), text and tool_use blocks"
+    )
     model: str
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None

@@ -61,9 +61,16 @@ def tool_input(function: dict[str, Any]) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    """A thinking model's block (``reasoning_content``); millm signs nothing, so its signature is empty."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The text (when there is some), then each tool call."""
+    """The thinking (when the reply carries it), the text (when there is some), then each tool call."""
     blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append(thinking_block(message["reasoning_content"]))
     if message.get("content"):
         blocks.append({"type": "text", "text": message["content"]})
     blocks.extend(tool_use_block(call) for call in message.get("tool_calls") or ())

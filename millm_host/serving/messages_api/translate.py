@@ -11,9 +11,11 @@ Each Messages field is honoured, reported or refused, as on chat completions:
   ``tools`` (``input_schema`` is the function's ``parameters``), ``tool_choice``
   (``auto``, ``any`` as ``required``, ``none``, ``tool`` as a named function;
   ``disable_parallel_tool_use`` as ``parallel_tool_calls: false``),
-  ``output_config.format`` (structured outputs: a json_schema ``response_format``);
+  ``output_config.format`` (structured outputs: a json_schema ``response_format``),
+  ``thinking`` (a thinking model's block as ``thinking`` blocks when enabled, left
+  out otherwise: ``include_reasoning``; ``budget_tokens`` is reported);
 - refused where they would change the answer (``MESSAGES_REFUSED``):
-  ``thinking`` (unless disabled), ``mcp_servers``, ``container``,
+  ``mcp_servers``, ``container``,
   ``context_management``, server tools, image and document blocks; and the chat
   names of Messages fields (``stop``, ``response_format``, ...), which would
   otherwise be served under the wrong name;
@@ -46,6 +48,7 @@ from .protocol import MessagesCountFields, MessagesFields
 TRANSLATED = frozenset(
     {
         "model",
+        "thinking",
         "messages",
         "system",
         "max_tokens",
@@ -66,13 +69,8 @@ def _none_or(*values: Any) -> Callable[[Any], bool]:
     return lambda value: value is None or any(type(value) is type(v) and value == v for v in values)
 
 
-def _thinking_off(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and value.get("type") == "disabled")
-
-
 #: Messages fields that would change the answer: refused unless the test says the value asks for nothing.
 MESSAGES_REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "thinking": (_thinking_off, "extended thinking is not served; send thinking disabled or leave it out"),
     "mcp_servers": (_none_or([]), "MCP servers are not supported"),
     "container": (_none_or(), "containers are not supported"),
     "context_management": (_none_or(), "context management is not supported"),
@@ -164,6 +162,7 @@ def translate(body: dict[str, Any], strict: bool, *, counting: bool = False) -> 
         _top_k(request, chat)
         if request.metadata:
             reported.append("metadata")
+        chat["include_reasoning"] = _thinking(body.get("thinking"), reported)
     if request.tools:
         chat["tools"] = [_tool(tool, i, reported) for i, tool in enumerate(request.tools)]
     if request.tool_choice is not None:
@@ -175,6 +174,29 @@ def translate(body: dict[str, Any], strict: bool, *, counting: bool = False) -> 
     RULES.pass_on(body, chat)
     RULES.refuse_unused(strict, reported)
     return Translation(request=request, chat=chat, reported=reported, sources=sources)
+
+
+def _thinking(value: Any, reported: list[str]) -> bool:
+    """``thinking``: whether the reply carries a thinking model's block (``include_reasoning``).
+
+    ``enabled`` (or ``adaptive``) shows it as ``thinking`` blocks; ``disabled`` or none
+    leaves it out, as Anthropic does. The model thinks or not by its template
+    (``millm_host.reasoning``), so ``budget_tokens`` is reported, not honoured.
+    """
+    if value is None:
+        return False
+    if not isinstance(value, dict) or value.get("type") not in ("enabled", "disabled", "adaptive"):
+        raise InvalidParameter(
+            'thinking must be {"type": "enabled", "budget_tokens": N}, {"type": "adaptive"} or {"type": "disabled"}',
+            param="thinking",
+        )
+    budget = value.get("budget_tokens")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        raise InvalidParameter("thinking.budget_tokens must be a positive integer", param="thinking.budget_tokens")
+    if budget is not None:
+        reported.append("thinking.budget_tokens")
+    _report_keys(value, frozenset({"type", "budget_tokens"}), "thinking", reported)
+    return value["type"] != "disabled"
 
 
 def _top_k(request: Any, chat: dict[str, Any]) -> None:
@@ -324,8 +346,10 @@ def _assistant(blocks: list[Any], where: str, reported: list[str]) -> list[dict[
             )
         elif kind == "tool_result":
             raise InvalidParameter(f"{at}: tool_result blocks belong in a user turn", param=f"{at}.type")
+        elif kind in ("thinking", "redacted_thinking"):
+            pass  # a reply's thinking sent back, as Anthropic's clients do: the template leaves it out too
         else:
-            raise _unsupported(kind, at, "text and tool_use in an assistant turn")
+            raise _unsupported(kind, at, "text, tool_use and thinking in an assistant turn")
     turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         turn["tool_calls"] = calls
