@@ -14,7 +14,7 @@ for all of them; alone, a request is a batch of one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -174,9 +174,16 @@ def _bounds(positions: str | tuple[int, int], prompt_len: int) -> tuple[int, flo
 class ActivationReader:
     """The read hook's state: per position read, the top features."""
 
-    def __init__(self, attachment: Attachment, request: ActivationsRequest, prompt_len: int) -> None:
+    def __init__(
+        self,
+        attachment: Attachment,
+        request: ActivationsRequest,
+        prompt_len: int,
+        labels: Mapping[int, str] | None = None,
+    ) -> None:
         self.attachment = attachment
         self.request = request
+        self.labels = labels or {}  # the SAE's feature labels (label_cache.py): one dict per response
         self.records: dict[int, list[tuple[int, float]]] = {}
         self._candidates = attachment.sae.candidates(request.features)
         self._last = request.positions == "last"
@@ -231,13 +238,24 @@ class ActivationReader:
                     {
                         "position": p,
                         "token_id": token_ids[p],
-                        "features": [{"index": i, "value": v} for i, v in self.records[p]],
+                        "features": self._features(self.records[p]),
                     }
                     for p in sorted(self.records)
                 ],
                 "note": NOTES[read_point],
             }
         }
+
+    def _features(self, top: list[tuple[int, float]]) -> list[dict[str, Any]]:
+        """A position's features, each with its label where one is known."""
+        labels = self.labels
+        if not labels:
+            return [{"index": i, "value": v} for i, v in top]
+        found = []
+        for i, v in top:
+            label = labels.get(i)
+            found.append({"index": i, "value": v} if label is None else {"index": i, "value": v, "label": label})
+        return found
 
 
 def read_rows(hidden: Any, rows: Sequence[HookRow]) -> None:

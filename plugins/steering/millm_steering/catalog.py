@@ -72,16 +72,20 @@ class Catalog:
         sae = await asyncio.to_thread(self.store.sae, doc.sae_id)
         check_indices([i for i, _ in doc.features], sae.d_sae, doc.sae_id, lambda j: f"features[{j}].index")
         record, profile = await asyncio.to_thread(self.store.add_cluster, document, doc)
-        return self.cluster_view(record, profile, self.state.touch())
+        return await self._labelled(self.cluster_view(record, profile, self.state.touch()))
+
+    async def _labelled(self, view: dict[str, Any]) -> dict[str, Any]:
+        """A cluster's view with its features' labels."""
+        return (await self.service.with_labels([view]))[0]
 
     async def list_clusters(self) -> list[dict[str, Any]]:
         rows = await asyncio.to_thread(self.store.clusters)
         snap = self.state.snapshot()
-        return [self.cluster_view(c, p, snap) for c, p in rows]
+        return await self.service.with_labels([self.cluster_view(c, p, snap) for c, p in rows])
 
     async def get_cluster(self, cluster_id: str) -> dict[str, Any]:
         record, profile = await asyncio.to_thread(self.store.cluster, cluster_id)
-        return self.cluster_view(record, profile, self.state.snapshot())
+        return await self._labelled(self.cluster_view(record, profile, self.state.snapshot()))
 
     async def export_cluster(self, cluster_id: str) -> Any:
         record, _ = await asyncio.to_thread(self.store.cluster, cluster_id)
@@ -94,14 +98,14 @@ class Catalog:
     async def activate_cluster(self, cluster_id: str) -> dict[str, Any]:
         record, profile = await asyncio.to_thread(self.store.cluster, cluster_id)
         snap = self.state.activate(to_profile(profile, record))
-        return {**self.cluster_view(record, profile, snap), "epoch": snap.epoch}
+        return await self._labelled({**self.cluster_view(record, profile, snap), "epoch": snap.epoch})
 
     async def deactivate_cluster(self, cluster_id: str) -> dict[str, Any]:
         record, profile = await asyncio.to_thread(self.store.cluster, cluster_id)
         snap = self.state.snapshot()
         if snap.active is not None and snap.active.cluster_id == cluster_id:
             snap = self.state.activate(None)
-        return {**self.cluster_view(record, profile, snap), "epoch": snap.epoch}
+        return await self._labelled({**self.cluster_view(record, profile, snap), "epoch": snap.epoch})
 
     async def set_cluster_intensity(self, cluster_id: str, value: Any) -> dict[str, Any]:
         """Set the persistent dial (bounds [0, max]); an active cluster picks it up at once."""
@@ -114,7 +118,7 @@ class Catalog:
             snap = self.state.activate(to_profile(profile, record))
         else:
             snap = self.state.touch()
-        return {**self.cluster_view(record, profile, snap), "epoch": snap.epoch}
+        return await self._labelled({**self.cluster_view(record, profile, snap), "epoch": snap.epoch})
 
     # --- circuits -------------------------------------------------------------------------
     def _circuit_high(self, record: CircuitRecord) -> float:
@@ -173,11 +177,15 @@ class Catalog:
     async def list_circuits(self) -> list[dict[str, Any]]:
         records = await asyncio.to_thread(self.store.circuits)
         snap = self.state.snapshot()
-        return [self.circuit_view(r, snap) for r in records]
+        views = [self.circuit_view(r, snap) for r in records]
+        await self.service.with_labels([m for v in views for m in v["members"]])
+        return views
 
     async def get_circuit(self, circuit_id: str) -> dict[str, Any]:
         record = await asyncio.to_thread(self.store.circuit, circuit_id)
-        return self.circuit_view(record, self.state.snapshot())
+        view = self.circuit_view(record, self.state.snapshot())
+        await self.service.with_labels(view["members"])
+        return view
 
     async def export_circuit(self, circuit_id: str) -> Any:
         return (await asyncio.to_thread(self.store.circuit, circuit_id)).document
@@ -218,4 +226,5 @@ class Catalog:
             for cid in sorted(snap.circuits)
             if cid in by_id
         ]
+        await self.service.with_labels([m for v in data for m in v["members"]])
         return {"object": "list", "data": data, "epoch": snap.epoch}

@@ -29,6 +29,10 @@ class CircuitNotFound(MillmError):
     status, code, type = 404, "circuit_not_found", INVALID_REQUEST
 
 
+class LabelNotFound(MillmError):
+    status, code, type = 404, "label_not_found", INVALID_REQUEST
+
+
 class Conflict(MillmError):
     """A management change that contradicts stored state (a name taken, an SAE in use)."""
 

@@ -66,13 +66,21 @@ def service(host) -> SteeringService:
 
 @hookimpl
 def register_settings(register) -> None:
-    """Where SAEs come from, the activation limits and the intensity bounds."""
+    """Where SAEs come from, the labels file limit, the activation limits and the intensity bounds."""
     register(
         Setting(
             "MILLM_SAE_DIRS",
             list,
             None,
             "Directories SAEs may be registered from (POST /api/saes); default <data dir>/saes",
+        )
+    )
+    register(
+        Setting(
+            "SAE_LABELS_MAX_BYTES",
+            int,
+            64 * 1024 * 1024,
+            "Largest feature-labels file imported (POST /api/saes/{sae_id}/labels), once decompressed",
         )
     )
     register(Setting("SAE_ACTIVATIONS_MAX_TOP_K", int, 64, "Largest top_k of return_sae_activations"))

@@ -119,6 +119,8 @@ def validate(ctx: RequestContext, service: SteeringService) -> None:
     req.activations = activations.parse(body.get("return_sae_activations"), ctx.settings["SAE_ACTIVATIONS_MAX_TOP_K"])
     if req.activations is not None:
         activations.check_request_shape(ctx)
+        for sae_id in {a.sae_id for a in service.state.snapshot().attached()}:
+            service.labels.warm(sae_id)  # the labels its reader reports (label_cache.py)
     if service.is_resident(ctx.model.id):
         _check(service.state.snapshot(), req)
     else:  # SAEs only ever attach to the resident model: refuse before an auto-load would evict it
@@ -229,7 +231,7 @@ def hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHook] | No
     req.plan = Plan(service.state, snap, served, dtype, refresh)
     installed = req.plan.hooks()
     if req.activations is not None:
-        req.reader = ActivationReader(activations.select(snap, req.activations), req.activations, len(ctx.prompts[0]))
+        req.reader = _reader(snap, req.activations, len(ctx.prompts[0]), service)
         installed.append(req.reader.hook())
     return installed or None
 
@@ -240,8 +242,14 @@ def scoring_hooks(ctx: RequestContext, service: SteeringService) -> list[LayerHo
     if req is None or req.activations is None:
         return None
     snap = service.state.snapshot()
-    req.reader = ActivationReader(activations.select(snap, req.activations), req.activations, len(ctx.prompts[0]))
+    req.reader = _reader(snap, req.activations, len(ctx.prompts[0]), service)
     return [req.reader.hook()]
+
+
+def _reader(snap: Snapshot, request: ActivationsRequest, prompt_len: int, service: SteeringService) -> ActivationReader:
+    """The activation reader of a request, with its SAE's labels as validation read them."""
+    attachment = activations.select(snap, request)
+    return ActivationReader(attachment, request, prompt_len, service.labels.get(attachment.sae_id))
 
 
 def scoring_activations(ctx: RequestContext) -> dict[str, Any] | None:

@@ -1,7 +1,7 @@
 """The steering management API (JSON; errors in OpenAI's shape).
 
 ``/api/saes``: register, list, show, delete SAELens directories; attach and detach
-them on the resident model. ``/api/steering``: the live values (and
+them on the resident model; import, list and search their feature labels. ``/api/steering``: the live values (and
 ``/api/steering/lock``). ``/api/profiles``: saved profiles, activation.
 ``/api/clusters`` and ``/api/circuits``: imported documents, activation, dials.
 """
@@ -12,15 +12,21 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from millm_host.api import InvalidParameter, JsonResource, check_display_name, operation
+from millm_host.api import InvalidParameter, JsonResource, Param, check_display_name, operation
 
 from .features import Features, non_negative_int, parse_features
 from .hashing import STRENGTH_LIMIT
+from .label_service import PAGE_MAX
 from .schemas import (
     CircuitDocument,
     ClusterDocument,
     CreateProfile,
+    FeatureLabel,
+    FeatureLabelPage,
+    ImportLabels,
     IntensityBody,
+    LabelImport,
+    LabelsDeleted,
     LayerBody,
     LockBody,
     RegisterSAE,
@@ -146,22 +152,64 @@ class SAE(_Resource):
         resp.media = await self.service.detach(sae_id, _layer(body))
 
 
+class Labels(_Resource):
+    """``/api/saes/{sae_id}/labels`` and ``/api/saes/{sae_id}/labels/{index}``: feature labels."""
+
+    @operation(
+        "Import feature labels (Neuronpedia's export, SAELens' autointerp lines)",
+        request=ImportLabels,
+        response=LabelImport,
+        errors=(404,),
+    )
+    async def on_post(self, req, resp, sae_id: str) -> None:
+        body = _body(await self.json(req), (), ("path", "content", "labels", "mode", "duplicates"))
+        resp.media = await self.service.labelling.import_labels(sae_id, body)
+
+    @operation(
+        "The SAE's labels in feature order; q: those holding this text (case-insensitive)",
+        response=FeatureLabelPage,
+        errors=(404,),
+        query=[
+            Param("q", description="Text the label holds, case-insensitive"),
+            Param("limit", {"type": "integer", "minimum": 1, "maximum": PAGE_MAX}, "Labels per page (default 100)"),
+            Param("after", {"type": "integer", "minimum": 0}, "Continue after this feature index (last_id)"),
+        ],
+    )
+    async def on_get(self, req, resp, sae_id: str) -> None:
+        resp.media = await self.service.labelling.search(
+            sae_id, req.get_param("q") or None, req.get_param("limit"), req.get_param("after")
+        )
+
+    @operation("Forget the SAE's labels", response=LabelsDeleted, errors=(404,))
+    async def on_delete(self, req, resp, sae_id: str) -> None:
+        resp.media = await self.service.labelling.delete_labels(sae_id)
+
+    @operation("One feature's label", response=FeatureLabel, errors=(404,))
+    async def on_get_one(self, req, resp, sae_id: str, index: str) -> None:
+        resp.media = await self.service.labelling.get_label(sae_id, index)
+
+
 class Steering(_Resource):
     """``/api/steering``: the live (manual) values."""
 
+    async def _labelled(self, view: dict[str, Any]) -> dict[str, Any]:
+        await self.service.with_labels(view["manual"])
+        return view
+
     @operation("The live steering values")
     async def on_get(self, req, resp) -> None:
-        resp.media = self.service.steering_view(self.service.state.snapshot())
+        resp.media = await self._labelled(self.service.steering_view(self.service.state.snapshot()))
 
     @operation("Set the live steering values", request=SetSteering, errors=(404, 409))
     async def on_put(self, req, resp) -> None:
         body = _body(await self.json(req), ("sae_id", "features"), ("layer",))
         features = await _features(body["features"], max_abs=STRENGTH_LIMIT)
-        resp.media = self.service.set_manual(_required_string(body, "sae_id"), _layer(body), features)
+        view = self.service.set_manual(_required_string(body, "sae_id"), _layer(body), features)
+        resp.media = (await self.service.with_labels([view]))[0]
 
     @operation("Clear the live steering values")
     async def on_delete(self, req, resp) -> None:
-        resp.media = self.service.clear_manual()
+        resp.media = await self._labelled(self.service.clear_manual())
 
 
 class Lock(_Resource):
@@ -315,6 +363,9 @@ def install(host: Host, service: SteeringService, add_route) -> None:
     add_route("/api/saes/{sae_id}", sae)
     add_route("/api/saes/{sae_id}/attach", sae, suffix="attach")
     add_route("/api/saes/{sae_id}/detach", sae, suffix="detach")
+    labels = Labels(host, service)
+    add_route("/api/saes/{sae_id}/labels", labels)
+    add_route("/api/saes/{sae_id}/labels/{index}", labels, suffix="one")
     add_route("/api/steering", Steering(host, service))
     add_route("/api/steering/lock", Lock(host, service))
     profiles, profile = Profiles(host, service), Profile(host, service)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from millm_host.api import ResponseModel
+
 
 class Feature(BaseModel):
     index: int = Field(ge=0)
@@ -119,3 +121,67 @@ class CircuitDocument(BaseModel):
 
 class IntensityBody(BaseModel):
     intensity: float = Field(ge=0, le=2, description="The persistent dial λ, within [0, max]")
+
+
+class LabelRecord(BaseModel):
+    """One explanation: Neuronpedia's export record, or a SAELens autointerp line (other keys ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int | str = Field(description="The feature index (Neuronpedia sends it as a string)")
+    description: str | None = Field(default=None, description="The label (Neuronpedia)")
+    explanation: str | None = Field(default=None, description="The label (SAELens autointerp)")
+    modelId: str | None = None
+    layer: str | None = Field(default=None, description="Neuronpedia's SAE id, as <layer>-<set>")
+    typeName: str | None = None
+    explanationModelName: str | None = None
+    explanationModel: str | None = None
+    explanationScore: float | None = None
+
+
+class ImportLabels(BaseModel):
+    path: str | None = Field(
+        default=None,
+        description="A labels file under MILLM_SAE_DIRS: a JSON array or JSON lines, gzip-compressed or not",
+    )
+    content: str | None = Field(default=None, description="A labels file's text, uploaded")
+    labels: list[LabelRecord] | None = Field(default=None, description="The records themselves")
+    mode: Literal["replace", "merge"] = Field(
+        default="replace", description="replace: the SAE's labels become these; merge: these replace theirs only"
+    )
+    duplicates: Literal["refuse", "first"] = Field(
+        default="refuse", description="A feature labelled twice: refused, or its first label kept"
+    )
+
+
+class LabelImport(ResponseModel):
+    sae_id: str
+    mode: str
+    imported: int
+    skipped_duplicates: int
+    formats: list[str] = Field(description="neuronpedia (description) and/or saelens (explanation)")
+    source: str | None = Field(description="<modelId>/<layer> the records name, if they do")
+    labels: int = Field(description="How many labels the SAE has now")
+
+
+class FeatureLabel(ResponseModel):
+    sae_id: str
+    index: int
+    label: str
+    explainer: str | None
+    method: str | None
+    score: float | None
+    imported: int
+
+
+class FeatureLabelPage(ResponseModel):
+    object: str
+    data: list[FeatureLabel]
+    first_id: int | None
+    last_id: int | None
+    has_more: bool
+
+
+class LabelsDeleted(ResponseModel):
+    sae_id: str
+    deleted: int

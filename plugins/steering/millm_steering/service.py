@@ -21,6 +21,8 @@ from .errors import Conflict, SAENotAttached
 from .features import Features, check_indices, features_json
 from .header import steering_value, unknown_value
 from .intensity import Dialing, Limits
+from .label_cache import LabelCache
+from .label_service import LabelService
 from .resolve import select_attachment, serve
 from .state import Attachment, Snapshot, SteeringState
 from .store import Store, to_profile
@@ -51,6 +53,8 @@ class SteeringService:
         from .catalog import Catalog  # it imports this module's helpers
 
         self.catalog = Catalog(self)
+        self.labels = LabelCache(self.store)
+        self.labelling = LabelService(self)
         self.converger: Converger  # set at startup (plugin.py)
 
     def sae_dirs(self) -> list[Path]:
@@ -67,7 +71,7 @@ class SteeringService:
         return self.host.resident_engine() is not None and self.host.resident_model_id() == model_id
 
     # --- views ------------------------------------------------------------------------------
-    def sae_view(self, record: SAERecord, snap: Snapshot) -> dict[str, Any]:
+    def sae_view(self, record: SAERecord, snap: Snapshot, labels: int = 0) -> dict[str, Any]:
         return {
             "sae_id": record.sae_id,
             "path": record.path,
@@ -81,7 +85,13 @@ class SteeringService:
             "model_name": record.cfg.get("model_name"),
             "created": record.created,
             "attached": [{"layer": a.layer, "hook_point": a.hook_name} for a in snap.attached(record.sae_id)],
+            "labels": labels,
         }
+
+    async def with_labels(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Views of feature sets (``sae_id``, ``features``), each feature with its label where known."""
+        await self.labelling.annotate((v["sae_id"], v["features"]) for v in views)
+        return views
 
     def profile_view(self, record: ProfileRecord, snap: Snapshot) -> dict[str, Any]:
         profile = to_profile(record, self.store.cluster_of(record.name))
@@ -155,18 +165,25 @@ class SteeringService:
         return self.sae_view(record, self.state.touch())
 
     async def list_saes(self) -> list[dict[str, Any]]:
-        records = await asyncio.to_thread(self.store.saes)
+        def read() -> tuple[list[SAERecord], dict[str, int]]:
+            return self.store.saes(), self.store.label_counts()
+
+        records, counts = await asyncio.to_thread(read)
         snap = self.state.snapshot()
-        return [self.sae_view(r, snap) for r in records]
+        return [self.sae_view(r, snap, counts.get(r.sae_id, 0)) for r in records]
 
     async def get_sae(self, sae_id: str) -> dict[str, Any]:
-        record = await asyncio.to_thread(self.store.sae, sae_id)
-        return self.sae_view(record, self.state.snapshot())
+        def read() -> tuple[SAERecord, dict[str, int]]:
+            return self.store.sae(sae_id), self.store.label_counts(sae_id)
+
+        record, counts = await asyncio.to_thread(read)
+        return self.sae_view(record, self.state.snapshot(), counts.get(sae_id, 0))
 
     async def delete_sae(self, sae_id: str) -> None:
         if self.state.snapshot().attached(sae_id):
             raise Conflict(f"SAE {sae_id!r} is attached; detach it first", param="sae_id", code="sae_attached")
         await asyncio.to_thread(self.store.delete_sae, sae_id)
+        self.labels.forget(sae_id)
         self.state.touch()
 
     async def attach(self, sae_id: str, layer: int | None) -> dict[str, Any]:
@@ -291,16 +308,16 @@ class SteeringService:
         profile = await asyncio.to_thread(
             self.store.add_profile, name, sae_id, record.layer if layer is None else layer, features
         )
-        return self.profile_view(profile, self.state.touch())
+        return (await self.with_labels([self.profile_view(profile, self.state.touch())]))[0]
 
     async def list_profiles(self) -> list[dict[str, Any]]:
         records = await asyncio.to_thread(self.store.profiles)
         snap = self.state.snapshot()
-        return [self.profile_view(r, snap) for r in records]
+        return await self.with_labels([self.profile_view(r, snap) for r in records])
 
     async def get_profile(self, name: str) -> dict[str, Any]:
         record = await asyncio.to_thread(self.store.profile, name)
-        return self.profile_view(record, self.state.snapshot())
+        return (await self.with_labels([self.profile_view(record, self.state.snapshot())]))[0]
 
     async def delete_profile(self, name: str) -> None:
         await asyncio.to_thread(self.store.delete_profile, name)
@@ -310,7 +327,7 @@ class SteeringService:
         record = await asyncio.to_thread(self.store.profile, name)
         profile = await asyncio.to_thread(self.store.load_profile, name)
         snap = self.state.activate(profile)
-        return {**self.profile_view(record, snap), "epoch": snap.epoch}
+        return (await self.with_labels([{**self.profile_view(record, snap), "epoch": snap.epoch}]))[0]
 
     def deactivate(self) -> dict[str, Any]:
         snap = self.state.activate(None)

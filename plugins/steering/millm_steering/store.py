@@ -1,10 +1,12 @@
-"""Stored steering data: registered SAEs, profiles, the lock, imported clusters and circuits
-(blocking; call off the event loop)."""
+"""Stored steering data: registered SAEs, profiles, the lock, imported clusters and circuits, feature
+labels (blocking; call off the event loop)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -13,12 +15,15 @@ from millm_host.api import Database
 from millm_saelens import SAEConfig
 
 from .documents import ClusterDoc, read_cluster
-from .errors import CircuitNotFound, ClusterNotFound, Conflict, ProfileNotFound, SAENotFound
+from .errors import CircuitNotFound, ClusterNotFound, Conflict, LabelNotFound, ProfileNotFound, SAENotFound
 from .features import Features
+from .labels import Label
 from .state import Profile
-from .tables import CircuitRecord, ClusterRecord, LockRecord, ProfileRecord, SAERecord
+from .tables import CircuitRecord, ClusterRecord, LabelRecord, LockRecord, ProfileRecord, SAERecord
 
 LOCK_ROW = 1
+#: Feature indices per ``IN (...)`` (SQLite allows 32,766 bound values; PostgreSQL more).
+IN_CHUNK = 500
 
 
 def to_profile(record: ProfileRecord, cluster: ClusterRecord | None = None) -> Profile:
@@ -80,6 +85,7 @@ class Store:
                     param="sae_id",
                     code="sae_in_use",
                 )
+            session.execute(sa.delete(LabelRecord).where(LabelRecord.sae_id == sae_id))  # its labels go with it
             session.delete(record)
 
     # --- profiles -----------------------------------------------------------------------
@@ -253,3 +259,115 @@ class Store:
                 raise CircuitNotFound(f"no circuit is imported as {circuit_id!r}", param="circuit_id")
             record.intensity = intensity
         return record
+
+    # --- feature labels -------------------------------------------------------------------
+    def store_labels(self, sae_id: str, labels: Iterable[Label], mode: str) -> int:
+        """Store an SAE's labels: ``replace`` drops every label it had first, ``merge`` only those of the
+        features given. One transaction; returns how many labels the SAE has now."""
+        now = int(time.time())
+        rows = [
+            {
+                "sae_id": sae_id,
+                "feature": label.index,
+                "label": label.text,
+                "folded": label.text.casefold(),
+                "explainer": label.explainer,
+                "method": label.method,
+                "score": label.score,
+                "imported": now,
+            }
+            for label in labels
+        ]
+        with self.db.session() as session, session.begin():
+            if session.get(SAERecord, sae_id) is None:
+                raise SAENotFound(f"no SAE is registered as {sae_id!r}", param="sae_id")
+            mine = LabelRecord.sae_id == sae_id
+            if mode == "replace":
+                session.execute(sa.delete(LabelRecord).where(mine))
+            else:
+                features = [row["feature"] for row in rows]
+                for start in range(0, len(features), IN_CHUNK):
+                    chunk = features[start : start + IN_CHUNK]
+                    session.execute(sa.delete(LabelRecord).where(mine, LabelRecord.feature.in_(chunk)))
+            if rows:
+                session.execute(sa.insert(LabelRecord), rows)
+            return session.scalar(sa.select(sa.func.count()).select_from(LabelRecord).where(mine)) or 0
+
+    def delete_labels(self, sae_id: str) -> int:
+        """Forget an SAE's labels; returns how many there were."""
+        with self.db.session() as session, session.begin():
+            if session.get(SAERecord, sae_id) is None:
+                raise SAENotFound(f"no SAE is registered as {sae_id!r}", param="sae_id")
+            done = session.execute(sa.delete(LabelRecord).where(LabelRecord.sae_id == sae_id))
+            return int(getattr(done, "rowcount", 0) or 0)
+
+    def label(self, sae_id: str, index: int) -> LabelRecord:
+        with self.db.session() as session:
+            if session.get(SAERecord, sae_id) is None:
+                raise SAENotFound(f"no SAE is registered as {sae_id!r}", param="sae_id")
+            record = session.get(LabelRecord, (sae_id, index))
+        if record is None:
+            raise LabelNotFound(f"feature {index} of SAE {sae_id!r} has no label", param="index")
+        return record
+
+    def search_labels(
+        self, sae_id: str, text: str | None, limit: int, after: int | None
+    ) -> tuple[list[LabelRecord], bool]:
+        """An SAE's labels in feature order, those holding ``text`` (case-insensitive) when given, after
+        the feature ``after``: one page and whether more follow."""
+        query = sa.select(LabelRecord).where(LabelRecord.sae_id == sae_id).order_by(LabelRecord.feature)
+        if text:
+            query = query.where(LabelRecord.folded.contains(text.casefold(), autoescape=True))
+        if after is not None:
+            query = query.where(LabelRecord.feature > after)
+        with self.db.session() as session:
+            if session.get(SAERecord, sae_id) is None:
+                raise SAENotFound(f"no SAE is registered as {sae_id!r}", param="sae_id")
+            rows = list(session.scalars(query.limit(limit + 1)))
+        return rows[:limit], len(rows) > limit
+
+    def label_counts(self, sae_id: str | None = None) -> dict[str, int]:
+        """How many labels each SAE (or only ``sae_id``) has; SAEs without any left out."""
+        query = sa.select(LabelRecord.sae_id, sa.func.count()).group_by(LabelRecord.sae_id)
+        if sae_id is not None:
+            query = query.where(LabelRecord.sae_id == sae_id)
+        with self.db.session() as session:
+            return {sae: int(n) for sae, n in session.execute(query)}
+
+    def labels_for(self, wanted: Mapping[str, Iterable[int]]) -> dict[str, dict[int, str]]:
+        """The labels of the given features, per SAE (features without one left out)."""
+        found: dict[str, dict[int, str]] = {}
+        with self.db.session() as session:
+            for sae_id, indices in wanted.items():
+                features = sorted(set(indices))
+                mine = found.setdefault(sae_id, {})
+                for start in range(0, len(features), IN_CHUNK):
+                    chunk = features[start : start + IN_CHUNK]
+                    rows = session.execute(
+                        sa.select(LabelRecord.feature, LabelRecord.label).where(
+                            LabelRecord.sae_id == sae_id, LabelRecord.feature.in_(chunk)
+                        )
+                    )
+                    mine.update({int(feature): label for feature, label in rows})
+        return found
+
+    def all_labels(self, sae_id: str) -> dict[int, str]:
+        """Every label of an SAE (for the activations' cache)."""
+        with self.db.session() as session:
+            rows = session.execute(
+                sa.select(LabelRecord.feature, LabelRecord.label).where(LabelRecord.sae_id == sae_id)
+            )
+            return {int(feature): label for feature, label in rows}
+
+
+def label_json(record: LabelRecord) -> dict[str, Any]:
+    """A label as the API shows it."""
+    return {
+        "sae_id": record.sae_id,
+        "index": record.feature,
+        "label": record.label,
+        "explainer": record.explainer,
+        "method": record.method,
+        "score": record.score,
+        "imported": record.imported,
+    }

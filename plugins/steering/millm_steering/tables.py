@@ -1,4 +1,5 @@
-"""This plugin's tables: registered SAEs, saved profiles, the steering lock, imported clusters and circuits."""
+"""This plugin's tables: registered SAEs, saved profiles, the steering lock, imported clusters and circuits,
+and the SAEs' feature labels."""
 
 from __future__ import annotations
 
@@ -83,3 +84,19 @@ class DesiredRecord(Base):
     id: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     revision: Mapped[int] = mapped_column(sa.Integer)
     document: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+
+
+class LabelRecord(Base):
+    """One feature's label (an explanation imported from Neuronpedia or SAELens). ``folded`` is the label
+    case-folded in Python, so a search matches the same on SQLite and PostgreSQL."""
+
+    __tablename__ = "steering_feature_labels"
+
+    sae_id: Mapped[str] = mapped_column(sa.String(200), sa.ForeignKey("steering_saes.sae_id"), primary_key=True)
+    feature: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    label: Mapped[str] = mapped_column(sa.Text)
+    folded: Mapped[str] = mapped_column(sa.Text)
+    explainer: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    method: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    score: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    imported: Mapped[int] = mapped_column(sa.Integer)

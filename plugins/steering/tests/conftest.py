@@ -114,5 +114,12 @@ def pytest_collection_modifyitems(items):
 
 
 STORED = frozenset(
-    {"test_management.py", "test_clusters.py", "test_circuits.py", "test_lifecycle.py", "test_hostile_names.py"}
+    {
+        "test_management.py",
+        "test_clusters.py",
+        "test_circuits.py",
+        "test_lifecycle.py",
+        "test_hostile_names.py",
+        "test_labels.py",
+    }
 )

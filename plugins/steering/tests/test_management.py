@@ -28,6 +28,7 @@ def test_register_list_show_delete(client, sae_dir):
         "model_name": "test",
         "created": registered["created"],
         "attached": [],
+        "labels": 0,  # feature labels imported (test_labels.py)
     }
     assert client.get("/api/saes/res-jb--layer_1").json() == registered
     assert [s["sae_id"] for s in client.get("/api/saes").json()["data"]] == ["res-jb--layer_1"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from millm_webui.api_client import Answer, NeedsKey
-from millm_webui.pages import PAGES, probes, sessions
+from millm_webui.pages import PAGES, clusters, probes, sessions, steering
 from millm_webui.render import render
 
 HOSTILE = "<script>alert(1)</script>"
@@ -100,6 +100,59 @@ def test_names_are_escaped():
     api = FakeApi({"/api/probes": {"data": [probe()]}})
     html = show(probes.PAGE, api)
     assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_feature_labels_are_shown_beside_indices_and_escaped():
+    """Profiles, clusters and a label search show each feature's label (imported from Neuronpedia or SAELens)."""
+    sae = {
+        "sae_id": "res",
+        "d_in": 64,
+        "d_sae": 256,
+        "hook_point": "blocks.0.hook_resid_post",
+        "architecture": "standard",
+        "k": None,
+        "attached": [],
+        "labels": 2,
+    }
+    labelled = [{"index": 12, "strength": 4.0, "label": "cats and kittens"}, {"index": 13, "strength": 1.0}]
+    api = FakeApi(
+        {
+            "/api/saes": {"data": [sae]},
+            "/api/steering": {"manual": [], "attached": []},
+            "/api/profiles": {"data": [{"name": "p", "sae_id": "res", "layer": 0, "features": labelled}]},
+            "/api/saes/res/labels": {
+                "data": [{"index": 40, "label": HOSTILE, "explainer": "gpt-4o-mini", "method": "oai_token-act-pair"}],
+                "has_more": True,
+            },
+        }
+    )
+    req = FakeReq(labels_sae="res", q="cert")
+    data = run(steering.PAGE.load(api, req))
+    html = render(steering.PAGE.template, nav=[], page=steering.PAGE, path=steering.PAGE.path, **data)
+    assert '#12 <span class="feature-label">cats and kittens</span> × 4.0' in html and "#13 × 1.0" in html
+    assert 'id="label-results"' in html and "More match" in html and "gpt-4o-mini · oai_token-act-pair" in html
+    assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert 'id="import-labels"' in html
+    cluster = {
+        "cluster_id": "c",
+        "name": "c",
+        "sae_id": "res",
+        "layer": 0,
+        "features": labelled,
+        "intensity": 1.0,
+        "intensity_bounds": [0.0, 2.0],
+        "intensity_range": None,
+        "active": False,
+        "live": False,
+    }
+    html = show(clusters.PAGE, FakeApi({"/api/clusters": {"data": [cluster]}}))
+    assert '<span class="feature-label">cats and kittens</span>' in html
+
+
+def test_without_an_sae_the_labels_card_says_what_to_do():
+    api = FakeApi({"/api/saes": {"data": []}, "/api/profiles": {"data": []}})
+    html = show(steering.PAGE, api)
+    assert "Register an SAE first; then import its labels here." in html
 
 
 @pytest.mark.parametrize(

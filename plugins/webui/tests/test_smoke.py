@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, ui_model_dir, ui_env):
-    return server_factory(ui_model_dir, env=ui_env())
+def sae_root(tmp_path_factory):
+    """The server's ``MILLM_SAE_DIRS``: an SAE and its Neuronpedia label export."""
+    from millm_saelens.testing import write_sae
+
+    root = tmp_path_factory.mktemp("ui-saes")
+    write_sae(root / "ui-sae", d_in=64, d_sae=32, layer=0)
+    export = [
+        {"modelId": "probe-llama", "layer": "0-res", "index": "5", "description": "cats and kittens"},
+        {"modelId": "probe-llama", "layer": "0-res", "index": "9", "description": "Python function definitions"},
+    ]
+    (root / "export.json").write_text(json.dumps(export), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(server_factory, ui_model_dir, ui_env, sae_root):
+    return server_factory(ui_model_dir, env=ui_env(MILLM_SAE_DIRS=str(sae_root)))
 
 
 def test_the_overview_page_lists_every_page_and_the_root_redirects(server, ui_page):
@@ -49,3 +66,31 @@ def test_measure_approve_and_override_the_probe_capacity(server, ui_page):
         stored = http.get(f"/api/models/{model_id}/probe-capacity").json()["stored_limits"]
     assert stored["pct"] == 7.5
     page.shot("capacity")
+
+
+def test_feature_labels_are_imported_searched_and_shown(server, ui_page, sae_root):
+    with httpx.Client(base_url=server.base_url) as http:
+        http.post("/api/saes", json={"path": str(sae_root / "ui-sae"), "sae_id": "ui-sae"}).raise_for_status()
+        features = [{"index": 5, "strength": 1.0}]
+        http.post(
+            "/api/profiles", json={"name": "ui-cats", "sae_id": "ui-sae", "features": features}
+        ).raise_for_status()
+    try:
+        page = ui_page(server)
+        page.goto("/ui/steering")
+        form = page.page.locator("#import-labels")
+        form.locator("select[name=sae_id]").select_option("ui-sae")
+        form.locator("input[name=file]").set_input_files(str(sae_root / "export.json"))  # uploaded as content
+        form.locator("button").click()
+        shown = page.settled(page.page.locator("#profiles .feature-label", has_text="cats and kittens"))
+        assert "#5" in page.page.locator("#profiles tr[data-profile='ui-cats']").inner_text() and shown.is_visible()
+        search = page.page.locator("#search-labels")
+        search.locator("input[name=q]").fill("PYTHON")
+        search.locator("button").click()
+        results = page.settled(page.page.locator("#label-results"))
+        assert "Python function definitions" in results.inner_text() and "cats" not in results.inner_text()
+        page.shot("feature-labels")
+    finally:
+        with httpx.Client(base_url=server.base_url) as http:
+            http.delete("/api/profiles/ui-cats")
+            http.delete("/api/saes/ui-sae")

@@ -1,4 +1,4 @@
-// Steering: register an SAE, set live values, save them as a profile.
+// Steering: register an SAE, import its feature labels, set live values, save them as a profile.
 "use strict";
 
 (() => {
@@ -17,6 +17,17 @@
     window.location.reload();
   }
 
+  async function importLabels(form) {
+    const body = { mode: form.elements.mode.value };
+    const file = form.elements.file.files[0];
+    if (file) body.content = await file.text();
+    else body.path = form.elements.path.value;
+    const url = `/api/saes/${encodeURIComponent(form.elements.sae_id.value)}/labels`;
+    const answer = await api("POST", url, body);
+    if (!answer.ok) { flash(errorMessage(answer), "refusal"); return; }
+    window.location.reload();
+  }
+
   document.addEventListener("submit", (event) => {
     const form = event.target;
     if (form.id === "register-sae") {
@@ -27,6 +38,9 @@
     } else if (form.id === "set-steering") {
       event.preventDefault();
       send("PUT", "/api/steering", { sae_id: form.elements.sae_id.value, features: parseFeatures(form.elements.features.value) });
+    } else if (form.id === "import-labels") {
+      event.preventDefault();
+      importLabels(form);
     } else if (form.id === "save-profile") {
       event.preventDefault();
       const live = document.getElementById("set-steering");
