@@ -3,8 +3,8 @@
 Each translates its body into a chat body, by ``FieldRules`` it declares (fields it
 refuses, reports as unused, or passes on to the chat rules), builds the chat
 completion's context from it, serves it as chat, and writes the result in its own
-terms (``ServingAsChat.written``). A refusal names the field as the client sent it
-(``named_as_sent``).
+terms (``ServingAsChat.written``; a stream through a ``ChunkWriter``). A refusal
+names the field as the client sent it (``named_as_sent``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,54 @@ from ..errors import FieldNotHonoured, MillmError, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
 from .base import ClientGone, Result
 from .chat import ServingChat
+
+#: Keys of a chat completion (or chunk) that such an API says in its own way; any other key is a
+#: plugin's extra (``millm_steering``, probe verdicts) and is carried over as it is.
+CHAT_KEYS = frozenset(
+    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier", "error"}
+)
+
+
+def extras_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The plugins' extras of a chat completion or chunk (its keys outside ``CHAT_KEYS``)."""
+    return {key: value for key, value in body.items() if key not in CHAT_KEYS}
+
+
+class ChunkWriter:
+    """A chat stream written as another API's events: choice 0's deltas become events, in order
+    (``add_reasoning``, ``add_text``, ``add_call``); its finish reason and the plugins' extras are kept."""
+
+    def __init__(self) -> None:
+        self.finish_reason: str | None = None
+        self.extras: dict[str, Any] = {}
+
+    def add_reasoning(self, text: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def add_text(self, text: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def add_call(self, fragment: dict[str, Any]) -> list[dict[str, Any]]:
+        """A chat ``tool_calls`` delta entry."""
+        raise NotImplementedError
+
+    def chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events one chat chunk makes."""
+        self.extras.update(extras_of(chunk))
+        events: list[dict[str, Any]] = []
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                events.extend(self.add_reasoning(delta["reasoning_content"]))
+            if delta.get("content"):
+                events.extend(self.add_text(delta["content"]))
+            for fragment in delta.get("tool_calls") or ():
+                events.extend(self.add_call(fragment))
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        return events
 
 
 @contextmanager

@@ -16,24 +16,24 @@ from __future__ import annotations
 from typing import Any
 
 from ...context import RequestContext
+from ..as_chat import ChunkWriter
 from ..base import Chunks
 from .errors import stream_error
-from .render import CHAT_KEYS, message, stop_reason, stop_sequence, thinking_block, usage
+from .render import message, stop_reason, stop_sequence, thinking_block, usage
 
 PING = {"type": "ping"}
 
 
-class _Events:
+class _Events(ChunkWriter):
     """The state of one stream: the open block, the calls' block indexes, what was said."""
 
     def __init__(self, ctx: RequestContext) -> None:
+        super().__init__()
         self.ctx = ctx
         self.blocks = 0  # blocks opened so far (the next one's index)
         self.open: int | None = None  # the open block's index
         self.open_kind: str | None = None  # the open block's type: thinking, text or tool_use
         self.calls: dict[int, int] = {}  # chat tool call index -> block index
-        self.finish_reason: str | None = None
-        self.extras: dict[str, Any] = {}
 
     def start(self) -> dict[str, Any]:
         snapshot = message(self.ctx, [], None)
@@ -60,7 +60,7 @@ class _Events:
         )
         return events
 
-    def add_thinking(self, text: str) -> list[dict[str, Any]]:
+    def add_reasoning(self, text: str) -> list[dict[str, Any]]:
         events = [] if self.open_kind == "thinking" else self.begin(thinking_block(""))
         delta = {"type": "thinking_delta", "thinking": text}
         events.append({"type": "content_block_delta", "index": self.open, "delta": delta})
@@ -79,23 +79,6 @@ class _Events:
         if arguments:
             delta = {"type": "input_json_delta", "partial_json": arguments}
             events.append({"type": "content_block_delta", "index": self.calls[index], "delta": delta})
-        return events
-
-    def chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        self.extras.update({k: v for k, v in chunk.items() if k not in CHAT_KEYS})
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                events.extend(self.add_thinking(delta["reasoning_content"]))
-            if delta.get("content"):
-                events.extend(self.add_text(delta["content"]))
-            for fragment in delta.get("tool_calls") or ():
-                events.extend(self.add_call(fragment))
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
         return events
 
     def finish(self) -> list[dict[str, Any]]:

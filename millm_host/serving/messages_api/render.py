@@ -6,12 +6,7 @@ import json
 from typing import Any
 
 from ...context import RequestContext
-
-#: Keys of a chat completion (or chunk) that the message says in its own way; any other key is a
-#: plugin's extra (``millm_steering``, probe verdicts) and is carried over as it is.
-CHAT_KEYS = frozenset(
-    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier", "error"}
-)
+from ..as_chat import extras_of
 
 #: Chat finish reasons as Anthropic's stop reasons ("stop" is ``end_turn`` or ``stop_sequence``).
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
@@ -103,5 +98,5 @@ def message(
 def from_completion(ctx: RequestContext, completion: dict[str, Any]) -> dict[str, Any]:
     """The message for a chat completion body (plugins' extras carried over)."""
     choice = completion["choices"][0]
-    extras = {k: v for k, v in completion.items() if k not in CHAT_KEYS}
+    extras = extras_of(completion)
     return message(ctx, content_blocks(choice["message"]), choice["finish_reason"] or "stop", extras)

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...context import RequestContext
+from ..as_chat import ChunkWriter
 from ..base import Chunks
 from .render import (
-    CHAT_KEYS,
     call_item,
     message_id,
     message_item,
@@ -37,10 +37,11 @@ from .translate import Translation
 RESPONSE_ERROR_CODES = frozenset({"server_error", "rate_limit_exceeded", "invalid_prompt"})
 
 
-class _Events:
+class _Events(ChunkWriter):
     """The state of one stream: numbering, the open items, what was said."""
 
     def __init__(self, ctx: RequestContext, translation: Translation) -> None:
+        super().__init__()
         self.ctx, self.translation = ctx, translation
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # finished items, in output order
@@ -50,8 +51,6 @@ class _Events:
         self.reasoning: str | None = None  # the open reasoning item's text (None: none open)
         self.reasoning_index = 0
         self.calls: dict[int, tuple[int, dict[str, Any]]] = {}  # chat index -> (output index, call so far)
-        self.finish_reason: str | None = None
-        self.extras: dict[str, Any] = {}
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, **fields, "sequence_number": self.sequence}
@@ -245,23 +244,6 @@ class _Events:
 
     def _position(self, output_index: int) -> int:
         return min(output_index, len(self.output))
-
-    def chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        self.extras.update({k: v for k, v in chunk.items() if k not in CHAT_KEYS})
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                events.extend(self.add_reasoning(delta["reasoning_content"]))
-            if delta.get("content"):
-                events.extend(self.add_text(delta["content"]))
-            for fragment in delta.get("tool_calls") or ():
-                events.extend(self.add_call(fragment))
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        return events
 
     def finish(self) -> list[dict[str, Any]]:
         if not self.calls and self.text is None and not [i for i in self.output if i["type"] != "reasoning"]:

@@ -6,13 +6,8 @@ import time
 from typing import Any
 
 from ...context import RequestContext
+from ..as_chat import extras_of
 from .translate import Translation
-
-#: Keys of a chat completion (or chunk) that the response object says in its own way; any other
-#: key is a plugin's extra (``millm_steering``, probe verdicts) and is carried over as it is.
-CHAT_KEYS = frozenset(
-    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier", "error"}
-)
 
 
 def response_id(ctx: RequestContext) -> str:
@@ -166,7 +161,7 @@ def _text_format(text: dict[str, Any] | None) -> dict[str, Any]:
 def from_completion(ctx: RequestContext, translation: Translation, completion: dict[str, Any]) -> dict[str, Any]:
     """The response object for a chat completion body (plugins' extras carried over)."""
     choice = completion["choices"][0]
-    extras = {k: v for k, v in completion.items() if k not in CHAT_KEYS}
+    extras = extras_of(completion)
     return response_object(
         ctx,
         translation,
