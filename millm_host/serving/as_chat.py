@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from ..context import RequestContext
 from ..errors import FieldNotHonoured, MillmError, UnusedFieldsRefused
 from ..fields import is_no_change, strict_mode
-from .base import ClientGone, Result
+from .base import Chunks, ClientGone, Result
 from .chat import ServingChat
 
 #: Keys of a chat completion (or chunk) that such an API says in its own way; any other key is a
@@ -50,6 +50,46 @@ class ChunkWriter:
     def add_call(self, fragment: dict[str, Any]) -> list[dict[str, Any]]:
         """A chat ``tool_calls`` delta entry."""
         raise NotImplementedError
+
+    def start(self) -> list[dict[str, Any]]:
+        """The events before any chunk."""
+        raise NotImplementedError
+
+    def failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events for the error a chat stream ended with (the stream ends there)."""
+        raise NotImplementedError
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The events after the last chunk."""
+        raise NotImplementedError
+
+    #: What a keep-alive (a None from the chat stream) is written as.
+    keep_alive: dict[str, Any] | None = None
+
+    async def written(self, chunks: Chunks, ctx: RequestContext) -> Chunks:
+        """The events for a chat stream; closes ``chunks`` when it ends. No ``[DONE]``: such streams end
+        with their last event."""
+        try:
+            for event in self.start():
+                yield event
+            async for item in chunks:
+                if item is None:
+                    yield self.keep_alive  # lets the server notice a client that went away
+                    continue
+                if isinstance(item, str):  # "[DONE]"
+                    continue
+                if "error" in item:
+                    for event in self.failed(item["error"]):
+                        yield event
+                    return
+                for event in self.chunk(item):
+                    yield event
+            if ctx.interrupted == "client_disconnected":
+                return  # nobody reads what would follow
+            for event in self.finish():
+                yield event
+        finally:
+            await chunks.aclose()
 
     def chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The events one chat chunk makes."""

@@ -35,10 +35,15 @@ class _Events(ChunkWriter):
         self.open_kind: str | None = None  # the open block's type: thinking, text or tool_use
         self.calls: dict[int, int] = {}  # chat tool call index -> block index
 
-    def start(self) -> dict[str, Any]:
+    keep_alive = PING
+
+    def start(self) -> list[dict[str, Any]]:
         snapshot = message(self.ctx, [], None)
         snapshot["usage"]["output_tokens"] = 0
-        return {"type": "message_start", "message": snapshot}
+        return [{"type": "message_start", "message": snapshot}]
+
+    def failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
+        return [stream_error(error)]
 
     def close(self) -> list[dict[str, Any]]:
         if self.open is None:
@@ -90,25 +95,6 @@ class _Events(ChunkWriter):
         return events
 
 
-async def message_events(chunks: Chunks, ctx: RequestContext) -> Chunks:
+def message_events(chunks: Chunks, ctx: RequestContext) -> Chunks:
     """The Messages events for a chat stream (see the module docstring); closes ``chunks`` when it ends."""
-    state = _Events(ctx)
-    try:
-        yield state.start()
-        async for item in chunks:
-            if item is None:
-                yield PING  # lets the server notice a client that went away
-                continue
-            if isinstance(item, str):  # "[DONE]": the Messages stream has no such line
-                continue
-            if "error" in item:
-                yield stream_error(item["error"])
-                return
-            for event in state.chunk(item):
-                yield event
-        if ctx.interrupted == "client_disconnected":
-            return  # nobody reads what would follow
-        for event in state.finish():
-            yield event
-    finally:
-        await chunks.aclose()
+    return _Events(ctx).written(chunks, ctx)

@@ -257,6 +257,12 @@ class _Events(ChunkWriter):
         events.append(self.event(kind, response=response))
         return events
 
+    def start(self) -> list[dict[str, Any]]:
+        return [
+            self.event("response.created", response=self.snapshot("in_progress")),
+            self.event("response.in_progress", response=self.snapshot("in_progress")),
+        ]
+
     def failed(self, error: dict[str, Any]) -> list[dict[str, Any]]:
         param = self.translation.param(error.get("param"))
         response = self.snapshot("failed")
@@ -269,27 +275,6 @@ class _Events(ChunkWriter):
         ]
 
 
-async def response_events(chunks: Chunks, ctx: RequestContext, translation: Translation) -> Chunks:
+def response_events(chunks: Chunks, ctx: RequestContext, translation: Translation) -> Chunks:
     """The Responses events for a chat stream (see the module docstring); closes ``chunks`` when it ends."""
-    state = _Events(ctx, translation)
-    try:
-        yield state.event("response.created", response=state.snapshot("in_progress"))
-        yield state.event("response.in_progress", response=state.snapshot("in_progress"))
-        async for item in chunks:
-            if item is None:
-                yield None
-                continue
-            if isinstance(item, str):  # "[DONE]": the Responses stream has no such line
-                continue
-            if "error" in item:
-                for event in state.failed(item["error"]):
-                    yield event
-                return
-            for event in state.chunk(item):
-                yield event
-        if ctx.interrupted == "client_disconnected":
-            return  # nobody reads what would follow
-        for event in state.finish():
-            yield event
-    finally:
-        await chunks.aclose()
+    return _Events(ctx, translation).written(chunks, ctx)
