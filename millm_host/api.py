@@ -31,13 +31,15 @@ What is here:
   ``ErrorResponse``: OpenAI's error shape). Request fields a plugin adds to an OpenAI
   endpoint are described by the ``register_request_schemas`` hook.
 - Engine types: ``Engine``, ``EngineSpec`` (and the capabilities an engine declares:
-  ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``), ``ModelDescriptor``,
+  ``LAYER_HOOKS``, ``LOGITS_PROCESSORS``, ``SCORING``, ``EMBEDDINGS``, ``STEERING_VECTORS``,
+  ``LORA_ADAPTERS``), ``ModelDescriptor``,
   ``ModelInfo``,
   ``HookPoint`` (its ``HookPointName``: ``resid_pre`` or ``resid_post``),
   ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
   ``LogitsProcessorFactory``, ``SamplingParams``, ``TokenIterator`` (what ``generate``
   returns), the scoring types; ``generation_cancel()``
-  (the running request's cancellation, for an engine that queues generations).
+  (the running request's cancellation, for an engine that queues generations);
+  ``LoraAdapter`` and ``served_adapter()`` (the LoRA adapter the engine work in this context serves).
 - Response types: ``ResponseExtra``, ``OutputFilter``, ``OutputFilterFactory``,
   ``FilterResult`` (and the ``ORDER_*`` in which extras are merged).
 - Results beside the probes': ``MonitoredRequest``, ``WindowText`` and
@@ -91,9 +93,11 @@ from .engine import (
     LAYER_HOOKS,
     LOGITS_PROCESSORS,
     LOGPROBS,
+    LORA_ADAPTERS,
     ORDER_READ_POST_STEERING,
     ORDER_READ_PRE_STEERING,
     ORDER_WRITE_STEERING,
+    READS_PROMPT,
     SCORING,
     STEERING_VECTORS,
     Engine,
@@ -104,6 +108,7 @@ from .engine import (
     HookRow,
     LayerHook,
     LogitsProcessorFactory,
+    LoraAdapter,
     ModelDescriptor,
     ModelInfo,
     NoChatTemplate,
@@ -111,6 +116,7 @@ from .engine import (
     TokenIterator,
     fallback_chat_render,
     generation_cancel,
+    served_adapter,
 )
 from .errors import (
     INVALID_REQUEST,
@@ -199,12 +205,14 @@ __all__ = [
     "LAYER_HOOKS",
     "LOGITS_PROCESSORS",
     "LOGPROBS",
+    "LORA_ADAPTERS",
     "ORDER_PROBE_VERDICTS",
     "ORDER_READ_POST_STEERING",
     "ORDER_READ_PRE_STEERING",
     "ORDER_SAE_ACTIVATIONS",
     "ORDER_STEERING",
     "ORDER_WRITE_STEERING",
+    "READS_PROMPT",
     "STEERING_VECTORS",
     "SCORING",
     "SERVER_ERROR",
@@ -232,6 +240,7 @@ __all__ = [
     "JsonResource",
     "LayerHook",
     "LogitsProcessorFactory",
+    "LoraAdapter",
     "Markers",
     "ReasoningSpan",
     "model_markers",
@@ -252,6 +261,7 @@ __all__ = [
     "ResponseExtra",
     "SamplingParams",
     "generation_cancel",
+    "served_adapter",
     "ScoringParams",
     "ScoringPrecisionUnavailable",
     "SequenceOutput",

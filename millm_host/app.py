@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from . import hookcalls
 from .access import Access
+from .adapters import AdapterRegistry
 from .admission import Admission, engine_slot
 from .batch_api.runner import BatchRunner
 from .batch_api.store import FileStore
@@ -86,6 +87,8 @@ class Host:
         if settings["MILLM_METRICS"]:
             self.scheduler.watch = self.metrics.queue_changed
         self.registry = ModelRegistry(self, self.engines)
+        #: LoRA adapters served on the models (``MILLM_LORA_DIRS`` and ``/api/models/{id}/adapters``).
+        self.adapters = AdapterRegistry(self.registry, settings)
         self.db = Database(database_url(settings))
         #: This replica's convergence to the desired state in the database (armed probes, steering);
         #: plugins add their convergers at ``startup``.
@@ -194,6 +197,7 @@ class Host:
         else:
             self.db.check_at_head(self.migrations())
         self.registry.discover()
+        self.adapters.discover()
         hookcalls.startup(self.pm, "startup", host=self.plugin_host)
 
     async def load_start_model(self) -> None:

@@ -91,6 +91,8 @@ class RequestContext:
     messages: list[list[dict[str, Any]]] = field(default_factory=list)
     #: The registry entry of ``model``, resolved once by the host (host use).
     entry: Any = None
+    #: The LoRA adapter (``LoraAdapter``) the request's ``model`` names on top of ``model``; None: the base model.
+    adapter: Any = None
     #: What the endpoint's serving made of the request beyond ``params`` (host use: scoring's
     #: parameters, the embeddings inputs).
     plan: Any = None

@@ -40,13 +40,20 @@ LOGPROBS = "logprobs"
 #: ``generate`` applies additive ``LayerHook``s (their ``vector``) at ``steering_points`` without
 #: calling back (llama.cpp's control vectors); an engine with ``LAYER_HOOKS`` runs them as callbacks.
 STEERING_VECTORS = "steering_vectors"
-CAPABILITIES = frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS, LOGPROBS, STEERING_VECTORS})
+#: ``load_adapter``/``unload_adapter``: PEFT LoRA adapters served on top of the model, one per request
+#: (``served_adapter``), each row of a batch its own.
+LORA_ADAPTERS = "lora_adapters"
+CAPABILITIES = frozenset(
+    {LAYER_HOOKS, LOGITS_PROCESSORS, SCORING, EMBEDDINGS, LOGPROBS, STEERING_VECTORS, LORA_ADAPTERS}
+)
 
 # Orders for LayerHook.order. A read that must see the pre-steering residual runs
 # before a write on the same point; a post-steering read runs after it.
 ORDER_READ_PRE_STEERING = 0
 ORDER_WRITE_STEERING = 100
 ORDER_READ_POST_STEERING = 200
+#: ``LayerHook.prompt_key`` of a hook that only reads: a cached prompt serves it (its reads replayed).
+READS_PROMPT = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,15 @@ class LayerHook:
     returns that vector now (1-D float, ``d_model`` values; None: adds nothing). An
     engine with ``STEERING_VECTORS`` and no callbacks applies it itself, read once when
     generation starts, and refuses every hook without one.
+
+    ``prompt_key`` says what the hook does to prompt positions, for an engine that reuses
+    prompts computed earlier (prefix caching): ``READS_PROMPT`` (``""``) for a read, which
+    changes nothing (its reads of reused positions are replayed from what an earlier
+    request's read saw there); a non-empty string naming what a write adds (e.g. a digest
+    of its vector), so only prompts computed under the same writes are reused; ``None``
+    (the default) when the hook must itself see, or change, every prompt position: its
+    request reuses nothing and stores nothing. A callable is asked when the prompt is
+    looked up and again when it is stored (a live write whose value moved stores nothing).
     """
 
     layer: int
@@ -98,6 +114,7 @@ class LayerHook:
     vector: Callable[[], Any | None] | None = None
     batched: Callable[[Any, Sequence[HookRow]], Any | None] | None = None
     state: Any = None
+    prompt_key: str | Callable[[], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,8 @@ class HookRow:
     is the request's own hook there (``hook.state``: what its plugin attached).
     ``continuous`` is True when the pass is a continuous batch's (other requests' rows may
     share it: ``hidden.shape[0]`` sequences), False on the serial path (a batch of one).
+    ``replayed`` is True when no forward ran: ``hidden`` is what this hook's kind of read saw
+    over a prompt prefix an earlier request computed, replayed from the prefix cache.
     """
 
     index: int
@@ -117,6 +136,7 @@ class HookRow:
     skip: int
     hook: LayerHook
     continuous: bool = False
+    replayed: bool = False
 
 
 #: The cancellation of the request whose ``Engine.generate`` runs in this context (set by the host).
@@ -133,6 +153,31 @@ def generation_cancel() -> threading.Event | None:
     None outside a request's generation.
     """
     return GENERATION_CANCEL.get()
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A PEFT LoRA adapter (a directory with ``adapter_config.json`` and its weights) served on ``base``.
+
+    A request names it as ``"<base>:<name>"`` (vLLM's way); the host finds it (``millm_host.adapters``)
+    and the engine applies it to that request's passes only.
+    """
+
+    name: str
+    path: str
+    base: str
+
+
+#: The LoRA adapter of the request whose engine work runs in this context (set by the host; None: the base model).
+SERVED_ADAPTER: contextvars.ContextVar[LoraAdapter | None] = contextvars.ContextVar(
+    "millm_served_adapter", default=None
+)
+
+
+def served_adapter() -> LoraAdapter | None:
+    """The adapter the engine work called in this context serves (``generate``, scoring, ``embed``,
+    ``forward``); None for the base model. An engine with ``LORA_ADAPTERS`` loads it on first use."""
+    return SERVED_ADAPTER.get()
 
 
 @dataclass
@@ -432,6 +477,14 @@ class Engine(abc.ABC):
         ``concurrent_generation``) raises ``FieldNotHonoured``.
         """
         raise FieldNotHonoured(f"the {self.name} engine serves each generation alone", param=None)
+
+    def load_adapter(self, adapter: LoraAdapter) -> None:
+        """Ready ``adapter`` to serve (``LORA_ADAPTERS``): its weights read and put beside the model's, on
+        the engine's model thread. Raises ``InvalidParameter`` (``param="path"``) for files it cannot use."""
+        raise FieldNotHonoured(f"the {self.name} engine serves no LoRA adapters", param="model")
+
+    def unload_adapter(self, name: str) -> None:  # noqa: B027 (an engine without adapters holds none)
+        """Free adapter ``name``'s weights once no generation still uses it (nothing when it is not loaded)."""
 
     def score_next_token(
         self, prompts: Sequence[Sequence[int]], params: ScoringParams, *, hooks: Sequence[LayerHook] = ()

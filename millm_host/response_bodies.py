@@ -212,6 +212,8 @@ class Model(ResponseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    parent: str | None = Field(default=None, description="A LoRA adapter's base model (vLLM's field)")
+    root: str | None = Field(default=None, description="A LoRA adapter's directory (vLLM's field)")
 
 
 class ModelList(ResponseModel):
@@ -239,6 +241,21 @@ class ModelDetailList(ResponseModel):
     """``GET /api/models``."""
 
     data: list[ModelDetail]
+
+
+class AdapterDetail(ResponseModel):
+    """A LoRA adapter served on a model (``/api/models/{model_id}/adapters``)."""
+
+    id: str = Field(description="What a request's model names it: <base>:<name>")
+    name: str
+    base: str
+    path: str
+
+
+class AdapterList(ResponseModel):
+    """``GET /api/models/{model_id}/adapters``."""
+
+    data: list[AdapterDetail]
 
 
 # --- health --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from .openapi import DocumentInputs, RouteTable, openapi_document, operation
 from .resources.common import handle_http_error, handle_millm_error, handle_unexpected
 from .resources.health import Health, HealthHost
 from .resources.metrics import MetricsHost, MetricsResource
-from .resources.models import ManagedModel, ManagedModels, ModelsHost, OpenAIModel, OpenAIModels
+from .resources.models import ManagedModel, ManagedModels, ModelAdapters, ModelsHost, OpenAIModel, OpenAIModels
 from .resources.serving import EndpointHost, ServingResource
 from .resources.settings import SettingsResource
 
@@ -98,6 +98,9 @@ def install(app: falcon.asgi.App, host: RoutesHost) -> None:
     add_route("/api/models/{model_id}", managed)
     add_route("/api/models/{model_id}/load", managed, suffix="load")
     add_route("/api/models/{model_id}/unload", managed, suffix="unload")
+    adapters = ModelAdapters(host)
+    add_route("/api/models/{model_id}/adapters", adapters)
+    add_route("/api/models/{model_id}/adapters/{name}", adapters, suffix="adapter")
     add_route("/openapi.json", OpenAPI(host))
     batch_resources.install(host, add_route)
 

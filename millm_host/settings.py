@@ -64,6 +64,14 @@ HOST_SETTINGS: tuple[Setting, ...] = (
         "the database is at head, leaving migrations to `millm db upgrade`",
     ),
     Setting("MILLM_MODELS_DIR", str, None, "Directory of models to serve: HF checkpoint directories and .gguf files"),
+    Setting(
+        "MILLM_LORA_DIRS",
+        str,
+        None,
+        "Directories (os.pathsep-separated) of PEFT LoRA adapters to serve: each subdirectory with an "
+        "adapter_config.json is one adapter, named by its directory; POST /api/models/{id}/adapters loads "
+        "only from inside them",
+    ),
     Setting("MILLM_MODEL", str, None, "Model to load at start: a path or a model id (default: the bundled SmolLM2)"),
     Setting(
         "MILLM_ENGINE",

@@ -53,6 +53,7 @@ from .store import FileNotFound, FileStore, new_id
 from .tables import Batch, BatchLine, StoredFile
 
 if TYPE_CHECKING:
+    from ..adapters import AdapterRegistry
     from ..db import Database
     from ..registry import ModelRegistry
     from ..settings import Settings
@@ -70,6 +71,7 @@ class BatchHost(Protocol):
     settings: Settings
     db: Database
     registry: ModelRegistry
+    adapters: AdapterRegistry
 
     @property
     def convergence(self) -> _Replica: ...
@@ -455,7 +457,7 @@ class BatchRunner:
     def _unloaded(self, name: Any) -> bool:
         """Whether the model ``name`` stands for is one an operator unloaded and nothing loaded since."""
         try:
-            return isinstance(name, str) and self.host.registry.resolve(name).unloaded
+            return isinstance(name, str) and self.host.adapters.resolve(name)[0].unloaded
         except MillmError:  # gone from the registry: the line's next run says so
             return False
 

@@ -101,6 +101,16 @@ class Metrics:
             "millm_engine_restarts", "Restarts of an engine's child process", ["engine", "model"], registry=r
         )
         self._restarts_seen: dict[str, int] = {}
+        self.prefix_cache = Counter(
+            "millm_prefix_cache_lookups",
+            "Prompts looked up in an engine's prefix cache, by whether a prefix was reused (hit) or not (miss)",
+            ["model", "result"],
+            registry=r,
+        )
+        self.prefix_cache_tokens = Counter(
+            "millm_prefix_cache_hit_tokens", "Prompt tokens reused from an engine's prefix cache", ["model"], registry=r
+        )
+        self._prefix_seen: dict[str, tuple[int, int, int]] = {}
         self._named: dict[str, Series] = {}  # plugins' series, by name
         self._lock = threading.Lock()
 
@@ -136,19 +146,37 @@ class Metrics:
         self.load_seconds.labels(model, engine).observe(seconds)
 
     def engine_seen(self, engine: Engine) -> None:
-        """Count restarts the engine reports (``status()["restarts"]``) since this was last called."""
+        """Count the restarts (``status()["restarts"]``) and prefix cache lookups (``status()["prefix_cache"]``)
+        the engine reports since this was last called."""
         try:
-            restarts = engine.status().get("restarts")
+            status = engine.status()
         except Exception:
             return
+        key = engine.info.load_id or engine.info.id
+        prefix = status.get("prefix_cache")
+        if isinstance(prefix, Mapping):
+            self._prefix_cache_seen(engine.info.id, key, prefix)
+        restarts = status.get("restarts")
         if not isinstance(restarts, int):
             return
-        key = engine.info.load_id or engine.info.id
         with self._lock:
             new = restarts - self._restarts_seen.get(key, 0)
             self._restarts_seen[key] = restarts
         if new > 0:
             self.engine_restarts.labels(engine.info.engine, engine.info.id).inc(new)
+
+    def _prefix_cache_seen(self, model: str, key: str, stats: Mapping[str, Any]) -> None:
+        now = (int(stats.get("hits", 0)), int(stats.get("misses", 0)), int(stats.get("hit_tokens", 0)))
+        with self._lock:
+            before = self._prefix_seen.get(key, (0, 0, 0))
+            self._prefix_seen[key] = now
+        hits, misses, tokens = (max(0, a - b) for a, b in zip(now, before, strict=True))
+        if hits:
+            self.prefix_cache.labels(model, "hit").inc(hits)
+        if misses:
+            self.prefix_cache.labels(model, "miss").inc(misses)
+        if tokens:
+            self.prefix_cache_tokens.labels(model).inc(tokens)
 
     # --- what plugins record: series they name --------------------------------------
     def counter(self, name: str, documentation: str, labels: Iterable[str] = ()) -> Series:

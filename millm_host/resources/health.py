@@ -53,6 +53,18 @@ class Ready(ResponseModel):
     replica: str = Field(description="This replica's id (MILLM_REPLICA_ID, or host:port:pid)")
 
 
+class PrefixCacheReport(ResponseModel):
+    """What the engine's prefix cache holds and how often it served, since the model loaded."""
+
+    capacity_bytes: int = Field(description="Its bound (MILLM_PREFIX_CACHE_MB)")
+    used_bytes: int = Field(description="What the prompts it keeps take")
+    entries: int = Field(description="Prompts it keeps")
+    hits: int = Field(description="Requests that reused a prompt prefix")
+    misses: int = Field(description="Requests that found none to reuse")
+    hit_tokens: int = Field(description="Prompt tokens reused instead of computed")
+    evictions: int = Field(description="Prompts dropped, least recently used first, to stay within the bound")
+
+
 class Inference(ResponseModel):
     """``GET /api/health/inference``: the generation backend of the resident model, its batch and queue."""
 
@@ -87,6 +99,9 @@ class Inference(ResponseModel):
         default_factory=dict,
         description="Generations that ran alone while batching was on, counted by why (probe_force_serial: armed probes with PROBE_FORCE_SERIAL)",
     )
+    prefix_cache: PrefixCacheReport | None = Field(
+        default=None, description="The engine's prefix cache (None: it has none, or it is off: MILLM_PREFIX_CACHE_MB=0)"
+    )
 
 
 def inference_report(host: HealthHost) -> dict[str, Any]:
@@ -111,6 +126,7 @@ def inference_report(host: HealthHost) -> dict[str, Any]:
         "intake_paced": host.intake.paced,
         "intake_left": host.intake.left,
         "serial_reasons": dict(report.get("serial_reasons", {})),
+        "prefix_cache": report.get("prefix_cache"),
     }
 
 

@@ -29,6 +29,7 @@ from .. import hookcalls
 from ..admission import BACKGROUND, Admission, admit
 from ..bodies.validate import refuse_long_chat, validate
 from ..context import Endpoint, RequestContext
+from ..engine import SERVED_ADAPTER
 from ..errors import ClientDisconnected, MillmError, RequestCancelled
 from ..fields import check_fields, strict_mode
 from ..headers import serialize_string_list
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     import pluggy
     from pydantic import BaseModel
 
+    from ..adapters import AdapterRegistry
     from ..fields import FieldRegistry
     from ..intake import IntakeGate
     from ..observability.request import Observation
@@ -59,6 +61,7 @@ class ServingHost(Protocol):
     fields: FieldRegistry
     plugin_host: PluginHost
     registry: ModelRegistry
+    adapters: AdapterRegistry
     scheduler: Scheduler
     intake: IntakeGate
     serving: dict[str, Serving]
@@ -211,9 +214,10 @@ class Serving:
         refuse_long_chat(body, host.settings["MILLM_MAX_MESSAGES"], host.settings["MILLM_MAX_CONTENT_PARTS"])
         params = validate(self.protocol, body)
         strict = strict_mode(headers)
-        entry = host.registry.resolve(params.model)
+        entry, adapter = host.adapters.resolve(params.model)
         ctx = RequestContext(
             entry=entry,
+            adapter=adapter,
             endpoint=self.endpoint,
             body=body,
             params=params,
@@ -305,7 +309,7 @@ class Serving:
         Owns ``admission`` and ``watcher`` from here: both end when the engine work does.
         """
         try:
-            output = await admission.run(self.run, ctx, cancel=ctx.cancel_event)
+            output = await admission.run(self._run_served, ctx, cancel=ctx.cancel_event)
         except RequestCancelled:
             raise ClientDisconnected("the client went away before the answer was ready") from None
         finally:
@@ -315,6 +319,12 @@ class Serving:
         ctx.finished = True
         body = add_extras(self.host, ctx, self.render(ctx, output))
         return Result(headers=self.headers(ctx), body=body)
+
+    def _run_served(self, ctx: RequestContext) -> Any:
+        """``run``, its engine calls serving the request's adapter (in the engine thread's copy of the
+        request's context: nothing to reset)."""
+        SERVED_ADAPTER.set(ctx.adapter)
+        return self.run(ctx)
 
     def run(self, ctx: RequestContext) -> Any:
         """The engine work (engine thread); its result goes to ``render``."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
-from ..engine import GENERATION_CANCEL, LayerHook, LogitsProcessorFactory
+from ..engine import GENERATION_CANCEL, SERVED_ADAPTER, LayerHook, LogitsProcessorFactory
 from ..errors import InternalError, MillmError, RequestCancelled, ShuttingDown
 from ..output import OutputFilter, OutputFilterFactory
 from . import prompt_logprobs
@@ -96,6 +96,7 @@ class GenerationJob:
         ctx.timing.start()
         scheduler.begin()
         GENERATION_CANCEL.set(ctx.cancel_event)  # this thread's own context (a copy): no reset needed
+        SERVED_ADAPTER.set(ctx.adapter)  # its engine calls serve the request's LoRA adapter (None: the base)
         try:
             if ctx.cancel_event.is_set():  # it ended while it waited: plugins still hear of it
                 raise RequestCancelled()

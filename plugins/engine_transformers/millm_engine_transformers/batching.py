@@ -58,11 +58,13 @@ from typing import Any, TypeVar
 import torch
 import transformers
 
-from millm_host.api import LayerHook, SamplingParams, generation_cancel
+from millm_host.api import READS_PROMPT, HookRow, LayerHook, SamplingParams, generation_cancel
 
 from . import hooks as layer_hooks
+from .adapters import Selection
 from .intraop import IntraOp
 from .kvcache import RoomyCache
+from .prefix_cache import Hit, PrefixCache, Tap
 from .sampling import GREEDY_BELOW, LogitBias, Penalties, choose, choose_rows, generator_for, with_logprobs
 
 log = logging.getLogger("millm.batching")
@@ -96,10 +98,12 @@ class Prefill:
 
     rows: list[Row]
     ids: torch.Tensor  # [rows, L], 0 where padding
-    mask: torch.Tensor  # [rows, L], 1 = a real token
+    mask: torch.Tensor  # [rows, offset + L], 1 = a real token
     positions: torch.Tensor  # [rows, L], each row's own (0 on its padding)
     cache: Any
     done: int = 0  # columns prefilled
+    #: Columns the cache held before the first chunk: a prompt prefix reused from the prefix cache.
+    offset: int = 0
 
     @classmethod
     def of(cls, rows: list[Row], device: torch.device) -> Prefill:
@@ -113,8 +117,20 @@ class Prefill:
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         return cls(rows, ids, mask, positions, RoomyCache())
 
+    @classmethod
+    def resumed(cls, row: Row, hit: Hit, device: torch.device) -> Prefill:
+        """``row`` alone, its cache starting with the reused prefix: it prefills the rest of its prompt."""
+        cache = RoomyCache()
+        for index, (keys, values) in enumerate(hit.layers()):
+            cache.update(keys, values, index)  # a copy: the stored prefix stays as it was
+        rest = row.prompt[hit.length :]
+        ids = torch.tensor([rest], dtype=torch.long, device=device)
+        mask = torch.ones(1, len(row.prompt), dtype=torch.long, device=device)
+        positions = torch.arange(hit.length, len(row.prompt), device=device)[None]
+        return cls([row], ids, mask, positions, cache, offset=hit.length)
+
     def padding(self, index: int) -> int:
-        return self.ids.shape[1] - len(self.rows[index].prompt)
+        return self.ids.shape[1] - (len(self.rows[index].prompt) - self.offset)
 
     def cut_left(self) -> list[Row]:
         """Cut the rows that left out of this prefill (their tokens and what they cached so far); returns them.
@@ -155,8 +171,16 @@ class Row:
     cancel: threading.Event | None = None
     position: int = 0  # the position of its next input token
     arrived: float = 0.0  # time.monotonic() when it began to wait
+    #: Prompt tokens it reused from the prefix cache (None until it joins a prefill).
+    cached: int | None = None
+    #: Its prefix cache key and the taps its reads need, when it may reuse and store a prompt.
+    cache_key: tuple[Any, frozenset[Tap]] | None = None
+    #: What its reads saw over its prompt so far, by tap (while it prefills, to store with its prompt).
+    captured: dict[Tap, list[torch.Tensor]] = field(default_factory=dict)
     #: A replay's given tokens (``replay``): fed in order instead of sampled, EOS among them ignored.
     forced: list[int] = field(default_factory=list)
+    #: The LoRA adapter its passes use (``adapters``); None: the base model.
+    adapter: str | None = None
 
     @property
     def left(self) -> bool:
@@ -190,6 +214,8 @@ class BatchScheduler:
         prefill_chunk: int,
         gather_s: float = 0.0,
         intraop: IntraOp | None = None,
+        prefix_cache: PrefixCache | None = None,
+        selection: Selection | None = None,
     ) -> None:
         self.model = model
         self.layers = layers
@@ -202,6 +228,8 @@ class BatchScheduler:
         self.max_rows = max(1, max_rows)
         self.prefill_chunk = max(1, prefill_chunk)
         self.gather_s = max(0.0, gather_s)
+        self.prefix_cache = prefix_cache
+        self.selection = selection  # which LoRA adapter each row of a pass uses (None: no adapters here)
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._calls: collections.deque[Call] = collections.deque()  # model work from other threads
@@ -230,8 +258,11 @@ class BatchScheduler:
         params: SamplingParams,
         processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
         hooks: Sequence[LayerHook] = (),
-    ) -> Generator[int, None, None]:
-        """Tokens of one generation, as ``Engine.generate`` yields them; closing it leaves the batch."""
+        adapter: str | None = None,
+    ) -> RowTokens:
+        """Tokens of one generation, as ``Engine.generate`` yields them; closing it leaves the batch.
+
+        ``adapter``: the LoRA adapter (loaded in the model) its passes use; None: the base model."""
         row = Row(
             hooks=layer_hooks.grouped(hooks, len(self.layers)),
             prompt=list(prompt_ids),
@@ -242,8 +273,9 @@ class BatchScheduler:
             bias=LogitBias(params, self.device),
             position=len(prompt_ids),
             cancel=generation_cancel(),
+            adapter=adapter,
         )
-        return self._stream(row)
+        return RowTokens(row, self._stream(row))
 
     def _stream(self, row: Row) -> Generator[int, None, None]:
         with self._cond:
@@ -449,10 +481,84 @@ class BatchScheduler:
                 return
             room = self.max_rows - self.running
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-        if joining:
-            self.joined += len(joining)
-            self._prefilling.append(Prefill.of(joining, self.device))
-            self.prefills += 1
+        if not joining:
+            return
+        self.joined += len(joining)
+        cold = []
+        for row in joining:
+            hit = self._reuse(row)
+            if hit is None:
+                cold.append(row)
+            else:  # its own prefill: it starts where its reused prefix ends
+                self._prefilling.append(Prefill.resumed(row, hit, self.device))
+        if cold:
+            self._prefilling.append(Prefill.of(cold, self.device))
+        self.prefills += 1
+
+    # --- the prefix cache ----------------------------------------------------------------
+    def _reuse(self, row: Row) -> Hit | None:
+        """The cached prefix ``row`` reuses (None: it computes its whole prompt); readies it to store its own."""
+        row.cached = 0
+        if self.prefix_cache is None or row.forced:  # a replay measures live shapes: it computes everything
+            return None
+        row.cache_key = prompt_key(row)
+        if row.cache_key is None:
+            return None
+        key, taps = row.cache_key
+        hit = self.prefix_cache.find(key, row.prompt, taps)
+        if hit is not None:
+            row.cached = hit.length
+            for point, hooks in row.hooks.items():  # its reads see the reused positions as a cold run did
+                for hook in hooks:
+                    if _resolved(hook) == READS_PROMPT:
+                        self._replay(row, hook, hit.residual((*point, hook.order)))
+        if taps:
+            self._tap(row)
+            if hit is not None:  # what the reused positions' reads saw comes first in what it stores
+                for tap in taps:
+                    row.captured[tap].append(hit.residual(tap)[0])
+        return hit
+
+    def _replay(self, row: Row, hook: LayerHook, hidden: torch.Tensor) -> None:
+        try:
+            if hook.batched is not None:
+                hook.batched(hidden, [HookRow(0, 0, 0, hook, continuous=True, replayed=True)])
+            else:
+                hook.callback(hidden, 0)
+        except Exception as exc:
+            row.error = row.error or exc
+
+    def _tap(self, row: Row) -> None:
+        """Hooks that keep what ``row``'s reads see while it prefills, first at each of their (point, order)."""
+        assert row.cache_key is not None
+        hooks = dict(row.hooks)
+        for layer, point, order in sorted(row.cache_key[1]):
+            chunks = row.captured[(layer, point, order)] = []
+            there = hooks[(layer, point)]
+            tap = LayerHook(layer, there[0].point, _keeper(chunks), order, owner=TAP_OWNER, prompt_key=READS_PROMPT)
+            hooks[(layer, point)] = sorted([tap, *there], key=lambda h: h.order)  # stable: first at its order
+        row.hooks = hooks
+
+    def _store(self, group: Prefill) -> None:
+        """Keep each row's prompt (keys, values and what its reads saw) for later rows; drop its taps."""
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        for index, row in enumerate(group.rows):
+            if row.cache_key is None:
+                continue
+            if row.captured:
+                row.hooks = {p: [h for h in hs if h.owner != TAP_OWNER] for p, hs in row.hooks.items()}
+            if row.error is not None or prompt_key(row) != row.cache_key:  # a live write moved meanwhile
+                continue
+            n = len(row.prompt)
+            layers = [
+                (la.keys[index : index + 1, :, -n:], la.values[index : index + 1, :, -n:]) for la in group.cache.layers
+            ]
+            residuals = {tap: torch.cat(chunks)[-n:] for tap, chunks in row.captured.items()}
+            if all(r.shape[0] == n for r in residuals.values()):
+                cache.store(row.cache_key[0], row.prompt, layers, residuals)
+            row.captured = {}
 
     def _prefill_chunks(self) -> None:
         """One chunk of each prefill under way, within one budget of ``prefill_chunk`` tokens.
@@ -473,12 +579,11 @@ class BatchScheduler:
         start = group.done
         end = min(length, start + columns)
         # Each row's hooks see its own real tokens of this chunk, from their own position.
-        starts = [max(0, start - group.padding(i)) for i in range(len(rows))]
+        starts = [group.offset + max(0, start - group.padding(i)) for i in range(len(rows))]
         skips = [max(0, group.padding(i) - start) for i in range(len(rows))]
-        padded = bool((group.mask[:, :end] == 0).any())
-        padding = (
-            {"attention_mask": group.mask[:, :end], "position_ids": group.positions[:, start:end]} if padded else {}
-        )
+        mask = group.mask[:, : group.offset + end]
+        padded = bool((mask == 0).any())
+        padding = {"attention_mask": mask, "position_ids": group.positions[:, start:end]} if padded else {}
         try:  # what fails here (memory for long prompts) fails these rows alone
             output = self._hooked_forward(
                 rows, starts, group.ids[:, start:end], group.cache, keep_last=True, skips=skips, **padding
@@ -492,6 +597,7 @@ class BatchScheduler:
         if end < length:
             return
         self._prefilling.remove(group)
+        self._store(group)
         going_on = self._sample(rows, output.logits[:, -1].float())
         self._end([row for row, on in zip(rows, going_on, strict=True) if not on and row.left])
         joining = [index for index, on in enumerate(going_on) if on]
@@ -524,7 +630,8 @@ class BatchScheduler:
     def _hooked_forward(
         self, rows: Sequence[Row], starts: Sequence[int], *args: Any, skips: Sequence[int] | None = None, **kwargs: Any
     ) -> Any:
-        """One pass with each row's hooks on its own row (none installed when no row has any)."""
+        """One pass with each row's hooks on its own row (none installed when no row has any), and its adapter."""
+        kwargs["adapters"] = [row.adapter for row in rows]
         skips = skips or [0] * len(rows)
         hooked = [
             (row.hooks, start, skip) if row.hooks else None
@@ -543,11 +650,16 @@ class BatchScheduler:
             for handle in handles:
                 handle.remove()
 
-    def _forward(self, ids: torch.Tensor, cache: Any, keep_last: bool, **kwargs: Any) -> Any:
+    def _forward(
+        self, ids: torch.Tensor, cache: Any, keep_last: bool, adapters: Sequence[str | None] = (), **kwargs: Any
+    ) -> Any:
         kwargs.update({"input_ids": ids, "use_cache": True, self.cache_arg: cache})
         if keep_last:
             kwargs["logits_to_keep"] = 1
-        return self.model(**kwargs)
+        if self.selection is None or not any(adapters):
+            return self.model(**kwargs)
+        with self.selection.rows(adapters):  # each row its own adapter (peft's mixed batch), "__base__" for none
+            return self.model(**kwargs)
 
     def _sample(self, rows: Sequence[Row], logits: torch.Tensor) -> list[bool]:
         """Choose and send each row's next token from ``logits`` ``[rows, vocab]``; per row, whether it goes on.
@@ -681,6 +793,61 @@ class BatchScheduler:
         for row in rows:
             row.out.put(exc)
         self.rows, self._prefilling, self._cache, self._mask = [], [], None, None
+
+
+class RowTokens:
+    """A row's tokens (``Engine.generate``'s iterator), with the prompt tokens it reused (``cached_tokens``)."""
+
+    def __init__(self, row: Row, tokens: Generator[int, None, None]) -> None:
+        self._row, self._tokens = row, tokens
+
+    def __iter__(self) -> RowTokens:
+        return self
+
+    def __next__(self) -> int:
+        return next(self._tokens)
+
+    def close(self) -> None:
+        self._tokens.close()
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens reused from the prefix cache (None before its prefill began)."""
+        return self._row.cached
+
+
+#: The owner of the hooks that keep what a row's reads see while it prefills (``BatchScheduler._tap``).
+TAP_OWNER = "millm-prefix-cache"
+
+
+def _keeper(chunks: list[torch.Tensor]) -> Callable[[torch.Tensor, int], None]:
+    def keep(hidden: torch.Tensor, start: int) -> None:
+        chunks.append(hidden[0].clone())
+
+    return keep
+
+
+def _resolved(hook: LayerHook) -> str | None:
+    key = hook.prompt_key
+    return key() if callable(key) else key
+
+
+def prompt_key(row: Row) -> tuple[Any, frozenset[Tap]] | None:
+    """``row``'s prefix cache key (its adapter and what its writes add) and the taps its reads need;
+    None when one of its hooks must see or change every prompt position itself."""
+    writes, taps = [], set()
+    for (layer, point), hooks in row.hooks.items():
+        for hook in hooks:
+            if hook.owner == TAP_OWNER:
+                continue
+            key = _resolved(hook)
+            if key is None:
+                return None
+            if key == READS_PROMPT:
+                taps.add((layer, point, hook.order))
+            else:
+                writes.append((layer, point, hook.order, key))
+    return (row.adapter, tuple(sorted(writes))), frozenset(taps)
 
 
 def choose_rows_or_alone(

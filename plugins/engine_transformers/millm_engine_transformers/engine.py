@@ -22,6 +22,7 @@ from millm_host.api import (
     InsufficientMemory,
     InvalidParameter,
     LayerHook,
+    LoraAdapter,
     ModelDescriptor,
     ModelInfo,
     NextTokenScores,
@@ -31,14 +32,17 @@ from millm_host.api import (
     ScoringParams,
     TokenIterator,
     generation_cancel,
+    served_adapter,
 )
 
 from . import hooks as layer_hooks
+from .adapters import HeldTokens, LoraAdapters
 from .batching import BatchScheduler, batchable_model
 from .embedding import pooled_last_hidden
 from .float32 import score_in_float32
 from .intraop import IntraOp, in_passing_thread
 from .loader import load_model
+from .prefix_cache import PrefixCache
 from .sampling import LogitBias, Penalties, choose, generator_for, with_logprobs
 from .scoring import last_logits, next_token_scores, prompt_scores
 from .spec import ENGINE_NAME, SETTINGS
@@ -124,6 +128,8 @@ class TransformersEngine(Engine):
         self._tokenizer_pool.append(copy.deepcopy(tokenizer))  # the first copy, made now
         self._tokenizer_copies = 1
         self._intraop = IntraOp.confine(device)
+        #: LoRA adapters injected into the model in place (``adapters``): each request's passes use its own.
+        self.adapters = LoraAdapters(model, device, self._soon)
         self._start_batching(settings)
 
     def _start_batching(self, settings: Any) -> None:
@@ -154,7 +160,13 @@ class TransformersEngine(Engine):
                 prefill_chunk=settings["MILLM_PREFILL_CHUNK"],
                 gather_s=settings["MILLM_BATCH_GATHER_MS"] / 1000,
                 intraop=self._intraop,
+                selection=self.adapters.selection,
+                prefix_cache=PrefixCache(settings["MILLM_PREFIX_CACHE_MB"] << 20)
+                if settings["MILLM_PREFIX_CACHE_MB"] > 0
+                else None,
             )
+            if self.batch.prefix_cache is not None:
+                self.adapters.on_delete = self.batch.prefix_cache.clear
 
     @classmethod
     def load(cls, descriptor: ModelDescriptor, settings: Any, progress: Callable[[str], None]) -> TransformersEngine:
@@ -267,7 +279,11 @@ class TransformersEngine(Engine):
             ) from None
 
     # --- compute ----------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, cache: Any, start: int, keep_last: bool) -> Any:
+    def _forward(self, ids: torch.Tensor, cache: Any, start: int, keep_last: bool, adapter: str | None = None) -> Any:
+        """One pass; with ``adapter``, that LoRA adapter's (else whatever the caller selected: the base)."""
+        if adapter is not None:
+            with self.adapters.selection.rows(adapter):
+                return self._forward(ids, cache, start, keep_last)
         self._position.start = start
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": cache is not None}
         if cache is not None:
@@ -285,12 +301,56 @@ class TransformersEngine(Engine):
         hooks: Sequence[LayerHook] = (),
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]] = (),
     ) -> TokenIterator:
+        adapter = self._adapter_held()
         if self.batch is not None:
             reason = self._serial_reason(hooks)
             if reason is None:
-                return self.batch.submit(prompt_ids, params, logits_processors, hooks)
+                tokens: Any = self.batch.submit(prompt_ids, params, logits_processors, hooks, adapter=adapter)
+                return tokens if adapter is None else HeldTokens(tokens, self.adapters, adapter)
             self._count_serial(reason)
-        return self._serial(prompt_ids, params, hooks, logits_processors)
+        tokens = self._serial(prompt_ids, params, hooks, logits_processors, adapter)
+        return tokens if adapter is None else HeldTokens(tokens, self.adapters, adapter)
+
+    def _adapter_held(self) -> str | None:
+        """The name of the request's adapter (None: the base), loaded and held until its generation ends."""
+        adapter = served_adapter()
+        if adapter is None:
+            return None
+        self.adapters.acquire(adapter.name)  # first: an unload meanwhile waits for this generation
+        try:
+            if not self.adapters.loaded(adapter):
+                self._model_work(lambda: self.adapters.load(adapter, param="model"))
+        except BaseException:
+            self.adapters.release(adapter.name)
+            raise
+        return adapter.name
+
+    def _served(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the model's thread, every pass it makes with the request's adapter (loaded first)."""
+        adapter = served_adapter()
+        if adapter is None:
+            return self._model_work(fn)
+
+        def adapted() -> T:
+            if not self.adapters.loaded(adapter):
+                self.adapters.load(adapter, param="model")
+            with self.adapters.selection.rows(adapter.name):
+                return fn()
+
+        return self._model_work(adapted)
+
+    def _soon(self, fn: Callable[[], None]) -> None:
+        """``fn`` on the model's thread: between two batch steps, or now (serial: the caller is that thread)."""
+        if self.batch is not None:
+            self.batch.call_soon(fn)
+        else:
+            fn()
+
+    def load_adapter(self, adapter: LoraAdapter) -> None:
+        self._model_work(lambda: self.adapters.load(adapter))
+
+    def unload_adapter(self, name: str) -> None:
+        self._model_work(lambda: self.adapters.unload(name))
 
     def _serial_reason(self, hooks: Sequence[LayerHook]) -> str | None:
         """Why a generation must run alone while batching is on (None: it joins the batch)."""
@@ -305,10 +365,11 @@ class TransformersEngine(Engine):
         params: SamplingParams,
         hooks: Sequence[LayerHook],
         logits_processors: Sequence[Callable[[Sequence[int], Any], Any]],
+        adapter: str | None = None,
     ) -> Generator[int, None, None]:
         def alone() -> Generator[int, None, None]:  # its hooks installed from its first pass to its last
             with layer_hooks.installed(self.layers, hooks, self._position):
-                yield from self._generate(prompt_ids, params, logits_processors)
+                yield from self._generate(prompt_ids, params, logits_processors, adapter)
 
         if self.batch is None:
             self._enter_model_thread()
@@ -389,7 +450,17 @@ class TransformersEngine(Engine):
             "batched": batch.joined if batch is not None else 0,
             "left_waiting": batch.left_waiting if batch is not None else 0,
             "serial_reasons": reasons,
+            "prefix_cache": self._prefix_cache_stats(),
         }
+
+    def _prefix_cache_stats(self) -> dict[str, Any] | None:
+        cache = self.batch.prefix_cache if self.batch is not None else None
+        return None if cache is None else cache.stats()
+
+    def status(self) -> dict[str, Any]:
+        """The prefix cache's counts, when there is one (``/metrics`` counts its hits and misses from them)."""
+        stats = self._prefix_cache_stats()
+        return {} if stats is None else {"prefix_cache": stats}
 
     @torch.inference_mode()
     def _generate(
@@ -397,6 +468,7 @@ class TransformersEngine(Engine):
         prompt_ids: Sequence[int],
         params: SamplingParams,
         processors: Sequence[Callable[[Sequence[int], Any], Any]],
+        adapter: str | None = None,
     ) -> Generator[int, None, None]:
         generator = generator_for(params, self.device)
         penalties = Penalties(params, self.info.vocab_size, self.device, self.info.eos_token_ids)
@@ -404,7 +476,7 @@ class TransformersEngine(Engine):
         cache = transformers.DynamicCache()
         window = self.info.context_window
         position = len(prompt_ids)
-        output = self._forward(torch.tensor([list(prompt_ids)], device=self.device), cache, 0, keep_last=True)
+        output = self._forward(torch.tensor([list(prompt_ids)], device=self.device), cache, 0, True, adapter)
         generated: list[int] = []
         while True:
             logits = output.logits[0, -1].float()
@@ -417,7 +489,7 @@ class TransformersEngine(Engine):
             penalties.record(token)
             if window is not None and position >= window:
                 return
-            output = self._forward(torch.tensor([[token]], device=self.device), cache, position, keep_last=True)
+            output = self._forward(torch.tensor([[token]], device=self.device), cache, position, True, adapter)
             position += 1
 
     def forward(self, ids: Sequence[int], *, hooks: Sequence[LayerHook] = ()) -> None:
@@ -426,7 +498,7 @@ class TransformersEngine(Engine):
             with layer_hooks.installed(self.layers, hooks, self._position):
                 self._forward(torch.tensor([list(ids)], device=self.device), None, 0, keep_last=True)
 
-        self._model_work(run)
+        self._served(run)
 
     def replay_in_batch(self, rows: Sequence[tuple[Sequence[int], Sequence[int], Sequence[LayerHook]]]) -> None:
         """Through the continuous batch, as generations that arrive together (``BatchScheduler.replay``)."""
@@ -456,12 +528,12 @@ class TransformersEngine(Engine):
                 ):
                     return score(self.model, self.device)
 
-            return self._model_work(hooked)
+            return self._served(hooked)
         if hooks:
             raise InvalidParameter(
                 "float32 scoring runs on a copy of the model: it takes no layer hooks", param="scoring_precision"
             )
-        return self._model_work(  # the copy is made from the model, or is the model (already float32)
+        return self._served(  # the copy is made from the model (its LoRA layers too), or is the model
             lambda: score_in_float32(
                 self.model,
                 self.device,
@@ -483,14 +555,14 @@ class TransformersEngine(Engine):
                     for index, ids in enumerate(prompts)
                 ]
 
-        return self._model_work(score)
+        return self._served(score)
 
     def embed(self, ids: Sequence[int], pooling: str = "mean") -> list[float]:
         def run() -> list[float]:
             with self._typed_out_of_memory("embedding the input beside the model"):
                 return pooled_last_hidden(self.model, ids, self.device, pooling)
 
-        return self._model_work(run)
+        return self._served(run)
 
     @contextmanager
     def _typed_out_of_memory(self, work: str) -> Iterator[None]:

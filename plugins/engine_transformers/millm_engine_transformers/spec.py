@@ -11,6 +11,7 @@ from millm_host.api import (
     LAYER_HOOKS,
     LOGITS_PROCESSORS,
     LOGPROBS,
+    LORA_ADAPTERS,
     SCORING,
     EngineSpec,
     ModelDescriptor,
@@ -47,6 +48,12 @@ SETTINGS = (
         "Continuous batching: prompt tokens prefilled between two decode steps (shared by the prefills under way)",
     ),
     Setting(
+        "MILLM_PREFIX_CACHE_MB",
+        int,
+        256,
+        "Continuous batching: memory (MiB) for prompts kept for reuse by later requests (0: no prefix caching)",
+    ),
+    Setting(
         "MILLM_BATCH_GATHER_MS",
         int,
         0,
@@ -59,7 +66,7 @@ SPEC = EngineSpec(
     factory="millm_engine_transformers.engine:TransformersEngine",
     describe="millm_engine_transformers.spec:describe",
     formats=frozenset({"hf", "gguf"}),
-    capabilities=frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, LOGPROBS, SCORING, EMBEDDINGS}),
+    capabilities=frozenset({LAYER_HOOKS, LOGITS_PROCESSORS, LOGPROBS, SCORING, EMBEDDINGS, LORA_ADAPTERS}),
     memory_estimate="millm_engine_transformers.spec:memory_estimate",
     settings=SETTINGS,
     preference=1,  # the reference engine: it serves .gguf files too unless MILLM_ENGINE names another

@@ -388,7 +388,8 @@ def test_a_row_cancelled_mid_prefill_is_cut_out_and_its_neighbour_computes_as_al
         return leaving
 
     monkeypatch.setattr(Prefill, "cut_left", spy)
-    kept_ids, dropped_ids = serial.tokenize("word " * 60 + "end"), serial.tokenize("other " * 50 + "end")
+    # Prompts no earlier test sent: a prompt the prefix cache held would prefill on its own.
+    kept_ids, dropped_ids = serial.tokenize("halfway " * 60 + "end"), serial.tokenize("other " * 50 + "end")
     params = SamplingParams(max_tokens=6, temperature=0)
     want = run(serial, kept_ids, params)
     cancels = [threading.Event(), threading.Event()]

@@ -26,6 +26,7 @@ def exchange(server, model_id: str, **extra) -> tuple[str, dict[str, str]]:
         text = response.text
     text = re.sub(r'"(chatcmpl-)[0-9a-f]+"', r'"\1"', text)
     text = re.sub(r'"created": ?\d+', '"created": 0', text)
+    text = re.sub(r'"cached_tokens": ?\d+', '"cached_tokens": 0', text)  # what this server's prefix cache held
     headers = {k: v for k, v in response.headers.items() if k not in ("date", "content-length")}
     return text, headers
 

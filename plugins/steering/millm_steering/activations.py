@@ -18,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from millm_host.api import ORDER_READ_POST_STEERING, ORDER_READ_PRE_STEERING, HookRow, InvalidParameter, LayerHook
+from millm_host.api import (
+    ORDER_READ_POST_STEERING,
+    ORDER_READ_PRE_STEERING,
+    READS_PROMPT,
+    HookRow,
+    InvalidParameter,
+    LayerHook,
+)
 
 from .features import check_indices, is_int, non_negative_int
 from .resolve import select_attachment
@@ -220,6 +227,7 @@ class ActivationReader:
             owner="steering",
             batched=read_rows,
             state=self,
+            prompt_key=READS_PROMPT,  # a reused prompt's positions are replayed to it
         )
         return self._hook
 

@@ -83,9 +83,20 @@ class Plan:
                 vector=self._vector(slot),
                 batched=steer_rows,
                 state=(self, slot),
+                prompt_key=self._prompt_key(slot),
             )
             for slot in self.slots.values()
         ]
+
+    def _prompt_key(self, slot: Slot) -> Callable[[], str]:
+        """What the slot adds now, as a prefix cache key: a prompt computed under the same values is reused."""
+
+        def key() -> str:
+            self.delta(slot)  # a live plan re-reads a state whose epoch moved
+            entry = slot.entry
+            return "steering:none" if entry is None else f"steering:{entry.hash}"
+
+        return key
 
     def _vector(self, slot: Slot) -> Callable[[], Any]:
         """The slot's vector now, for an engine that applies it itself (llama.cpp control vectors,

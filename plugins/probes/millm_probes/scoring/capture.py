@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from millm_host.api import ORDER_READ_PRE_STEERING, HookRow, LayerHook
+from millm_host.api import ORDER_READ_PRE_STEERING, READS_PROMPT, HookRow, LayerHook
 
 from .bank import Point
 
@@ -57,6 +57,7 @@ class Capture:
                 OWNER,
                 batched=capture_rows,
                 state=(self, self._slots[(layer, point)], i == 0),
+                prompt_key=READS_PROMPT,  # a reused prompt's positions are replayed to it
             )
             for i, (layer, point) in enumerate(self.points)
         ]
@@ -132,7 +133,7 @@ def capture_rows(hidden: Any, rows: Sequence[HookRow]) -> None:
             capture.batch_rows = max(capture.batch_rows, sequences)
         part = hidden[row.index, row.skip :]
         if part.shape[0]:
-            capture._store(slot, part, row.start, first)
+            capture._store(slot, part, row.start, first and not row.replayed)  # a replay is no forward pass
             captures.append(capture)
     if captures:
         share = (time.perf_counter() - began) / len(captures)

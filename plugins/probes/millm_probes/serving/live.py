@@ -89,6 +89,8 @@ def _skip_reason(ctx: RequestContext, batched: bool) -> str | None:
         return "judge_traffic"
     if ctx.engine is None or not ctx.engine.hook_points:
         return "engine_unsupported"
+    if ctx.adapter is not None:  # a probe's identity is a base model's: an adapted one is another model
+        return "adapter_not_in_identity"
     if batched:
         return "batched_request"
     return None

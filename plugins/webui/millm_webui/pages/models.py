@@ -1,5 +1,6 @@
-"""``/ui/models``: every model with its state, Load/Unload, load progress, and each loaded model's
-Probe capacity panel (``GET /api/models/{id}/probe-capacity``) with its budget drawn as a bar."""
+"""``/ui/models``: every model with its state, Load/Unload, load progress, its LoRA adapters (added and
+removed live, ``/api/models/{id}/adapters``), and each loaded model's Probe capacity panel
+(``GET /api/models/{id}/probe-capacity``) with its budget drawn as a bar."""
 
 from __future__ import annotations
 
@@ -20,11 +21,20 @@ def used_percent(half: dict[str, Any]) -> float:
 async def load(api, req) -> dict[str, Any]:
     models = (await api.data("/api/models", default={"data": []}))["data"]
     health = await api.data("/api/health", default={})
-    capacities = {}
+    capacities, adapters = {}, {}
     for model in models:
+        path = quote(model["id"], safe="")
+        adapters[model["id"]] = (await api.data(f"/api/models/{path}/adapters", default={"data": []}))["data"]
         if model["state"] == "LOADED":
             capacities[model["id"]] = await api.data(f"/api/models/{quote(model['id'], safe='')}/probe-capacity")
-    return {"models": models, "health": health, "capacities": capacities, "halves": HALVES, "used": used_percent}
+    return {
+        "models": models,
+        "health": health,
+        "capacities": capacities,
+        "adapters": adapters,
+        "halves": HALVES,
+        "used": used_percent,
+    }
 
 
-PAGE = Page("/ui/models", "Models", "models.html", load, "load a model; each model's Probe capacity")
+PAGE = Page("/ui/models", "Models", "models.html", load, "load a model; its LoRA adapters; each model's Probe capacity")
