@@ -132,5 +132,10 @@ class RequestContext:
     observation: Any = None
 
     @property
+    def served_model(self) -> str:
+        """What the response's ``model`` says: the model's id, ``"<id>:<adapter>"`` with a LoRA adapter (as vLLM)."""
+        return self.model.id if self.adapter is None else f"{self.model.id}:{self.adapter.name}"
+
+    @property
     def is_chat(self) -> bool:
         return self.endpoint == "chat.completions"

@@ -403,7 +403,7 @@ def render_body(ctx: RequestContext, request: ScoringRequest, scores: list[dict[
     envelope: dict[str, Any] = dict(
         id=response_id(ctx),
         created=ctx.created,
-        model=ctx.model.id,
+        model=ctx.served_model,
         system_fingerprint=ctx.engine.info.system_fingerprint,
         usage=Usage(**count_usage(ctx)),
     )

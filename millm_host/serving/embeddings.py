@@ -89,7 +89,7 @@ class ServingEmbeddings(Serving):
                 EmbeddingData(object="embedding", index=i, embedding=encode(v, ctx.params.encoding_format or "float"))
                 for i, v in enumerate(output)
             ],
-            model=ctx.model.id,
+            model=ctx.served_model,
             usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
         )
         return response.model_dump(mode="json")

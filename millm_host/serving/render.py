@@ -69,7 +69,7 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
         "id": response_id(ctx),
         "object": "chat.completion" if ctx.is_chat else "text_completion",
         "created": ctx.created,
-        "model": ctx.model.id,
+        "model": ctx.served_model,
         "system_fingerprint": system_fingerprint(ctx),
         "choices": choices,
         "usage": usage(ctx),
@@ -105,7 +105,7 @@ def chunk(ctx: RequestContext, choices: list[dict[str, Any]], **extra: Any) -> d
         "id": response_id(ctx),
         "object": "chat.completion.chunk" if ctx.is_chat else "text_completion",
         "created": ctx.created,
-        "model": ctx.model.id,
+        "model": ctx.served_model,
         "system_fingerprint": system_fingerprint(ctx),
         "choices": choices,
     }

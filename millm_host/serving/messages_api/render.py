@@ -85,7 +85,7 @@ def message(
         "type": "message",
         "role": "assistant",
         "content": content,
-        "model": ctx.model.id,
+        "model": ctx.served_model,
         "stop_reason": stop_reason(ctx, finish_reason),
         "stop_sequence": stop_sequence(ctx) if done else None,
         "usage": usage(ctx),

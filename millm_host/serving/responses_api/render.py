@@ -119,7 +119,7 @@ def response_object(
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
-        "model": ctx.model.id,
+        "model": ctx.served_model,
         "output": output,
         "parallel_tool_calls": request.parallel_tool_calls is not False,
         "previous_response_id": None,

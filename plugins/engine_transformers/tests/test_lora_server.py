@@ -188,3 +188,14 @@ def test_chat_embeddings_and_prompt_scores_serve_the_adapter(server):
     assert lp[0] != pytest.approx(lp[1], abs=1e-4)
     assert vectors[0] != pytest.approx(vectors[1], abs=1e-4)
     assert echoed[0]["token_logprobs"][1:] != pytest.approx(echoed[1]["token_logprobs"][1:], abs=1e-4)
+
+
+def test_a_response_names_the_adapter_it_served(server):
+    adapted = f"{server.model_id}:alpha"
+    for model in (adapted, "alpha"):
+        reply = server.openai().chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+        )
+        assert reply.model == adapted
+    plain = server.openai().completions.create(model=server.model_id, prompt="hi", max_tokens=2)
+    assert plain.model == server.model_id
