@@ -34,7 +34,7 @@ def test_the_overview_page_lists_every_page_and_the_root_redirects(server, ui_pa
     assert page.page.url == server.base_url + "/ui"
     assert page.page.locator("h1").inner_text() == "Overview"
     nav = page.page.locator("header nav a").all_inner_texts()
-    assert nav[:2] == ["Overview", "Models"]
+    assert nav[:3] == ["Playground", "Overview", "Models"]
     assert page.page.locator("#health-status").inner_text() == "ok"
     page.shot("overview")
 

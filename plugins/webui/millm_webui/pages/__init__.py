@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..render import Page
-from . import circuits, clusters, events, home, models, probes, rulesets, sessions, settings, steering
+from . import circuits, clusters, events, home, models, playground, probes, rulesets, sessions, settings, steering
 
 PAGES: list[Page] = [
+    playground.PAGE,
     home.PAGE,
     models.PAGE,
     probes.PAGE,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from ..charts import budgets
 from ..render import Page
 
 HALVES = (("per_token", "per generated token"), ("per_1k_prompt", "per 1,000 prompt tokens"))
@@ -33,6 +34,7 @@ async def load(api, req) -> dict[str, Any]:
         "capacities": capacities,
         "adapters": adapters,
         "halves": HALVES,
+        "budget_chart": budgets,
         "used": used_percent,
     }
 

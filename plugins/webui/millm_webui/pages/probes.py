@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..charts import timeline
 from ..histogram import histogram
 from ..render import Page
 
@@ -65,7 +66,13 @@ async def load(api, req) -> dict[str, Any]:
         for key, members in by_behaviour.items()
         if key is not None
     }
+    # Verdicts over time: each behaviour's members' listed results, and the other results (rules…).
+    timelines = {
+        key: timeline([r for p in members for r in results[p["id"]]["rows"]]) for key, members in by_behaviour.items()
+    }
     return {
+        "timelines": timelines,
+        "others_timeline": timeline(others),
         "probes": probes,
         "groups": behaviours["data"],
         "rearm": behaviours.get("rearm", []),

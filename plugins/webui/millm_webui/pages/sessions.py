@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from ..charts import session_strip
 from ..render import Page
 from ..verdicts import decided
 
@@ -41,6 +42,7 @@ async def load_one(api, req, session_id: str) -> dict[str, Any]:
         "session_id": session_id,
         "api_path": path,
         "cell_verdict": cell_verdict,
+        "strip": session_strip(answer.data, cell_verdict),
         "transcript": transcript.data.get("data", []) if transcript.ok else None,
         "transcript_error": None if transcript.ok else transcript.error,
     }
