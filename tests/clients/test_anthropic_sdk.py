@@ -86,6 +86,11 @@ def test_stream_true_sends_anthropics_events(client, model, scripted):
     assert delta.delta.stop_reason == "end_turn" and delta.usage.output_tokens > 0
 
 
+def prompt_tokens(usage) -> int:
+    """Anthropic counts a prompt in parts: ``input_tokens`` is only what was not read from the prefix cache."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 def test_system_prompt_as_a_string_or_blocks(client, model):
     """The system prompt reaches the template (SmolLM2's puts its own in when there is none), and its two
     spellings are the same prompt."""
@@ -95,7 +100,8 @@ def test_system_prompt_as_a_string_or_blocks(client, model):
     blocks = client.messages.create(
         **ask, system=[{"type": "text", "text": "Answer in "}, {"type": "text", "text": "one word."}]
     )
-    assert text.usage.input_tokens == blocks.usage.input_tokens != bare.usage.input_tokens
+    assert prompt_tokens(text.usage) == prompt_tokens(blocks.usage) != prompt_tokens(bare.usage)
+    assert blocks.usage.cache_read_input_tokens > 0  # the same prompt again: its prefix came from the cache
     assert text.content == blocks.content
 
 
@@ -197,11 +203,11 @@ def test_count_tokens_is_the_prompt_create_runs(client, model):
     system = "Be brief."
     count = client.messages.count_tokens(model=model, system=system, messages=QUESTION)
     reply = client.messages.create(model=model, max_tokens=1, system=system, messages=QUESTION)
-    assert count.input_tokens == reply.usage.input_tokens > 0
+    assert count.input_tokens == prompt_tokens(reply.usage) > 0
     tools = {"tools": [WEATHER], "tool_choice": {"type": "any"}}
     with_tools = client.messages.count_tokens(model=model, system=system, messages=QUESTION, **tools)
     called = client.messages.create(model=model, max_tokens=60, system=system, messages=QUESTION, **tools)
-    assert with_tools.input_tokens == called.usage.input_tokens > count.input_tokens  # the tools are in the prompt
+    assert with_tools.input_tokens == prompt_tokens(called.usage) > count.input_tokens  # the tools are in the prompt
 
 
 def test_greedy_answers_equal_chat_completions(client, http, model):
@@ -233,7 +239,7 @@ def test_greedy_answers_equal_chat_completions(client, http, model):
         streamed = "".join(stream.text_stream)
     expected = chat["choices"][0]["message"]["content"]
     assert "".join(block.text for block in reply.content) == streamed == expected
-    assert reply.usage.input_tokens == chat["usage"]["prompt_tokens"]
+    assert prompt_tokens(reply.usage) == chat["usage"]["prompt_tokens"]
     assert reply.usage.output_tokens == chat["usage"]["completion_tokens"]
     assert reply.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[chat["choices"][0]["finish_reason"]]
     # and token for token: the ids of both texts, tokenized alike

@@ -25,6 +25,20 @@ def _time(iso: Any) -> float | None:
         return None
 
 
+class RowChart:
+    """The layout every chart here shares: a labelled row per name, drawn across ``width``. Plain class
+    attributes, not dataclass fields, so each chart's own (required) fields can still come first."""
+
+    width: int = WIDTH
+    row_height: int = 16
+    label_width: int = 110
+    rows: list[Any]
+
+    @property
+    def height(self) -> int:
+        return self.row_height * len(self.rows)
+
+
 @dataclass(frozen=True)
 class Dot:
     x: float
@@ -34,20 +48,13 @@ class Dot:
 
 
 @dataclass(frozen=True)
-class Timeline:
+class Timeline(RowChart):
     """Verdicts over time: a row per probe (or rule), a dot per result at the time it was recorded."""
 
     rows: list[str]
     dots: list[Dot]
     start: str
     end: str
-    width: int = WIDTH
-    row_height: int = 16
-    label_width: int = 110
-
-    @property
-    def height(self) -> int:
-        return self.row_height * len(self.rows)
 
 
 def timeline(results: list[dict[str, Any]]) -> Timeline | None:
@@ -76,19 +83,21 @@ def timeline(results: list[dict[str, Any]]) -> Timeline | None:
 
 
 @dataclass(frozen=True)
-class Strip:
+class Cell:
+    x: float
+    y: float
+    width: float
+    verdict: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Strip(RowChart):
     """A session's grid as a coloured timeline: a row per column (behaviour, probe or rule), a cell per turn."""
 
     rows: list[str]
-    cells: list[tuple[float, float, float, str, str]]  # x, y, width, verdict, title
+    cells: list[Cell]
     turns: int
-    width: int = WIDTH
-    row_height: int = 16
-    label_width: int = 110
-
-    @property
-    def height(self) -> int:
-        return self.row_height * len(self.rows)
 
 
 def session_strip(session: dict[str, Any], cell_verdict: Any) -> Strip | None:
@@ -96,21 +105,21 @@ def session_strip(session: dict[str, Any], cell_verdict: Any) -> Strip | None:
     timeline_rows = session.get("timeline", [])
     if not columns or not timeline_rows:
         return None
-    step = (WIDTH - 110 - 4) / len(timeline_rows)
-    cells = []
+    strip = Strip(columns, [], len(timeline_rows))
+    step = (strip.width - strip.label_width - 4) / len(timeline_rows)
     for i, row in enumerate(timeline_rows):
         for j, key in enumerate(columns):
-            v = cell_verdict(row.get("cells", {}).get(key, []))
-            cells.append(
-                (
-                    round(110 + 2 + i * step, 1),
-                    j * 16 + 2,
+            v = str(cell_verdict(row.get("cells", {}).get(key, [])))
+            strip.cells.append(
+                Cell(
+                    round(strip.label_width + 2 + i * step, 1),
+                    j * strip.row_height + 2,
                     round(max(step - 1, 1), 1),
                     v,
                     f"turn {row.get('turn')} · {key}: {v}",
                 )
             )
-    return Strip(columns, cells, len(timeline_rows))
+    return strip
 
 
 @dataclass(frozen=True)
@@ -124,15 +133,10 @@ class BudgetRow:
 
 
 @dataclass(frozen=True)
-class Budgets:
+class Budgets(RowChart):
     rows: list[BudgetRow] = field(default_factory=list)
-    width: int = WIDTH
-    row_height: int = 22
-    label_width: int = 170
-
-    @property
-    def height(self) -> int:
-        return self.row_height * len(self.rows)
+    row_height = 22
+    label_width = 170
 
 
 def budgets(armed: dict[str, Any], halves: tuple[tuple[str, str], ...]) -> Budgets | None:

@@ -35,7 +35,7 @@ def test_the_session_strip_colours_a_cell_per_turn_and_column():
         "timeline": [{"turn": 1, "cells": {"x": [result("x", "", True)]}}, {"turn": 2, "cells": {}}],
     }
     strip = charts.session_strip(session, sessions.cell_verdict)
-    assert [c[3] for c in strip.cells] == ["fired", "none", "none", "none"]
+    assert [c.verdict for c in strip.cells] == ["fired", "none", "none", "none"]
     html = render("charts.html")  # the macros alone render nothing
     assert html.strip() == ""
 
