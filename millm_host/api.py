@@ -36,6 +36,7 @@ What is here:
   ``ModelInfo``,
   ``HookPoint`` (its ``HookPointName``: ``resid_pre`` or ``resid_post``),
   ``LayerHook`` and ``HookRow`` (a hook that takes the whole batch; and the ``ORDER_*`` of reads and writes),
+  ``STEERED``/``UNSTEERED`` and ``hooks_for`` (which reply's rows a hook serves: ``with_unsteered``),
   ``LogitsProcessorFactory``, ``SamplingParams``, ``TokenIterator`` (what ``generate``
   returns), the scoring types; ``generation_cancel()``
   (the running request's cancellation, for an engine that queues generations);
@@ -99,7 +100,9 @@ from .engine import (
     ORDER_WRITE_STEERING,
     READS_PROMPT,
     SCORING,
+    STEERED,
     STEERING_VECTORS,
+    UNSTEERED,
     Engine,
     EngineSpec,
     GeneratedToken,
@@ -116,6 +119,7 @@ from .engine import (
     TokenIterator,
     fallback_chat_render,
     generation_cancel,
+    hooks_for,
     served_adapter,
 )
 from .errors import (
@@ -213,7 +217,9 @@ __all__ = [
     "ORDER_STEERING",
     "ORDER_WRITE_STEERING",
     "READS_PROMPT",
+    "STEERED",
     "STEERING_VECTORS",
+    "UNSTEERED",
     "SCORING",
     "SERVER_ERROR",
     "ChatMessage",
@@ -261,6 +267,7 @@ __all__ = [
     "ResponseExtra",
     "SamplingParams",
     "generation_cancel",
+    "hooks_for",
     "served_adapter",
     "ScoringParams",
     "ScoringPrecisionUnavailable",

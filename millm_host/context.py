@@ -45,6 +45,8 @@ class SequenceOutput:
     reasoning: str | None = None
     #: Generated tokens up to the one that ended the block (all of them while it is open); 0 without one.
     reasoning_tokens: int = 0
+    #: ``"steered"`` or ``"unsteered"`` when the request asked for both replies (``with_unsteered``); else None.
+    variant: str | None = None
 
 
 @dataclass
@@ -110,6 +112,10 @@ class RequestContext:
     layer_hooks: list[LayerHook] = field(default_factory=list)
     #: Number of choices per prompt (``n``).
     n: int = 1
+    #: ``with_unsteered``: every choice is generated twice, as steered (``outputs`` 0..k-1, k = prompts × n)
+    #: and unsteered (k..2k-1), as rows of one batch; the unsteered rows carry no steering write
+    #: (``LayerHook.variant``).
+    with_unsteered: bool = False
     outputs: list[SequenceOutput] = field(default_factory=list)
     #: True once generation ended (headers rendered after this are post-generation).
     finished: bool = False
@@ -135,6 +141,17 @@ class RequestContext:
     def served_model(self) -> str:
         """What the response's ``model`` says: the model's id, ``"<id>:<adapter>"`` with a LoRA adapter (as vLLM)."""
         return self.model.id if self.adapter is None else f"{self.model.id}:{self.adapter.name}"
+
+    @property
+    def choices_per_variant(self) -> int:
+        """Choices of one reply variant: prompts × n (all the choices without ``with_unsteered``)."""
+        return len(self.prompts) * self.n
+
+    def variant_of(self, index: int) -> str | None:
+        """``"steered"`` or ``"unsteered"`` for choice ``index`` with ``with_unsteered``; None without it."""
+        if not self.with_unsteered:
+            return None
+        return "steered" if index < self.choices_per_variant else "unsteered"
 
     @property
     def is_chat(self) -> bool:

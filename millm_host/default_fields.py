@@ -7,7 +7,7 @@ The engines claim the scoring fields and ``pooling``, which they serve themselve
 from __future__ import annotations
 
 from .context import RequestContext
-from .engine import LOGPROBS, SCORING
+from .engine import LAYER_HOOKS, LOGPROBS, SCORING
 from .fields import ignored_fields_header
 from .headers import serialize_item
 from .hookspecs import hookimpl
@@ -85,6 +85,9 @@ def register_request_fields(register) -> None:
     register("completions", COMPLETION_LOGPROBS_FIELDS, requires=LOGPROBS)
     # the prompt's own logprobs are scoring's pass (``serving.prompt_logprobs``)
     register("completions", ("prompt_logprobs",), requires=SCORING)
+    # both replies as rows of one batch, the unsteered ones without the steering writes (``LayerHook.variant``)
+    for endpoint in ("chat.completions", "completions"):
+        register(endpoint, ("with_unsteered",), requires=LAYER_HOOKS, output_changing=True, scorable=False)
     register("embeddings", EMBEDDINGS_FIELDS)
     register("tokenize", TOKENIZE_FIELDS)
     register("detokenize", DETOKENIZE_FIELDS)

@@ -54,6 +54,10 @@ ORDER_WRITE_STEERING = 100
 ORDER_READ_POST_STEERING = 200
 #: ``LayerHook.prompt_key`` of a hook that only reads: a cached prompt serves it (its reads replayed).
 READS_PROMPT = ""
+#: ``LayerHook.variant``: the rows of the reply as steered (every request has them), and the rows of the
+#: same request's unsteered reply (only with ``with_unsteered``).
+STEERED = "steered"
+UNSTEERED = "unsteered"
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,12 @@ class LayerHook:
     (the default) when the hook must itself see, or change, every prompt position: its
     request reuses nothing and stores nothing. A callable is asked when the prompt is
     looked up and again when it is stored (a live write whose value moved stores nothing).
+
+    ``variant`` says which rows of a request that asks for both replies (``with_unsteered``)
+    the hook serves: None (the default) both; ``STEERED`` only the steered reply's rows (every
+    steering write says so, and a read that describes the steered reply); ``UNSTEERED`` only the
+    unsteered reply's rows (a read of that reply). A request without ``with_unsteered`` has
+    steered rows only (``hooks_for``).
     """
 
     layer: int
@@ -115,6 +125,12 @@ class LayerHook:
     batched: Callable[[Any, Sequence[HookRow]], Any | None] | None = None
     state: Any = None
     prompt_key: str | Callable[[], str | None] | None = None
+    variant: str | None = None
+
+
+def hooks_for(hooks: Sequence[LayerHook], variant: str) -> list[LayerHook]:
+    """The hooks the rows of one reply (``STEERED`` or ``UNSTEERED``) carry (``LayerHook.variant``)."""
+    return [hook for hook in hooks if hook.variant is None or hook.variant == variant]
 
 
 @dataclass(frozen=True)

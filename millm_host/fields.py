@@ -96,6 +96,7 @@ NO_CHANGE: Mapping[str, Any] = {
     "return_tokens_as_token_ids": False,
     "ignore_eos": False,
     "min_tokens": 0,
+    "with_unsteered": False,
 }
 
 

@@ -309,6 +309,10 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
     prompt, nor that the rows of a pass share a ``start``. Alone, a request is a batch of
     one: ``batched`` is called with ``HookRow(0, start, 0, hook)``. See ``LayerHook``.
 
+    A request with ``ctx.with_unsteered`` generates every choice twice, steered rows and
+    unsteered rows: ``LayerHook.variant`` says which a hook serves (a steering write says
+    ``STEERED``; a hook that says nothing serves both, each of its calls then one reply's row).
+
     Never called for scoring requests (``ctx.scoring``) nor embeddings: they are
     never steered and never monitored.
     Raising a ``MillmError`` fails the request (an error event on a stream).
@@ -390,7 +394,8 @@ def response_extras(ctx: RequestContext) -> list[ResponseExtra] | None:
 def monitor_results(ctx: RequestContext | None, monitored: MonitoredRequest) -> list[dict[str, Any]] | None:
     """Report results beside the probes' on a monitored request (e.g. rule signals).
 
-    Called by the probes plugin once per request while at least one probe is armed,
+    Called by the probes plugin once per request (with ``with_unsteered``, once per
+    reply: steered, then unsteered) while at least one probe is armed,
     on the engine thread, from its ``after_generate`` (so before rendering), also for
     a request it skips (``monitored.skip``: judge traffic, an unscored engine) or one
     that was interrupted (``monitored.interrupted``). ``monitored.behaviours`` maps

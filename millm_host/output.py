@@ -14,10 +14,16 @@ ORDER_STEERING = 300
 
 @dataclass
 class ResponseExtra:
-    """Fields a plugin adds to a response body (or to a stream's last ``finish_reason`` chunk)."""
+    """Fields a plugin adds to a response body (or to a stream's last ``finish_reason`` chunk).
+
+    With ``choice`` (a choice's index) the fields join that choice's object instead: in the
+    body's ``choices``, or on a stream that choice's ``finish_reason`` chunk (e.g. the verdicts
+    of each reply of ``with_unsteered``). A body without that choice leaves them out.
+    """
 
     fields: dict[str, Any]
     order: int = 500
+    choice: int | None = None
 
 
 @dataclass

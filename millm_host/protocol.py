@@ -81,6 +81,12 @@ class SamplingFields(_Strict):
         description="vLLM's: no end-of-sequence token is drawn and no stop sequence ends the text before this "
         "many tokens",
     )
+    with_unsteered: bool | None = Field(
+        default=None,
+        description="miLLM's: both replies in one request, as rows of one batch: choices 0..k-1 steered (as the "
+        "request without this field), then k..2k-1 unsteered (as the request with steering off, features: []), "
+        "k = prompts x n; each choice says which in millm_variant. Both are equal where nothing steers",
+    )
 
     @field_validator("logit_bias")
     @classmethod

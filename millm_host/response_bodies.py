@@ -95,6 +95,9 @@ class ChatCompletionChoice(Extensible):
     message: ChatCompletionMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = Field(description='"stop", "length", "tool_calls", ...')
+    millm_variant: Literal["steered", "unsteered"] | None = Field(
+        default=None, description="With with_unsteered: which reply this choice is (absent without it)"
+    )
 
 
 class ChatCompletionResponse(Extensible):
@@ -124,6 +127,9 @@ class ChatCompletionChunkChoice(Extensible):
     delta: ChatCompletionDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    millm_variant: Literal["steered", "unsteered"] | None = Field(
+        default=None, description="With with_unsteered: which reply this choice is (absent without it)"
+    )
 
 
 class ChatCompletionChunk(Extensible):
@@ -171,6 +177,9 @@ class CompletionChoice(Extensible):
         default=None,
         description="With prompt_logprobs: per prompt token, null for the first, then it and its most probable "
         "alternatives by token id (in a stream, on the choice's first chunk)",
+    )
+    millm_variant: Literal["steered", "unsteered"] | None = Field(
+        default=None, description="With with_unsteered: which reply this choice is (absent without it)"
     )
 
 

@@ -175,6 +175,7 @@ NO_CHANGE = {
     "scoring_precision": "native",
     "dimensions": None,
     "seed": None,
+    "with_unsteered": False,
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from ..protocol import FAIL_FAST, ChatCompletionRequest, CompletionRequest, ResponseModel
 
@@ -41,6 +42,7 @@ class ScoringCompletionRequest(CompletionRequest):
         default=None, description='Key tokens by "token_id:<id>" instead of their decoded text'
     )
     scoring_precision: PrecisionField = None
+    with_unsteered: SkipJsonSchema[bool | None] = None  # refused in scoring mode: not described
 
 
 class ScoringChatRequest(ChatCompletionRequest):
@@ -54,6 +56,7 @@ class ScoringChatRequest(ChatCompletionRequest):
     return_tokens_as_token_ids: bool | None = Field(
         default=None, description='Key tokens by "token_id:<id>" instead of their decoded text'
     )
+    with_unsteered: SkipJsonSchema[bool | None] = None  # refused in scoring mode: not described
 
 
 # --- responses -----------------------------------------------------------------------

@@ -383,7 +383,20 @@ def collect_extras(host: ServingHost, ctx: RequestContext) -> list[ResponseExtra
 
 
 def add_extras(host: ServingHost, ctx: RequestContext, body: dict[str, Any]) -> dict[str, Any]:
-    """Merge every plugin's body extras into a non-streamed ``body``, in order."""
+    """Merge every plugin's body extras into a non-streamed ``body``, in order (a choice's into that choice)."""
     for extra in collect_extras(host, ctx):
-        body.update(extra.fields)
+        if extra.choice is None:
+            body.update(extra.fields)
+        else:
+            choice = choice_of(body, extra.choice)
+            if choice is not None:
+                choice.update(extra.fields)
     return body
+
+
+def choice_of(body: dict[str, Any], index: int) -> dict[str, Any] | None:
+    """The choice of ``body`` (a completion or a chunk) whose ``index`` is ``index``; None when it has none."""
+    choices = body.get("choices")
+    if not isinstance(choices, list):
+        return None
+    return next((c for c in choices if isinstance(c, dict) and c.get("index") == index), None)

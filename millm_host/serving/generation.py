@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hookcalls
 from ..context import RequestContext, SequenceOutput
-from ..engine import GENERATION_CANCEL, SERVED_ADAPTER, LayerHook, LogitsProcessorFactory
+from ..engine import (
+    GENERATION_CANCEL,
+    SERVED_ADAPTER,
+    STEERED,
+    UNSTEERED,
+    LayerHook,
+    LogitsProcessorFactory,
+    hooks_for,
+)
 from ..errors import InternalError, MillmError, RequestCancelled, ShuttingDown
 from ..output import OutputFilter, OutputFilterFactory
 from . import prompt_logprobs
@@ -110,13 +118,25 @@ class GenerationJob:
             hooks = ctx.layer_hooks = [c for c in contributions if isinstance(c, LayerHook)]
             processors = [c for c in contributions if isinstance(c, LogitsProcessorFactory)]
             filters = [c for c in contributions if isinstance(c, OutputFilterFactory)]
-            sequences = [(index, prompt, choice) for index, prompt in enumerate(ctx.prompts) for choice in range(ctx.n)]
+            # with_unsteered: every choice twice, steered first; choice k of each reply draws from one seed
+            variants = (STEERED, UNSTEERED) if ctx.with_unsteered else (STEERED,)
+            sequences = [
+                (variant, index, prompt, choice)
+                for variant in variants
+                for index, prompt in enumerate(ctx.prompts)
+                for choice in range(ctx.n)
+            ]
+            rows = {variant: hooks_for(hooks, variant) for variant in variants}
             if len(sequences) > 1 and ctx.engine is not None and ctx.engine.concurrent_generation:
-                opened = [(self._open(index, prompt), prompt, choice) for index, prompt, choice in sequences]
-                self._together(opened, hooks, processors, filters)
+                opened = [
+                    (self._open(index, prompt, variant), prompt, choice, rows[variant])
+                    for variant, index, prompt, choice in sequences
+                ]
+                self._together(opened, processors, filters)
             else:  # one after the other: a sequence's output exists once it starts
-                for index, prompt, choice in sequences:
-                    self._sequence(self._open(index, prompt), prompt, choice, hooks, processors, filters)
+                for variant, index, prompt, choice in sequences:
+                    out = self._open(index, prompt, variant)
+                    self._sequence(out, prompt, choice, rows[variant], processors, filters)
         except RequestCancelled:
             ctx.interrupted = ctx.interrupted or "client_disconnected"
         except MillmError as exc:
@@ -147,26 +167,31 @@ class GenerationJob:
         self.ctx.finished = True
         hookcalls.after_generate(self.host.pm, self.ctx)
 
-    def _open(self, prompt_index: int, prompt: list[int]) -> SequenceOutput:
+    def _open(self, prompt_index: int, prompt: list[int], variant: str) -> SequenceOutput:
         """The next sequence's output, in ``ctx.outputs`` order (made before any runs)."""
-        out = SequenceOutput(index=len(self.ctx.outputs), prompt_index=prompt_index, prompt_ids=prompt)
+        out = SequenceOutput(
+            index=len(self.ctx.outputs),
+            prompt_index=prompt_index,
+            prompt_ids=prompt,
+            variant=variant if self.ctx.with_unsteered else None,
+        )
         self.ctx.outputs.append(out)
         return out
 
     def _together(
         self,
-        sequences: list[tuple[SequenceOutput, list[int], int]],
-        hooks: list[LayerHook],
+        sequences: list[tuple[SequenceOutput, list[int], int, list[LayerHook]]],
         processors: list[LogitsProcessorFactory],
         filters: list[OutputFilterFactory],
     ) -> None:
-        """Every sequence at once, each on a thread of its own (``n > 1`` as rows of the engine's batch).
+        """Every sequence at once, each on a thread of its own with its own hooks (``n > 1`` and both
+        replies of ``with_unsteered`` as rows of the engine's batch).
 
         The first failure stops the others at their next token and is raised here.
         """
         failures: list[BaseException] = []
 
-        def one(out: SequenceOutput, prompt: list[int], choice: int) -> None:
+        def one(out: SequenceOutput, prompt: list[int], choice: int, hooks: list[LayerHook]) -> None:
             try:
                 self._sequence(out, prompt, choice, hooks, processors, filters)
             except BaseException as exc:

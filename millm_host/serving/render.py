@@ -9,6 +9,9 @@ from ..default_fields import seed_scope
 from . import prompt_logprobs
 from .logprobs import render as render_logprobs
 
+#: A choice's reply variant (``"steered"`` or ``"unsteered"``), on every choice of a ``with_unsteered`` request.
+VARIANT = "millm_variant"
+
 
 def response_id(ctx: RequestContext) -> str:
     prefix = "chatcmpl" if ctx.is_chat else "cmpl"
@@ -65,6 +68,8 @@ def completion_body(ctx: RequestContext) -> dict[str, Any]:
             )
         else:
             choices.append(_completion_choice(ctx, out))
+        if out.variant is not None:  # with_unsteered: which reply this choice is
+            choices[-1][VARIANT] = out.variant
     return {
         "id": response_id(ctx),
         "object": "chat.completion" if ctx.is_chat else "text_completion",
@@ -148,5 +153,10 @@ def delta_choice(
             delta["content"] = text
         if extra:
             delta.update(extra)
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    else:
+        choice = {"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+    variant = ctx.variant_of(index)
+    if variant is not None:  # with_unsteered: on every chunk's choice
+        choice[VARIANT] = variant
+    return choice

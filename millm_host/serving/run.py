@@ -52,6 +52,7 @@ from .base import (
     Serving,
     ServingHost,
     add_extras,
+    choice_of,
     collect_extras,
     collect_headers,
 )
@@ -112,6 +113,7 @@ class ServingGeneration(Serving):
 
     def read(self, ctx: RequestContext) -> None:
         ctx.n = ctx.params.n or 1
+        ctx.with_unsteered = bool(ctx.params.with_unsteered)
         if ctx.n > self.host.settings["MILLM_MAX_N"]:
             raise InvalidParameter(f"n is at most {self.host.settings['MILLM_MAX_N']}", param="n")
         requested_logprobs(ctx)  # top_logprobs without logprobs is refused before any load
@@ -345,14 +347,17 @@ async def stream(
     Every chunk has a choice, so ``chunk.choices[0]`` always works: the last
     ``finish_reason`` chunk is held back until the generation has finished and
     carries the plugins' extras (``response_extras``, ``millm_plugin_errors``).
-    Only the usage chunk (``stream_options.include_usage``) has no choice; it is
-    the last before ``[DONE]``, as OpenAI sends it.
+    With ``with_unsteered`` every choice's ``finish_reason`` chunk is held back, to
+    carry that choice's own extras (each reply's verdicts); the last one also carries
+    the request's. Only the usage chunk (``stream_options.include_usage``) has no
+    choice; it is the last before ``[DONE]``, as OpenAI sends it.
     """
     flight = Flight(host, ctx, admission, streaming=True, gone=gone)
     ping = host.settings["MILLM_STREAM_PING_S"]
     held: dict[str, Any] | None = None  # the latest finish chunk: the last one takes the extras
+    ended: list[dict[str, Any]] = []  # with_unsteered: every finish chunk but the latest, held for its choice's extras
     try:
-        choices = len(ctx.prompts) * ctx.n
+        choices = ctx.choices_per_variant * (2 if ctx.with_unsteered else 1)
         if ctx.is_chat:
             yield chunk(ctx, [delta_choice(ctx, i, role=True) for i in range(choices)])
         while True:
@@ -363,7 +368,10 @@ async def stream(
             if event is FINISHED or event is STOPPED:
                 break
             if held is not None:  # another choice is still going: this finish was not the last
-                yield held
+                if ctx.with_unsteered:
+                    ended.append(held)
+                else:
+                    yield held
                 held = None
             kind, index, payload = event
             if kind == "delta":
@@ -384,17 +392,18 @@ async def stream(
         if event is STOPPED:
             if flight.error is None:
                 return  # the client is gone: nobody reads what would follow
-            if held is not None:
-                yield held
+            for done in [*ended, *([held] if held is not None else [])]:
+                yield done
             yield {"error": flight.error.to_dict()}
         else:
             error = flight.future.exception()
             if error is not None and not isinstance(error, RequestCancelled):
-                if held is not None:
-                    yield held
+                for done in [*ended, *([held] if held is not None else [])]:
+                    yield done
                 yield {"error": raise_for(error).to_dict()}
             else:
-                yield finish_chunk(host, ctx, held)
+                for done in finish_chunks(host, ctx, ended, held):
+                    yield done
                 if wants_usage(ctx):
                     yield chunk(ctx, [], usage=usage(ctx))
         yield DONE
@@ -403,15 +412,27 @@ async def stream(
         flight.end()
 
 
-def finish_chunk(host: GenerationHost, ctx: RequestContext, held: dict[str, Any] | None) -> dict[str, Any]:
-    """The stream's last finish chunk with every plugin's extras merged in, in order.
+def finish_chunks(
+    host: GenerationHost, ctx: RequestContext, ended: list[dict[str, Any]], held: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The stream's held finish chunks with every plugin's extras merged in, in order: a choice's
+    (``ResponseExtra.choice``) into that choice's chunk, the request's into the last one.
 
     ``held`` is None only if no sequence reported its end; the extras then ride
-    on a chunk with an empty delta, so that it still has a choice.
+    on a chunk with an empty delta, so that it still has a choice. A choice's extras
+    whose finish chunk went out already ride on a chunk of their own, before the last.
     """
     body = held if held is not None else chunk(ctx, [delta_choice(ctx, 0, None if ctx.is_chat else "")])
+    chunks = [*ended, body]
     for extra in collect_extras(host, ctx):  # after generation: the extras are known now
-        body.update(extra.fields)
+        if extra.choice is None:
+            body.update(extra.fields)
+            continue
+        target = next((c for c in (choice_of(part, extra.choice) for part in chunks) if c is not None), None)
+        if target is None:
+            target = delta_choice(ctx, extra.choice, None if ctx.is_chat else "")
+            chunks.insert(len(chunks) - 1, chunk(ctx, [target]))
+        target.update(extra.fields)
     if ctx.plugin_errors:  # the headers are gone: the finish chunk names them
         body[hookcalls.PLUGIN_ERRORS_FIELD] = list(ctx.plugin_errors)
-    return body
+    return chunks

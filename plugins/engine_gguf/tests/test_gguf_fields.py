@@ -28,6 +28,7 @@ SCORING_AND_STEERING = [
     ("tools", TOOLS),
     ("tool_choice", "auto"),
     ("return_sae_activations", {"features": [1]}),  # no layer to read (steering is served: control vectors)
+    ("with_unsteered", True),  # the unsteered rows need layer hooks apart from the steered ones
 ]
 CHAT_REFUSED = [("chat.completions", f, v) for f, v in SCORING_AND_STEERING]
 COMPLETIONS_REFUSED = [
@@ -42,6 +43,7 @@ COMPLETIONS_REFUSED = [
         ("best_of", 2),
         ("suffix", "!"),
         ("response_format", {"type": "json_object"}),
+        ("with_unsteered", True),
     ]
 ]
 NO_CHANGE = [
@@ -53,6 +55,7 @@ NO_CHANGE = [
     ("parallel_tool_calls", True),
     ("logit_bias", {}),
     ("seed", None),
+    ("with_unsteered", False),
 ]
 
 

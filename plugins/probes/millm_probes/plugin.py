@@ -121,9 +121,26 @@ def model_unloading(host, engine) -> None:
 
 
 @hookimpl
+def register_request_fields(register) -> None:
+    """``probe_token_scores`` on chat and text completions: each live result carries its per-token scores."""
+    for endpoint in live.TOKEN_SCORES_ENDPOINTS:
+        register(endpoint, (live.TOKEN_SCORES_FIELD,))
+
+
+@hookimpl
+def register_request_schemas(register) -> None:
+    """``probe_token_scores``, in the chat and text completion request schemas of ``/openapi.json``."""
+    for endpoint in live.TOKEN_SCORES_ENDPOINTS:
+        register(endpoint, live.ProbeFields)
+
+
+@hookimpl
 def validate_request(ctx) -> None:
-    """Refuse a malformed ``X-miLLM-Session``; while a probe is armed, settle the request's session."""
+    """Refuse a malformed ``X-miLLM-Session`` or ``probe_token_scores``; while a probe is armed, settle the
+    request's session."""
     turns.named_session(ctx.headers)
+    if ctx.endpoint in live.TOKEN_SCORES_ENDPOINTS:
+        live.wants_token_scores(ctx)
     runtime = _runtime(ctx.host)
     if runtime is None or not runtime.snapshot.armed or ctx.scoring or ctx.endpoint not in turns.MONITORED:
         return

@@ -99,6 +99,9 @@ class Reading:
     threshold: float | None = None
     verdict: bool | None = None
     top_position: int | None = None
+    #: The window's per-token scores (``per_token[start:end]``) and the absolute position of the first.
+    token_scores: np.ndarray | None = None
+    first_position: int = 0
 
 
 def threshold_for(decision: Decision | None, length: int) -> float | None:
@@ -139,9 +142,24 @@ def read_window(
     threshold = threshold_for(view.decision, span.length)
     top = span.start + int(np.nanargmax(scores)) if np.isfinite(scores).any() else None
     if interrupted:
-        return Reading("interrupted", interrupted, "partial", score, span.length, threshold, None, top)
+        return Reading(
+            "interrupted", interrupted, "partial", score, span.length, threshold, None, top, scores, span.start
+        )
     verdict = None if threshold is None else bool(score >= threshold)
-    return Reading("completed", None, "final", score, span.length, threshold, verdict, top)
+    return Reading("completed", None, "final", score, span.length, threshold, verdict, top, scores, span.start)
+
+
+def token_scores_object(reading: Reading) -> dict[str, Any] | None:
+    """``token_scores``: ``{positions, scores}``, one score per position the window covers (absolute: prompt
+    then generated tokens; a score that is not finite is null); None when the window was not scored."""
+    scores = reading.token_scores
+    if scores is None:
+        return None
+    start = reading.first_position
+    return {
+        "positions": list(range(start, start + len(scores))),
+        "scores": [float(v) if math.isfinite(v) else None for v in scores.tolist()],
+    }
 
 
 def new_result_id() -> str:
@@ -162,9 +180,10 @@ def result_object(
     request_id: str | None,
     persistence: str,
     set_block: dict[str, Any] | None = None,
+    token_scores: bool = False,
 ) -> dict[str, Any]:
     """The ``mi.probe.result/v1`` object (``verdict`` absent when no verdict was reached; ``set`` null for a
-    probe naming no behaviour)."""
+    probe naming no behaviour; ``token_scores`` when asked, null for a window not scored)."""
     d = view.definition
     obj: dict[str, Any] = {
         "schema": SCHEMA,
@@ -209,6 +228,8 @@ def result_object(
     }
     if reading.verdict is not None:
         obj["verdict"] = reading.verdict
+    if token_scores:
+        obj["token_scores"] = token_scores_object(reading)
     return obj
 
 

@@ -22,6 +22,7 @@ from millm_host.api import (
     ORDER_READ_POST_STEERING,
     ORDER_READ_PRE_STEERING,
     READS_PROMPT,
+    STEERED,
     HookRow,
     InvalidParameter,
     LayerHook,
@@ -228,6 +229,7 @@ class ActivationReader:
             batched=read_rows,
             state=self,
             prompt_key=READS_PROMPT,  # a reused prompt's positions are replayed to it
+            variant=STEERED,  # with_unsteered: the activations are the steered reply's
         )
         return self._hook
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from millm_host.api import ORDER_WRITE_STEERING, HookRow, LayerHook
+from millm_host.api import ORDER_WRITE_STEERING, STEERED, HookRow, LayerHook
 
 from .resolve import Entry, Served
 from .state import Snapshot, SteeringState
@@ -84,6 +84,7 @@ class Plan:
                 batched=steer_rows,
                 state=(self, slot),
                 prompt_key=self._prompt_key(slot),
+                variant=STEERED,  # with_unsteered: the unsteered reply's rows go without it
             )
             for slot in self.slots.values()
         ]

@@ -19,18 +19,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from pydantic import BaseModel, Field
 
 from millm_host.api import (
     ORDER_PROBE_VERDICTS,
     ORDER_READ_POST_STEERING,
     ORDER_READ_PRE_STEERING,
+    STEERED,
+    UNSTEERED,
+    InvalidParameter,
     LayerHook,
     MonitoredRequest,
     RequestContext,
     ResponseExtra,
     WindowText,
+    hooks_for,
     monitor_results,
 )
 
@@ -49,6 +55,22 @@ log = logging.getLogger("millm.probes")
 
 STATE = "probes"
 BODY_FIELD = "millm_probe_verdicts"
+#: The request field that asks for each result's per-token scores (``token_scores``), and where it is read.
+TOKEN_SCORES_FIELD = "probe_token_scores"
+TOKEN_SCORES_ENDPOINTS = ("chat.completions", "completions")
+
+
+class ProbeFields(BaseModel):
+    """The probes' request fields on chat and text completions, for ``/openapi.json``."""
+
+    probe_token_scores: bool | None = Field(
+        default=None,
+        description="miLLM's: each live probe result in millm_probe_verdicts carries token_scores, "
+        "{positions, scores}: the per-token scores over its window, at absolute positions (prompt then "
+        "generated tokens, as return_sae_activations counts them)",
+    )
+
+
 _UNSEEN = object()  # before_forward never ran for this request
 
 
@@ -61,13 +83,26 @@ class LiveRequest:
     execution_mode: str
     skip: str | None = None  # why the whole request is not scored
     capture: Capture | None = None
+    #: with_unsteered: the unsteered reply's rows (``capture`` holds the steered reply's).
+    unsteered: Capture | None = None
     began: float = field(default_factory=time.perf_counter)
     began_cpu: float = field(default_factory=time.thread_time)
     setup_seconds: float = 0.0
     setup_cpu_seconds: float = 0.0
     unsteered_seconds: float = 0.0  # the pass that read the unsteered residual, when steering wrote upstream
-    results: list[dict[str, Any]] | None = None
+    results: list[dict[str, Any]] | None = None  # the steered reply's (its first choice's)
+    #: with_unsteered: each reply's results, by variant (``results`` is the steered one's).
+    variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     header: str | None = None  # X-miLLM-Probe-Verdicts, rendered with the results
+
+
+def wants_token_scores(ctx: RequestContext) -> bool:
+    """Whether the request asked for each result's per-token scores (``probe_token_scores``); a value
+    that is not a boolean is refused (``validate_request``)."""
+    value = ctx.body.get(TOKEN_SCORES_FIELD)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidParameter(f"{TOKEN_SCORES_FIELD} must be true or false", param=TOKEN_SCORES_FIELD)
+    return bool(value)
 
 
 SETTLED = "probes_settled"  # ctx.state: (wall, CPU) seconds the session took to settle (validate_request)
@@ -113,6 +148,10 @@ def begin(runtime: Runtime, ctx: RequestContext) -> list[LayerHook] | None:
     capacity = len(ctx.prompts[0]) + ctx.sampling.max_tokens
     request.capture = Capture(snapshot.bank.points, capacity)
     hooks = request.capture.hooks()
+    if ctx.with_unsteered:  # each reply read by its own hooks, on its own rows
+        hooks = [replace(hook, variant=STEERED) for hook in hooks]
+        request.unsteered = Capture(snapshot.bank.points, capacity)
+        hooks += [replace(hook, variant=UNSTEERED) for hook in request.unsteered.hooks()]
     request.setup_seconds = time.perf_counter() - request.began
     request.setup_cpu_seconds = time.thread_time() - request.began_cpu
     return hooks
@@ -135,17 +174,72 @@ def writes_upstream(hooks: Sequence[LayerHook], points: Iterable[Point]) -> bool
     return bool(writes) and any(_site(layer, point) > min(writes) for layer, point in points)
 
 
-def _served_as(request: LiveRequest) -> tuple[str, int | None]:
+def _served_as(request: LiveRequest, capture: Capture | None) -> tuple[str, int | None]:
     """How a request's passes really ran, as its capture saw them: ``continuous`` with the most
     sequences one pass held when they were a continuous batch's, ``serial`` (batch size 1) when
     they ran alone. A request with no capture keeps what ``begin`` knew (``serial``, or
     ``batched`` for several prompts or choices), with no batch size."""
-    capture = request.capture
     if capture is None or not capture.passes:
         return request.execution_mode, None
     if capture.batch_rows:
         return "continuous", capture.batch_rows
     return "serial", 1
+
+
+def _read(
+    ctx: RequestContext, request: LiveRequest, runtime: Runtime, capture: Capture | None, choice: int, variant: str
+) -> tuple[list[Reading], Layout | None, list[int], int]:
+    """One reply's readings (choice ``choice``, read by ``capture``), its layout, its ids (prompt then
+    generated) and the device-to-host copies it took."""
+    snapshot = request.snapshot
+    plan = snapshot.plan
+    pairs = plan.pairs
+    if request.skip is not None and not ctx.interrupted:
+        return [Reading("skipped", request.skip) for _ in pairs], None, [], 0
+    if capture is None:
+        return (
+            [Reading("interrupted", ctx.interrupted or "generation_error", "unavailable") for _ in pairs],
+            None,
+            [],
+            0,
+        )
+    engine = ctx.engine
+    prompt = ctx.prompts[0]
+    ids = prompt + (ctx.outputs[choice].token_ids if len(ctx.outputs) > choice else [])
+    layout = measure(
+        engine,
+        ids,
+        capture.positions,
+        prompt_len=len(prompt),
+        prefix_ids=runtime.prefix_ids(engine) if plan.skip_prefix else None,
+        conversation=ctx.conversations[0] if ctx.is_chat and ctx.conversations else None,
+        no_turns="last_user_span_unknown" if ctx.is_chat else "text_completion_has_no_user_turn",
+        tools=ctx.chat_tools,
+        template_kwargs=ctx.chat_template_kwargs,
+        need_last_user=plan.last_user,
+        markers=ctx.reasoning.markers if ctx.reasoning is not None else None,  # a chat with a model that thinks
+        need_reasoning=plan.reasoning,
+    )
+    columns = None
+    copies = 0
+    if capture.positions:
+        assert snapshot.bank is not None  # a capture is made only with a bank
+        if writes_upstream(hooks_for(ctx.layer_hooks, variant), snapshot.bank.points):
+            # Another plugin (steering) wrote the residual before a point the probes read, so the
+            # captured rows are steered: read the same tokens again, unsteered, in one forward pass
+            # with the probes' read hooks alone (the stateless scoring's pass).
+            began = time.perf_counter()
+            try:
+                columns = forward_columns(engine, snapshot.bank, ids[: capture.positions])
+            except Exception:  # the model went away, memory: no steered score stands in for it
+                log.exception("the unsteered pass of request %s failed", ctx.request_id)
+                return [Reading("failed", "unsteered_pass_failed", "unavailable") for _ in pairs], layout, ids, 0
+            finally:
+                request.unsteered_seconds += time.perf_counter() - began
+        else:
+            columns = snapshot.bank.columns(capture.rows())
+        copies = 1
+    return read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted), layout, ids, copies
 
 
 def finish(runtime: Runtime, ctx: RequestContext) -> None:
@@ -159,70 +253,46 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         request = ctx.state[STATE] = LiveRequest(runtime.snapshot, new_trace(ctx.headers), "serial")
     started, started_cpu = time.perf_counter(), time.thread_time()
     snapshot, capture = request.snapshot, request.capture
-    plan = snapshot.plan
-    pairs = plan.pairs
+    token_scores = ctx.body.get(TOKEN_SCORES_FIELD) is True
+    replies = [(STEERED, capture, 0)]
+    if ctx.with_unsteered:  # each reply scored on its own tokens: the unsteered one's first choice follows the steered
+        replies.append((UNSTEERED, request.unsteered, ctx.choices_per_variant))
     copies = 0
-    ids: list[int] = []
-    layout: Layout | None = None
-    if request.skip is not None and not ctx.interrupted:
-        readings = [Reading("skipped", request.skip) for _ in pairs]
-    elif capture is None:
-        readings = [Reading("interrupted", ctx.interrupted or "generation_error", "unavailable") for _ in pairs]
-    else:
-        engine = ctx.engine
-        prompt = ctx.prompts[0]
-        ids = prompt + (ctx.outputs[0].token_ids if ctx.outputs else [])
-        layout = measure(
-            engine,
-            ids,
-            capture.positions,
-            prompt_len=len(prompt),
-            prefix_ids=runtime.prefix_ids(engine) if plan.skip_prefix else None,
-            conversation=ctx.conversations[0] if ctx.is_chat and ctx.conversations else None,
-            no_turns="last_user_span_unknown" if ctx.is_chat else "text_completion_has_no_user_turn",
-            tools=ctx.chat_tools,
-            template_kwargs=ctx.chat_template_kwargs,
-            need_last_user=plan.last_user,
-            markers=ctx.reasoning.markers if ctx.reasoning is not None else None,  # a chat with a model that thinks
-            need_reasoning=plan.reasoning,
-        )
-        columns = None
-        unsteered_failed = False
-        if capture.positions:
-            if writes_upstream(ctx.layer_hooks, snapshot.bank.points):
-                # Another plugin (steering) wrote the residual before a point the probes read, so the
-                # captured rows are steered: read the same tokens again, unsteered, in one forward pass
-                # with the probes' read hooks alone (the stateless scoring's pass).
-                began = time.perf_counter()
-                try:
-                    columns = forward_columns(engine, snapshot.bank, ids[: capture.positions])
-                except Exception:  # the model went away, memory: no steered score stands in for it
-                    log.exception("the unsteered pass of request %s failed", ctx.request_id)
-                    unsteered_failed = True
-                request.unsteered_seconds = time.perf_counter() - began
-            else:
-                columns = snapshot.bank.columns(capture.rows())
-            copies = 1
-        if unsteered_failed:
-            readings = [Reading("failed", "unsteered_pass_failed", "unavailable") for _ in pairs]
-        else:
-            readings = read_pairs(pairs, snapshot.bank, columns, layout, interrupted=ctx.interrupted)
+    scored: list[tuple[str, list[dict[str, Any]], list[dict[str, Any] | None]]] = []
+    for variant, reply_capture, choice in replies:
+        readings, layout, ids, copied = _read(ctx, request, runtime, reply_capture, choice, variant)
+        copies += copied
+        served = Served.of(ctx.engine, *_served_as(request, reply_capture))
+        results = [
+            result_object(
+                view,
+                window,
+                reading,
+                served,
+                request.trace,
+                ctx.request_id,
+                "persisted",
+                snapshot.sets.get(view.probe_id),
+                token_scores=token_scores,
+            )
+            for (view, window), reading in zip(snapshot.plan.pairs, readings, strict=True)
+        ]
+        # Decoded context is text: kept only where a result fired (spec, Privacy), under transcript retention.
+        details = [detail(ctx.engine, ids, reading) if ids and reading.verdict else None for reading in readings]
+        others = monitor_results(ctx, _monitored(ctx, request, layout, ids))
+        results += others
+        details += [None] * len(others)
+        order = listing(results)  # behaviour by behaviour: a behaviour's rule results beside its probes'
+        results, details = [results[i] for i in order], [details[i] for i in order]
+        if ctx.with_unsteered:
+            for result in results:
+                result["variant"] = variant
+        scored.append((variant, results, details))
+    results = [r for _, part, _ in scored for r in part]
+    details = [d for _, _, part in scored for d in part]
+    steered = scored[0][1]
     scored_at, scored_cpu = time.perf_counter(), time.thread_time()
-    served = Served.of(ctx.engine, *_served_as(request))
-    results = [
-        result_object(
-            view, window, reading, served, request.trace, ctx.request_id, "persisted", snapshot.sets.get(view.probe_id)
-        )
-        for (view, window), reading in zip(pairs, readings, strict=True)
-    ]
-    # Decoded context is text: kept only where a result fired (spec, Privacy), under transcript retention.
-    details = [detail(ctx.engine, ids, reading) if ids and reading.verdict else None for reading in readings]
-    others = monitor_results(ctx, _monitored(ctx, request, layout, ids))
-    results += others
-    details += [None] * len(others)
-    order = listing(results)  # behaviour by behaviour: a behaviour's rule results beside its probes'
-    results, details = [results[i] for i in order], [details[i] for i in order]
-    session_id, turn = turns.record_turn(runtime, ctx, request.trace.trace_id, results)
+    session_id, turn = turns.record_turn(runtime, ctx, request.trace.trace_id, steered)  # the reply as steered
     if runtime.tail is not None:  # before the rows can be read: the tail must know them for this process's
         runtime.tail.wrote(results)
     try:
@@ -231,9 +301,11 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
         log.exception("storing %d probe results failed", len(results))
         for result in results:
             result["persistence"] = "not_persisted"
-    request.results = results
+    request.results = steered
+    if ctx.with_unsteered:
+        request.variants = {variant: part for variant, part, _ in scored}
     if not ctx.streaming:  # a stream's headers went out before generation: it carries the results in its chunk
-        request.header = header.render(results, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"])
+        request.header = header.render(steered, runtime.settings["PROBE_VERDICT_HEADER_MAX_BYTES"])
     runtime.feed.publish(results, request_id=ctx.request_id, endpoint=ctx.endpoint, session=session_id, turn=turn)
     done, done_cpu = time.perf_counter(), time.thread_time()
     settled, settled_cpu = ctx.state.get(SETTLED, (0.0, 0.0))
@@ -247,7 +319,7 @@ def finish(runtime: Runtime, ctx: RequestContext) -> None:
     runtime.observe(ctx, results, overhead_s)
     ms = 1000.0
     runtime.record(
-        results,
+        steered,
         {
             "request_id": ctx.request_id,
             "overhead_ms": round(overhead_s * ms, 3),
@@ -330,8 +402,14 @@ def headers(runtime: Runtime, ctx: RequestContext) -> dict[str, str] | None:
 
 
 def extras(ctx: RequestContext) -> list[ResponseExtra] | None:
-    """``millm_probe_verdicts`` beside ``choices`` (on a stream's finish chunk)."""
+    """``millm_probe_verdicts`` beside ``choices`` (on a stream's finish chunk): the steered reply's.
+    With ``with_unsteered`` each choice carries its own reply's too (on a stream, on its finish chunk)."""
     request = ctx.state.get(STATE)
     if request is None or request.results is None:
         return None
-    return [ResponseExtra({BODY_FIELD: request.results}, ORDER_PROBE_VERDICTS)]
+    found = [ResponseExtra({BODY_FIELD: request.results}, ORDER_PROBE_VERDICTS)]
+    for out in ctx.outputs if request.variants else ():
+        results = request.variants.get(out.variant or STEERED)
+        if results is not None:
+            found.append(ResponseExtra({BODY_FIELD: results}, ORDER_PROBE_VERDICTS, choice=out.index))
+    return found

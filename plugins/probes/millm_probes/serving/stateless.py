@@ -72,6 +72,7 @@ class ScoreRequest(BaseModel):
     behaviours: Annotated[list[str], Field(min_length=1)] | None = None  # each behaviour's set, armed or not
     inputs: Annotated[list[ScoreInput], Field(min_length=1)]
     windows: Annotated[list[Window], Field(min_length=1)] | None = None
+    token_scores: bool = False  # each result carries its window's per-token scores (as probe_token_scores)
 
     @model_validator(mode="after")
     def _unique(self) -> ScoreRequest:
@@ -277,7 +278,17 @@ async def score(runtime: Runtime, body: dict[str, Any], headers: dict[str, str])
             ).to_dict()
             continue
         output["results"] = [
-            result_object(view, window, reading, served, trace, request_id, "not_persisted", blocks.get(view.probe_id))
+            result_object(
+                view,
+                window,
+                reading,
+                served,
+                trace,
+                request_id,
+                "not_persisted",
+                blocks.get(view.probe_id),
+                token_scores=request.token_scores,
+            )
             for (view, window), reading in (readings if views else [])
         ]
         if behaviours:  # other plugins' results (rule signals) beside their behaviour's probes', as on live traffic
