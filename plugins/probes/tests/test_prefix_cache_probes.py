@@ -13,7 +13,12 @@ import pytest
 from millm_host.testing import chat as post_chat
 
 WINDOWS = ["all", "prompt", "response"]
-CHAT = [{"role": "user", "content": "Describe, at length, the habits of the keeper of a distant lighthouse. " * 3}]
+# The system prompt is this test's own, so the first request finds nothing cached: other tests on this
+# server share SmolLM2's default system prompt, a whole cache block.
+CHAT = [
+    {"role": "system", "content": "Notes for the prefix cache's probe test."},
+    {"role": "user", "content": "Describe, at length, the habits of the keeper of a distant lighthouse. " * 3},
+]
 
 
 @pytest.fixture(scope="module")

@@ -151,7 +151,8 @@ def assert_heat_map(found: list[dict], reply: dict) -> None:
     for i, cell in enumerate(found):
         assert int(cell["position"]) == prompt + i
         if prompt + i in scores:
-            assert float(cell["score"]) == pytest.approx(scores[prompt + i], rel=1e-6)
+            # the page's request ran both variants as rows of one batch: equal up to the batch's rounding
+            assert float(cell["score"]) == pytest.approx(scores[prompt + i], abs=1e-4)
         else:
             assert cell["score"] is None
 
