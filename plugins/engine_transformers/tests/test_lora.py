@@ -34,13 +34,31 @@ def make_adapter(base_dir: Path, out: Path, seed: int, targets=TARGETS) -> Path:
     model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets)
     adapted = peft.get_peft_model(model, config)
+    randomize_lora_b(adapted, seed, scale=0.5)
+    adapted.save_pretrained(out)
+    return out
+
+
+def randomize_lora_b(adapted, seed: int, scale: float) -> None:
+    """Random nonzero ``lora_B`` weights in a peft model (peft starts them at zero: no change)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in adapted.named_parameters():
             if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    adapted.save_pretrained(out)
-    return out
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+
+
+def reference_models(base_dir: Path, adapter_dirs: dict[str, Path]) -> dict:
+    """peft's own model for each adapter, and the plain model: ``{None: plain, "alpha": PeftModel, ...}``."""
+    import peft
+    import transformers
+
+    def plain():
+        return transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
+
+    models = {name: peft.PeftModel.from_pretrained(plain(), path).eval() for name, path in adapter_dirs.items()}
+    models[None] = plain()
+    return models
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +77,7 @@ def adapters(adapter_dirs) -> dict[str, LoraAdapter]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, adapter_dirs):
-    """peft's own model for each adapter, and the plain model: ``{None: plain, "alpha": PeftModel, ...}``."""
-    import peft
-    import transformers
-
-    def plain():
-        return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-    models = {name: peft.PeftModel.from_pretrained(plain(), path).eval() for name, path in adapter_dirs.items()}
-    models[None] = plain()
-    return models
+    return reference_models(tiny_model_dir, adapter_dirs)
 
 
 def greedy(model, ids: list[int], steps: int) -> tuple[list[int], list[float]]:

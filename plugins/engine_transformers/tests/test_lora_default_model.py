@@ -11,12 +11,11 @@ import copy
 import threading
 
 import pytest
-import torch
 
 from millm_host.api import LoraAdapter, SamplingParams
 
 from .test_batching_default_model import load
-from .test_lora import greedy, served
+from .test_lora import greedy, randomize_lora_b, served
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +29,7 @@ def test_an_adapted_row_beside_a_base_row_equals_peft(tmp_path):
             copy.deepcopy(engine.model),
             peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]),
         )
-        generator = torch.Generator().manual_seed(5)
-        with torch.no_grad():
-            for name, parameter in reference.named_parameters():
-                if "lora_B" in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+        randomize_lora_b(reference, seed=5, scale=0.05)
         reference.save_pretrained(tmp_path / "tuned")
         reference.eval()
         adapter = LoraAdapter("tuned", str(tmp_path / "tuned"), "default")

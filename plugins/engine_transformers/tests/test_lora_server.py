@@ -15,7 +15,7 @@ import pytest
 
 from millm_host.testing import assert_error
 
-from .test_lora import PROMPTS, greedy, make_adapter
+from .test_lora import PROMPTS, greedy, make_adapter, reference_models
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +32,7 @@ def server(server_factory, tiny_model_dir, lora_roots):
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, lora_roots):
-    import peft
-    import transformers
-
-    def plain():
-        return transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-    return {None: plain(), "alpha": peft.PeftModel.from_pretrained(plain(), lora_roots[0] / "alpha").eval()}
+    return reference_models(tiny_model_dir, {"alpha": lora_roots[0] / "alpha"})
 
 
 def complete(server, model: str, ids: list[int], steps: int = 5) -> httpx.Response:

@@ -8,10 +8,12 @@ decoding with full forward passes. It never calls the plugin's code.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -382,6 +384,22 @@ def arm(http, probe_id: str, **body: Any) -> dict[str, Any]:
     return response.json()
 
 
+@contextlib.contextmanager
+def armed(http, docs: list[dict[str, Any]]) -> Iterator[list[str]]:
+    """Import and arm each probe document; yields their ids, then disarms and deletes them."""
+    ids = []
+    try:
+        for doc in docs:
+            probe = import_probe(http, doc)
+            arm(http, probe["id"])
+            ids.append(probe["id"])
+        yield ids
+    finally:
+        for probe_id in ids:
+            http.post(f"/api/probes/{probe_id}/disarm")
+            http.delete(f"/api/probes/{probe_id}")
+
+
 @pytest.fixture(scope="session")
 def helpers():
     """Small request helpers shared by the test modules."""
@@ -389,6 +407,7 @@ def helpers():
     class Helpers:
         import_probe = staticmethod(import_probe)
         arm = staticmethod(arm)
+        armed = staticmethod(armed)
         with_digests = staticmethod(with_digests)
         canonical_digest = staticmethod(canonical_digest)
 

@@ -19,19 +19,12 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 @pytest.fixture(scope="module")
 def armed_pair(probes_server, lab, identity, helpers):
     """Two armed probes for this module: one of a behaviour with a bar, one ranking only."""
-    with probes_server.http() as http:
-        ids = []
-        for doc in (
-            lab.definition(identity, name="stakes-a", behaviour="high-stakes", rule="max", windows=WINDOWS),
-            lab.definition(identity, name="ranker", layer=2, rule="mean", threshold=None, rung=3, seed=3),
-        ):
-            probe = helpers.import_probe(http, doc)
-            helpers.arm(http, probe["id"])
-            ids.append(probe["id"])
+    docs = [
+        lab.definition(identity, name="stakes-a", behaviour="high-stakes", rule="max", windows=WINDOWS),
+        lab.definition(identity, name="ranker", layer=2, rule="mean", threshold=None, rung=3, seed=3),
+    ]
+    with probes_server.http() as http, helpers.armed(http, docs) as ids:
         yield ids
-        for probe_id in ids:
-            http.post(f"/api/probes/{probe_id}/disarm")
-            http.delete(f"/api/probes/{probe_id}")
 
 
 def chat(http, model_id, headers=None, **extra):

@@ -15,13 +15,9 @@ CONVERSATION = [{"role": "user", "content": "Tell me a short story about a light
 
 @pytest.fixture(scope="module")
 def armed(probes_server, lab, identity, helpers):
-    with probes_server.http() as http:
-        doc = lab.definition(identity, name="stakes-m", behaviour="high-stakes", rule="max", windows=["all"])
-        probe = helpers.import_probe(http, doc)
-        helpers.arm(http, probe["id"])
-        yield probe["id"]
-        http.post(f"/api/probes/{probe['id']}/disarm")
-        http.delete(f"/api/probes/{probe['id']}")
+    doc = lab.definition(identity, name="stakes-m", behaviour="high-stakes", rule="max", windows=["all"])
+    with probes_server.http() as http, helpers.armed(http, [doc]) as (probe_id,):
+        yield probe_id
 
 
 def test_a_message_carries_the_verdicts_chat_would(probes_server, armed, model_id):

@@ -23,19 +23,12 @@ CHAT = [
 
 @pytest.fixture(scope="module")
 def armed(probes_server, lab, identity, helpers):
-    with probes_server.http() as http:
-        ids = []
-        for doc in (
-            lab.definition(identity, name="cache-max", behaviour="cached", rule="max", windows=WINDOWS),
-            lab.definition(identity, name="cache-mean", layer=2, rule="mean", windows=WINDOWS, seed=5),
-        ):
-            probe = helpers.import_probe(http, doc)
-            helpers.arm(http, probe["id"])
-            ids.append(probe["id"])
+    docs = [
+        lab.definition(identity, name="cache-max", behaviour="cached", rule="max", windows=WINDOWS),
+        lab.definition(identity, name="cache-mean", layer=2, rule="mean", windows=WINDOWS, seed=5),
+    ]
+    with probes_server.http() as http, helpers.armed(http, docs) as ids:
         yield ids
-        for probe_id in ids:
-            http.post(f"/api/probes/{probe_id}/disarm")
-            http.delete(f"/api/probes/{probe_id}")
 
 
 def test_scores_over_reused_positions_equal_the_cold_run(probes_server, armed, model_id):

@@ -12,19 +12,12 @@ from millm_host.testing import assert_error, chat as post_chat
 @pytest.fixture(scope="module")
 def armed(probes_server, lab, identity, helpers):
     """Two armed probes: one of a behaviour that always fires, one of no behaviour that never does."""
-    with probes_server.http() as http:
-        ids = []
-        for doc in (
-            lab.definition(identity, name="sess-fires", behaviour="sess-stakes", threshold=-1e9, seed=4),
-            lab.definition(identity, name="sess-quiet", threshold=1e9, seed=5),
-        ):
-            probe = helpers.import_probe(http, doc)
-            helpers.arm(http, probe["id"])
-            ids.append(probe["id"])
+    docs = [
+        lab.definition(identity, name="sess-fires", behaviour="sess-stakes", threshold=-1e9, seed=4),
+        lab.definition(identity, name="sess-quiet", threshold=1e9, seed=5),
+    ]
+    with probes_server.http() as http, helpers.armed(http, docs) as ids:
         yield ids
-        for probe_id in ids:
-            http.post(f"/api/probes/{probe_id}/disarm")
-            http.delete(f"/api/probes/{probe_id}")
 
 
 def converse(http, model_id, messages, headers=None, **extra):
