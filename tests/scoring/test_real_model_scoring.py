@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from millm_host.default_model import default_model_path
-from millm_host.testing import shared_cache_dir
+from millm_host.testing import default_checkpoint_dir
 
 from .conftest import Reference
 
@@ -21,9 +20,7 @@ JUDGE = (
 @pytest.fixture(scope="module")
 def real_reference(default_server) -> Reference:
     """The float32 checkpoint the server converted the bundled GGUF into, read directly."""
-    from millm_engine_transformers.loader import gguf_cache_dir
-
-    return Reference(gguf_cache_dir(shared_cache_dir() / "model-cache", default_model_path()))
+    return Reference(default_checkpoint_dir())
 
 
 def test_a_judge_prompt_matches_a_direct_forward(default_server, real_reference):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from millm_host.default_model import default_model_path
-from millm_host.testing import shared_cache_dir
+from millm_host.testing import default_checkpoint_dir
 
 from .conftest import Lab
 
@@ -117,11 +117,7 @@ def servers(server_factory, tmp_path_factory):
 @pytest.fixture(scope="module")
 def default_lab(servers) -> Lab:
     """The reference for the test vectors, on the checkpoint the servers converted the default model to."""
-    from millm_engine_transformers.loader import gguf_cache_dir
-
-    path = default_model_path()
-    assert path is not None
-    return Lab(gguf_cache_dir(shared_cache_dir() / "model-cache", path))
+    return Lab(default_checkpoint_dir())
 
 
 def arm_everything(server, sae_root: Path, lab: Lab, helpers) -> str:

@@ -17,8 +17,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from millm_host.default_model import default_model_path
-from millm_host.testing import shared_cache_dir
+from millm_host.testing import default_checkpoint_dir
 from millm_host.testing.hub import LocalHub
 
 from .conftest import probe_lab
@@ -75,9 +74,7 @@ def identity(server) -> dict:
 @pytest.fixture(scope="module")
 def lab(identity):
     """The reference on the float32 checkpoint the server converted the bundled GGUF into."""
-    from millm_engine_transformers.loader import gguf_cache_dir
-
-    return probe_lab(gguf_cache_dir(shared_cache_dir() / "model-cache", default_model_path()))
+    return probe_lab(default_checkpoint_dir())
 
 
 @pytest.fixture(scope="module")
