@@ -5,6 +5,10 @@ a lease on the model (loading it first if needed and allowed; ``503 model_busy``
 during another model's load or any unload), run on the engine thread, release
 both. Generation, scoring and embeddings go through it (``Serving.prepare``),
 and so do plugins (``host.engine_slot(model)``): nothing copies the sequence.
+
+A request for the model that is serving takes the two in the other order
+(``admit_leased``): the lease first (it cannot wait or load), then its text work,
+then the queue place, so that validating and tokenizing share one hop.
 """
 
 from __future__ import annotations
@@ -64,15 +68,29 @@ async def admit(host: AdmissionHost, entry: ModelEntry, cancel: threading.Event 
     ``RequestCancelled`` the moment it is set, its queue place freed.
     """
     host.registry.check_available(entry)  # model_busy wins over queue_full
-    scheduler = host.scheduler
-    ticket = await scheduler.reserve_background() if BACKGROUND.get() else scheduler.reserve()
-    admission = Admission(scheduler, ticket)
+    admission = Admission(host.scheduler, await queue_place(host.scheduler))
     try:
         admission.lease = await host.registry.acquire(entry, cancel)
     except BaseException:
         admission.release()
         raise
     return admission
+
+
+async def admit_leased(host: AdmissionHost, lease: Lease) -> Admission:
+    """The admission of a request that took its lease first (``ModelRegistry.lease_if_serving``): its
+    queue place now (``queue_full`` releases the lease)."""
+    try:
+        return Admission(host.scheduler, await queue_place(host.scheduler), lease)
+    except BaseException:
+        lease.release()
+        raise
+
+
+async def queue_place(scheduler: Scheduler) -> Ticket:
+    """A place in the queue: at once (or ``queue_full``) for a live request, after the live ones for
+    background work (the Batch API's lines)."""
+    return await scheduler.reserve_background() if BACKGROUND.get() else scheduler.reserve()
 
 
 @asynccontextmanager

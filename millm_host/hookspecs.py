@@ -15,10 +15,11 @@ What happens when an implementation raises is one of the named policies in
 rendering, monitor); each spec ends with the policy it is called under.
 
 Threads: startup hooks run on the main thread before the server accepts
-connections. On the request path, ``validate_request`` runs in a worker thread off
-the event loop (it may touch the database), ``before_tokenize`` and ``after_tokenize``
-on the text thread around tokenizing (beside the engine thread, when the engine's
-``concurrent_text`` allows it; otherwise on the engine thread and a worker thread),
+connections. On the request path, ``validate_request``, ``before_tokenize`` and
+``after_tokenize`` run off the event loop in one hop to the text thread, around
+tokenizing, when the request's model is serving and its engine's ``concurrent_text``
+allows it; otherwise ``validate_request`` runs on a worker thread before any load,
+and the other two on the text thread (or the engine thread and a worker thread),
 ``before_forward`` and ``after_generate`` run on the engine thread, and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
 When the engine batches generations (``Engine.concurrent_generation``: continuous
@@ -238,9 +239,13 @@ def model_unloading(host: PluginHost, engine: Engine) -> None:
 def validate_request(ctx: RequestContext) -> None:
     """Refuse what this plugin cannot honour, before any model load.
 
-    Called once per request in a worker thread after the host validated the
-    protocol and the fields. Raise a ``MillmError`` (400 with the field as
-    ``param``) to refuse; return nothing otherwise. ``ctx.engine`` is not set.
+    Called once per request off the event loop after the host validated the
+    protocol and the fields: on the text thread, just before ``before_tokenize``,
+    when the model is serving (keep it short: other requests' tokenizing waits
+    behind it; a database read is fine), else on a worker thread before the model
+    loads. Raise a ``MillmError`` (400 with the field as ``param``) to refuse; return
+    nothing otherwise. ``ctx.engine`` is not set. A refused request never takes a
+    queue place.
 
     Policy: request (``millm_host.hookcalls``): the first error propagates as the
     request's error.

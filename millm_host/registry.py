@@ -357,6 +357,20 @@ class ModelRegistry:
         finally:
             self.activities.remove(activity)
 
+    def lease_if_serving(self, entry: ModelEntry) -> Lease | None:
+        """A lease on ``entry`` if it is resident and serving now (no load, unload or refusing admin
+        work under way), else None: O(1), never waits and never loads (``acquire`` does)."""
+        if self.resident is not entry or self.engine is None or self._transition is not None:
+            return None
+        if any(activity.refuses for activity in self.activities):
+            return None
+        return self._lease(entry, self.engine)
+
+    def _lease(self, entry: ModelEntry, engine: Engine) -> Lease:
+        self._leases += 1
+        self._idle.clear()
+        return Lease(self, engine, entry)
+
     async def acquire(self, entry: ModelEntry, cancel: threading.Event | None = None) -> Lease:
         """A lease on ``entry`` as the resident model, loading it first if needed.
 
@@ -370,9 +384,7 @@ class ModelRegistry:
                 await _until_done(self._transition[2], cancel)
                 continue
             if self.resident is entry and self.engine is not None:
-                self._leases += 1
-                self._idle.clear()
-                return Lease(self, self.engine, entry)
+                return self._lease(entry, self.engine)
             if not self.host.settings["MILLM_AUTOLOAD"]:
                 raise ModelNotLoaded(
                     f"model {entry.id!r} is not loaded and this server does not load models on demand",

@@ -186,7 +186,7 @@ def test_requests_waiting_on_the_engine_leave_the_event_loop_idle(app_factory):
     assert spent < 0.2, f"the event loop thread used {spent:.2f} s of CPU in 1 s while every request waited"
 
 
-@pytest.mark.parametrize("concurrent_text, expected", [(True, 3), (False, 4)])
+@pytest.mark.parametrize("concurrent_text, expected", [(True, 2), (False, 4)])
 def test_one_chat_s_hand_offs_are_counted(app_factory, monkeypatch, concurrent_text, expected):
     """How many times one small chat's work leaves the event loop before its answer is rendered
     (docs/ARCHITECTURE.md draws them): validate_request on a worker, the template, the tokenizer and

@@ -1,6 +1,6 @@
 """``Serving``: one request's lifecycle, the same for every endpoint (vLLM's ``OpenAIServing``).
 
-build context → validate → admission → tokenize and check → engine work →
+build context → validate, tokenize and check → admission → engine work →
 render → headers and extras. Each endpoint is a subclass that overrides only
 what differs (``ServingChat``, ``ServingCompletion``, ``ServingScoring``,
 ``ServingEmbeddings``); ``host.serving[endpoint]`` holds one per endpoint. No
@@ -8,13 +8,16 @@ HTTP here: ``handle`` takes a parsed body and the request headers and returns a
 ``Result``; a resource writes it, and anything else that serves a body (the
 Batch API) can call ``handle`` the same way.
 
-Threads: the context is built (on the event loop for a body of at most
-``INLINE_BODY_BYTES``) and ``validate_request`` runs on a worker thread (work in
-proportion to the body never blocks the event loop); tokenizing, the checks after
-it and ``after_tokenize`` run in one hop on the text thread (for an engine without
-``concurrent_text``: tokenizing on the engine thread, the checks on the event loop,
-``after_tokenize`` on a worker); the engine work runs on the engine thread;
-everything else on the event loop.
+Threads: the context is built on the event loop for a body of at most
+``INLINE_BODY_BYTES`` (a larger one on a worker thread: work in proportion to the
+body never blocks the event loop). For the model that is serving, one hop to the
+text thread runs ``validate_request``, the render, tokenizing, the checks and
+``after_tokenize``; the engine work is the second hop (two hand-offs per request,
+``tests/test_harness.py`` counts them). A model still to load, or an engine without
+``concurrent_text``, takes more: ``validate_request`` on a worker first (a refused
+request starts no load), then tokenizing on the text thread (or the engine thread,
+the checks on the event loop, ``after_tokenize`` on a worker). Everything else runs
+on the event loop.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hookcalls
-from ..admission import BACKGROUND, Admission, admit
+from ..admission import BACKGROUND, Admission, admit, admit_leased
 from ..bodies.validate import refuse_long_chat, validate
 from ..context import Endpoint, RequestContext
 from ..engine import SERVED_ADAPTER
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from ..adapters import AdapterRegistry
+    from ..engine import Engine
     from ..fields import FieldRegistry
     from ..intake import IntakeGate
     from ..observability.request import Observation
@@ -255,6 +259,21 @@ class Serving:
         releases it when the request ends.
         """
         host = self.host
+        lease = host.registry.lease_if_serving(ctx.entry)
+        if lease is not None and lease.engine.concurrent_text:
+            # The model serves and its tokenizer runs beside generation: one hop to the text thread
+            # validates, renders, tokenizes and checks. The queue place comes after, so a refused
+            # request never holds one; the lease, held meanwhile, only keeps the model from unloading.
+            try:
+                await host.scheduler.run_text(self._validate_and_tokenize, ctx, lease.engine, cancel=ctx.cancel_event)
+            except BaseException:
+                lease.release()
+                raise
+            return await admit_leased(host, lease)
+        if lease is not None:
+            lease.release()
+        # A model to load (a refused request must not start one), or an engine whose text work runs on its
+        # own thread: validate first, on a worker.
         await asyncio.to_thread(self.validate, ctx)
         if ctx.cancel_event.is_set():  # its client has gone: it never takes a queue place
             raise RequestCancelled()
@@ -273,6 +292,13 @@ class Serving:
             admission.release()
             raise
         return admission
+
+    def _validate_and_tokenize(self, ctx: RequestContext, engine: Engine) -> None:
+        """On the text thread, for the serving model: plugins' ``validate_request`` (which sees no engine,
+        as on the other path), then everything ``_tokenize_and_check`` does."""
+        self.validate(ctx)
+        ctx.engine = engine
+        self._tokenize_and_check(ctx)
 
     def _tokenize_and_check(self, ctx: RequestContext) -> None:
         """On the text thread: render and tokenize, the host's checks, then plugins' ``after_tokenize``."""
