@@ -7,7 +7,8 @@ module lacks gets it added here, never imported from another host module.
 What is here:
 
 - ``hookimpl``, the marker of a hook implementation (the hooks: ``millm_host.hookspecs``).
-- ``RequestContext`` and ``SequenceOutput``: what request-path hooks receive.
+- ``RequestContext`` and ``SequenceOutput``: what request-path hooks receive; ``RequestView``: the
+  read-only request the hooks before generation receive.
   ``ctx.host`` is the ``PluginHost`` (every hook reaches it), ``ctx.state[<plugin>]``
   is per-request scratch space, ``ctx.messages`` every conversation's messages
   in full as sent (read them, not ``ctx.body``).
@@ -87,7 +88,7 @@ from typing import Any
 from .batch_api.endpoints import BatchEndpoint, BatchResult
 from .bodies.release import keep_if_long as free_later
 from .bodies.validate import loc_to_param, validate
-from .context import RequestContext, SequenceOutput
+from .context import RequestContext, RequestView, SequenceOutput
 from .db import Database
 from .engine import (
     EMBEDDINGS,
@@ -264,6 +265,7 @@ __all__ = [
     "OutputFilterFactory",
     "PromptTokenScores",
     "RequestContext",
+    "RequestView",
     "ResponseExtra",
     "SamplingParams",
     "generation_cancel",

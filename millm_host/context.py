@@ -156,3 +156,42 @@ class RequestContext:
     @property
     def is_chat(self) -> bool:
         return self.endpoint == "chat.completions"
+
+
+class RequestView:
+    """A request as the hooks that run before generation see it (``validate_request``,
+    ``before_tokenize``, ``after_tokenize``, ``before_forward``, ``before_scoring``).
+
+    Every field of the ``RequestContext`` reads through; none can be set, because what
+    the client asked for and what the host derived from it is settled by then. A plugin
+    keeps what it works out in ``state`` (under its own key), and says what it gives the
+    request through its hook's return value. One field is the plugins' to set, before
+    the render: ``chat_tools`` (the tools the chat template shows). Containers are
+    shared, not copied: ``state`` is the plugin's; ``conversations`` may be adjusted
+    in ``before_tokenize`` (what is rendered); everything else is read only.
+    """
+
+    __slots__ = ("_ctx",)
+
+    #: The fields a hook before generation may set.
+    WRITABLE = frozenset({"chat_tools"})
+
+    def __init__(self, ctx: RequestContext) -> None:
+        object.__setattr__(self, "_ctx", ctx)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self.WRITABLE:
+            raise AttributeError(
+                f"{name!r} of a request cannot be set before generation (it is read only); "
+                "keep a plugin's own values in ctx.state[<plugin name>]"
+            )
+        setattr(self._ctx, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{name!r} of a request cannot be deleted")
+
+    def __repr__(self) -> str:
+        return f"RequestView({self._ctx.request_id})"

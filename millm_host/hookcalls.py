@@ -43,6 +43,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .context import RequestView
+
 if TYPE_CHECKING:
     import pluggy
 
@@ -126,9 +128,20 @@ def lifecycle(pm: pluggy.PluginManager, name: str, **kwargs: Any) -> None:
             log.exception("plugin %s failed in %s", impl.plugin_name, name)
 
 
+#: The request hooks that run before generation: their ``ctx`` is a ``RequestView`` (read only).
+BEFORE_GENERATION = frozenset(
+    {"validate_request", "before_tokenize", "after_tokenize", "before_forward", "before_scoring"}
+)
+
+
 def request(pm: pluggy.PluginManager, name: str, **kwargs: Any) -> list[Any]:
-    """Policy ``request``: a plain call; the first error propagates. Returns the non-None results."""
+    """Policy ``request``: a plain call; the first error propagates. Returns the non-None results.
+
+    A hook that runs before generation gets the request as a ``RequestView``.
+    """
     assert POLICIES[name] == REQUEST, f"{name} is a {POLICIES[name]} hook, not {REQUEST}"
+    if name in BEFORE_GENERATION:
+        kwargs["ctx"] = RequestView(kwargs["ctx"])
     return getattr(pm.hook, name)(**kwargs)
 
 

@@ -27,6 +27,12 @@ batching), ``before_forward`` and ``after_generate`` of a generation run on that
 request's own thread instead, several requests' at once.
 State a plugin shares between ``before_tokenize`` and the engine-thread hooks needs a lock.
 
+The hooks that run before generation (``validate_request``, ``before_tokenize``,
+``after_tokenize``, ``before_forward``, ``before_scoring``) get the request as a
+``RequestView``: every field reads as on ``RequestContext``, none can be set (but
+``chat_tools``, before the render). A plugin keeps what it works out in
+``ctx.state[<its name>]`` and gives the request what it contributes by returning it.
+
 Each request-path hook is called a fixed number of times per request, never per
 token or per layer: per-token and per-layer work goes into the plain callbacks
 ``before_forward`` returns, which the engine calls directly.
@@ -43,7 +49,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from .batch_api.endpoints import BatchEndpoint
-    from .context import RequestContext
+    from .context import RequestContext, RequestView
     from .engine import Engine, EngineSpec, LayerHook, LogitsProcessorFactory
     from .monitoring import MonitoredRequest
     from .output import OutputFilterFactory, ResponseExtra
@@ -236,7 +242,7 @@ def model_unloading(host: PluginHost, engine: Engine) -> None:
 
 
 @hookspec
-def validate_request(ctx: RequestContext) -> None:
+def validate_request(ctx: RequestView) -> None:
     """Refuse what this plugin cannot honour, before any model load.
 
     Called once per request off the event loop after the host validated the
@@ -253,7 +259,7 @@ def validate_request(ctx: RequestContext) -> None:
 
 
 @hookspec
-def before_tokenize(ctx: RequestContext) -> None:
+def before_tokenize(ctx: RequestView) -> None:
     """The model is resident (``ctx.engine`` is set); the prompts are not tokenized yet.
 
     Called once per request on the text thread (the engine thread for an engine
@@ -271,7 +277,7 @@ def before_tokenize(ctx: RequestContext) -> None:
 
 
 @hookspec
-def after_tokenize(ctx: RequestContext) -> None:
+def after_tokenize(ctx: RequestView) -> None:
     """The model is resident, ``ctx.prompts`` holds the token ids and ``ctx.sampling`` is settled.
 
     Called once per request right after tokenizing, in the same hop: on the text
@@ -285,7 +291,7 @@ def after_tokenize(ctx: RequestContext) -> None:
 
 
 @hookspec
-def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFactory | OutputFilterFactory] | None:
+def before_forward(ctx: RequestView) -> list[LayerHook | LogitsProcessorFactory | OutputFilterFactory] | None:
     """Prepare per-request state and return what the engine should install.
 
     Called once per request on the engine thread, once the request holds the
@@ -328,7 +334,7 @@ def before_forward(ctx: RequestContext) -> list[LayerHook | LogitsProcessorFacto
 
 
 @hookspec
-def before_scoring(ctx: RequestContext) -> list[LayerHook] | None:
+def before_scoring(ctx: RequestView) -> list[LayerHook] | None:
     """Return read hooks for a scoring request's forward passes, or None.
 
     Called once per scoring request (``ctx.scoring``) on the engine thread, before
