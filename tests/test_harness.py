@@ -204,3 +204,47 @@ def test_one_chat_s_hand_offs_are_counted(app_factory, monkeypatch, concurrent_t
         hand_offs += thread not in (previous, loop)
         previous = thread
     assert hand_offs == expected, recorder.calls
+
+
+class Rebinder:
+    """A plugin that keeps its values where it should (``ctx.state``, ``chat_tools``), and, asked to,
+    rebinds a request field before generation."""
+
+    def __init__(self, hook: str) -> None:
+        self.hook, self.seen = hook, []
+
+    def _act(self, name: str, ctx) -> None:
+        ctx.state["rebinder"] = name
+        self.seen.append(type(ctx).__name__)
+        if name == self.hook:
+            ctx.n = 3
+
+    @hookimpl
+    def validate_request(self, ctx):
+        self._act("validate_request", ctx)
+        ctx.chat_tools = ctx.chat_tools  # the one field such a hook may set, before the render
+
+    @hookimpl
+    def after_tokenize(self, ctx):
+        self._act("after_tokenize", ctx)
+
+    @hookimpl
+    def before_forward(self, ctx):
+        self._act("before_forward", ctx)
+
+
+@pytest.mark.parametrize("hook", ["none", "validate_request", "after_tokenize", "before_forward"])
+def test_hooks_before_generation_read_the_request_but_cannot_rebind_it(app_factory, hook):
+    """They get a ``RequestView``: ``ctx.state`` and ``chat_tools`` are theirs; rebinding any other field
+    fails the request (a plugin error, 500), and the server goes on."""
+    plugin = Rebinder(hook)
+    app = app_factory(register=[plugin])
+    with app.http() as http:
+        response = chat(http, "echo", max_tokens=2)
+        if hook == "none":
+            assert response.status_code == 200, response.text
+            assert plugin.seen == ["RequestView"] * 3
+        else:
+            assert response.status_code == 500, response.text
+            plugin.hook = "none"
+            assert chat(http, "echo", max_tokens=2).status_code == 200
