@@ -29,6 +29,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "storage: writes to the database; CI runs these on PostgreSQL too")
+    config.addinivalue_line("markers", "e2e: talks to a real process (millm serve, gunicorn, a tool); set at collection")
     chosen = config.getoption("--database", default=None)
     if chosen:
         os.environ[databases.BACKEND] = chosen
@@ -36,6 +37,28 @@ def pytest_configure(config: pytest.Config) -> None:
         databases.backend()  # a bad value or a missing URL fails now, not in the first app
     except (ValueError, RuntimeError) as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+#: Fixtures that start ``millm serve`` processes: a test using one, directly or through another fixture, is ``e2e``.
+SERVER_FIXTURES = frozenset({"server_factory", "replicas_factory", "tiny_server", "default_server"})
+#: What in a test module's source starts a process itself (a server, gunicorn, a tool).
+PROCESS_STARTERS = ("ServerProcess(", "GunicornServer(", "subprocess.")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``e2e`` every test that talks to a real process (its start-up, signals, real clients):
+    ``pytest -m "not e2e"`` is the fast, in-process layer of the pyramid."""
+    starts: dict[str, bool] = {}
+    for item in items:
+        path = str(getattr(item, "path", ""))
+        if path not in starts:
+            try:
+                source = Path(path).read_text(encoding="utf-8")
+            except OSError:
+                source = ""
+            starts[path] = any(starter in source for starter in PROCESS_STARTERS)
+        if starts[path] or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -55,7 +55,7 @@ def test_the_pool_is_bounded_and_a_borrower_waits_for_a_copy_instead(tiny_model_
     real = engine_module.copy.deepcopy
     monkeypatch.setattr(engine_module.copy, "deepcopy", lambda obj: copies.append(obj) or real(obj))
     start, borrowed, most = threading.Barrier(3 * TOKENIZER_COPIES), [0], [0]
-    lock = threading.Lock()
+    lock, every_copy_out = threading.Lock(), threading.Event()
     want = engine.tokenize("the same words")
     got = []
 
@@ -65,8 +65,11 @@ def test_the_pool_is_bounded_and_a_borrower_waits_for_a_copy_instead(tiny_model_
             with lock:
                 borrowed[0] += 1
                 most[0] = max(most[0], borrowed[0])
+                if borrowed[0] == TOKENIZER_COPIES:
+                    every_copy_out.set()
             got.append(list(tokenizer("the same words")["input_ids"]))
-            threading.Event().wait(0.02)  # hold it a while: the others find every copy in use
+            # hold it until every copy is out (however loaded the machine): the others find every copy in use
+            every_copy_out.wait(30)
             with lock:
                 borrowed[0] -= 1
 
