@@ -29,7 +29,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "storage: writes to the database; CI runs these on PostgreSQL too")
-    config.addinivalue_line("markers", "e2e: talks to a real process (millm serve, gunicorn, a tool); set at collection")
+    config.addinivalue_line(
+        "markers", "e2e: talks to a real process (millm serve, gunicorn, a tool); set at collection"
+    )
     chosen = config.getoption("--database", default=None)
     if chosen:
         os.environ[databases.BACKEND] = chosen
