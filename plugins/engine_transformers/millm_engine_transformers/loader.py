@@ -21,7 +21,7 @@ import transformers
 
 from millm_host.api import ModelDescriptor, save_atomically
 
-from . import direct_load
+from . import direct_load, small_batch
 
 log = logging.getLogger("millm.engine.transformers")
 
@@ -106,4 +106,8 @@ def load_model(
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.to(device)
     model.eval()
+    if device.type == "cpu" and dtype == torch.float32 and settings["MILLM_CPU_SMALL_BATCH_TUNING"]:
+        progress("timing the weights' products for a few rows (MILLM_CPU_SMALL_BATCH_TUNING)")
+        for line in small_batch.describe(small_batch.tune(model, settings["MILLM_BATCH_MAX_ROWS"])):
+            progress(line)
     return model, tokenizer, device, dtype

@@ -42,6 +42,12 @@ SETTINGS = (
     ),
     Setting("MILLM_BATCH_MAX_ROWS", int, 8, "Continuous batching: the most generations decoding at once"),
     Setting(
+        "MILLM_CPU_SMALL_BATCH_TUNING",
+        bool,
+        True,
+        "On the CPU in float32: time each weight's product for a few rows both ways at load and keep the faster",
+    ),
+    Setting(
         "MILLM_PREFILL_CHUNK",
         int,
         256,

@@ -164,7 +164,7 @@ def test_the_engine_loader_serves_the_direct_load(tmp_path):
         settings.declare(setting)
     messages: list[str] = []
     model, tokenizer, device, dtype = load_model(describe(str(path)), settings, messages.append)
-    assert messages[-1] == "reading the weights"
+    assert "reading the weights" in messages
     assert dtype == torch.float32 and device == torch.device("cpu")
     assert tokenizer.chat_template == transformers.AutoTokenizer.from_pretrained(smollm2_tokenizer_dir()).chat_template
     assert_same_model(model, reference(path, torch.float32))
