@@ -49,7 +49,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -175,6 +175,8 @@ class Row:
     cached: int | None = None
     #: Its prefix cache key and the taps its reads need, when it may reuse and store a prompt.
     cache_key: tuple[Any, frozenset[Tap]] | None = None
+    #: Its prompt and prefix cache key (``_twin_key``), set when it is admitted: a twin waits for its prefill.
+    twin: Hashable | None = None
     #: What its reads saw over its prompt so far, by tap (while it prefills, to store with its prompt).
     captured: dict[Tap, list[torch.Tensor]] = field(default_factory=dict)
     #: A replay's given tokens (``replay``): fed in order instead of sampled, EOS among them ignored.
@@ -480,7 +482,18 @@ class BatchScheduler:
             if self._admission_wait() != 0:
                 return
             room = self.max_rows - self.running
-            joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            prefilling = {row.twin for group in self._prefilling for row in group.rows if row.twin is not None}
+            joining: list[Row] = []
+            behind: list[Row] = []
+            while self._waiting and len(joining) < room:
+                row = self._waiting.popleft()
+                row.twin = self._twin_key(row)
+                if row.twin is not None and row.twin in prefilling:
+                    behind.append(row)  # its twin's prefill is stored when it ends: it reuses all of it
+                    continue
+                prefilling.add(row.twin)
+                joining.append(row)
+            self._waiting.extendleft(reversed(behind))
         if not joining:
             return
         self.joined += len(joining)
@@ -496,6 +509,16 @@ class BatchScheduler:
         self.prefills += 1
 
     # --- the prefix cache ----------------------------------------------------------------
+    def _twin_key(self, row: Row) -> Hashable | None:
+        """What makes rows twins: one prompt under one prefix cache key (``n > 1`` choices, both replies of
+        ``with_unsteered`` where nothing steers). A row whose twin is prefilling waits for it and then
+        reuses its whole prompt from the cache, instead of computing it again beside it. None: it cannot
+        reuse (no prefix cache, a replay, or a hook that must see every position)."""
+        if self.prefix_cache is None or row.forced:
+            return None
+        key = prompt_key(row)
+        return None if key is None else (key, tuple(row.prompt))
+
     def _reuse(self, row: Row) -> Hit | None:
         """The cached prefix ``row`` reuses (None: it computes its whole prompt); readies it to store its own."""
         row.cached = 0

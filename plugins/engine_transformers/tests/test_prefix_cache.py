@@ -156,6 +156,32 @@ def test_rows_reusing_prefixes_beside_cold_rows_compute_what_they_would_alone(wa
         assert max(abs(a - b) for a, b in zip(logprobs, cold_logprobs, strict=True)) < 1e-4
 
 
+def test_twins_arriving_together_compute_their_prompt_once(warm, cold):
+    """Four generations of one new prompt under one key (``n`` choices; both replies of ``with_unsteered``
+    where nothing steers) start together: one prefills, the others wait for it and reuse all of its
+    prompt but the last token, and each computes what it would alone. A read's key is shared too."""
+    prompt = warm.tokenize(BASE + "twins share this prompt, which nothing before has started with")
+    reads = [Reads() for _ in range(4)]
+    results: list = [None] * 4
+    start = threading.Barrier(4)
+
+    def work(index):
+        start.wait()
+        results[index] = generate(warm, prompt, hooks=[reads[index].hook])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cold_tokens, cold_logprobs, _ = generate(cold, prompt)
+    assert sorted(cached for _, _, cached in results) == [0, *[len(prompt) - 1] * 3]
+    for read, (tokens, logprobs, _) in zip(reads, results, strict=True):
+        assert tokens == cold_tokens
+        assert max(abs(a - b) for a, b in zip(logprobs, cold_logprobs, strict=True)) < 1e-4
+        assert set(read.counts) >= set(range(len(prompt))) and all(read.counts[i] == 1 for i in range(len(prompt)))
+
+
 def test_the_engine_reports_hits_misses_and_memory(warm):
     stats = warm.inference()["prefix_cache"]
     assert stats["hits"] > 0 and stats["misses"] > 0

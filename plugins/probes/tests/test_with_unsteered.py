@@ -144,11 +144,14 @@ def test_text_completions_and_seeded_sampling(client, model_id, steered):
 
 
 def test_nothing_steers_both_replies_are_equal(client, model_id):
-    """With nothing attached both replies are served, and equal."""
+    """With nothing attached both replies are served, and equal; they share one prefill (a prompt no
+    request here sent before: the second reply reuses all of the first's but its last token)."""
+    fresh = [{"role": "user", "content": "Describe a mountain at dawn, in a single breath."}]
     both = client.chat.completions.create(
-        model=model_id, messages=CHAT, max_tokens=TOKENS, temperature=0, extra_body={"with_unsteered": True}
+        model=model_id, messages=fresh, max_tokens=TOKENS, temperature=0, extra_body={"with_unsteered": True}
     )
     assert both.choices[0].message.content == both.choices[1].message.content
+    assert both.usage.prompt_tokens_details.cached_tokens == both.usage.prompt_tokens - 1
 
 
 def test_refused_in_scoring_mode(probes_server, model_id):
