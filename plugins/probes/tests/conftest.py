@@ -400,6 +400,20 @@ def armed(http, docs: list[dict[str, Any]]) -> Iterator[list[str]]:
             http.delete(f"/api/probes/{probe_id}")
 
 
+@contextlib.contextmanager
+def attached_sae(api, lab: Lab, sae_dir: Path, sae_id: str, *, layer: int, seed: int) -> Iterator[None]:
+    """An SAE the lab writes for this model, registered and attached; detached and deleted afterwards."""
+    lab.make_sae(sae_dir, sae_id, layer=layer, seed=seed)
+    registered = api.post("/api/saes", json={"path": str(sae_dir / sae_id)})
+    assert registered.status_code in (200, 201), registered.text
+    assert api.post(f"/api/saes/{sae_id}/attach", json={}).status_code == 200
+    try:
+        yield
+    finally:
+        api.post(f"/api/saes/{sae_id}/detach", json={})
+        api.delete(f"/api/saes/{sae_id}")
+
+
 @pytest.fixture(scope="session")
 def helpers():
     """Small request helpers shared by the test modules."""
@@ -408,6 +422,7 @@ def helpers():
         import_probe = staticmethod(import_probe)
         arm = staticmethod(arm)
         armed = staticmethod(armed)
+        attached_sae = staticmethod(attached_sae)
         with_digests = staticmethod(with_digests)
         canonical_digest = staticmethod(canonical_digest)
 

@@ -20,21 +20,11 @@ SAE_ID = "probe-steer-sae"
 @pytest.fixture
 def steered(api, lab, identity, helpers, sae_dir):
     """An SAE attached at layer 1's output, and probes at that point and one layer later."""
-    lab.make_sae(sae_dir, SAE_ID, layer=1, seed=21)
-    registered = api.post("/api/saes", json={"path": str(sae_dir / SAE_ID)})
-    assert registered.status_code in (200, 201), registered.text
-    assert api.post(f"/api/saes/{SAE_ID}/attach", json={}).status_code == 200
-    probes = {}
-    for name, layer in (("at-steering", 1), ("after-steering", 2)):
-        probe = helpers.import_probe(api, lab.definition(identity, name=name, layer=layer, windows=["prompt"]))
-        helpers.arm(api, probe["id"])
-        probes[name] = probe["id"]
-    yield probes
-    api.delete("/api/steering")
-    for probe_id in probes.values():
-        api.post(f"/api/probes/{probe_id}/disarm")
-    api.post(f"/api/saes/{SAE_ID}/detach", json={})
-    api.delete(f"/api/saes/{SAE_ID}")
+    layers = {"at-steering": 1, "after-steering": 2}
+    docs = [lab.definition(identity, name=name, layer=layer, windows=["prompt"]) for name, layer in layers.items()]
+    with helpers.attached_sae(api, lab, sae_dir, SAE_ID, layer=1, seed=21), helpers.armed(api, docs) as ids:
+        yield dict(zip(layers, ids, strict=True))
+        api.delete("/api/steering")
 
 
 def prompt_scores(response) -> dict[str, float]:

@@ -30,16 +30,9 @@ SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "docs" / "schemas" / 
 @pytest.fixture
 def steered(api, lab, identity, helpers, sae_dir):
     """The SAE attached at layer 1's output; a probe reading the response one layer later (its id)."""
-    lab.make_sae(sae_dir, SAE_ID, layer=1, seed=21)
-    registered = api.post("/api/saes", json={"path": str(sae_dir / SAE_ID)})
-    assert registered.status_code in (200, 201), registered.text
-    assert api.post(f"/api/saes/{SAE_ID}/attach", json={}).status_code == 200
-    probe = helpers.import_probe(api, lab.definition(identity, name="after-steering", layer=2, windows=["response"]))
-    helpers.arm(api, probe["id"])
-    yield probe["id"]
-    api.post(f"/api/probes/{probe['id']}/disarm")
-    api.post(f"/api/saes/{SAE_ID}/detach", json={})
-    api.delete(f"/api/saes/{SAE_ID}")
+    doc = lab.definition(identity, name="after-steering", layer=2, windows=["response"])
+    with helpers.attached_sae(api, lab, sae_dir, SAE_ID, layer=1, seed=21), helpers.armed(api, [doc]) as (probe_id,):
+        yield probe_id
 
 
 @pytest.fixture
