@@ -6,9 +6,9 @@ during another model's load or any unload), run on the engine thread, release
 both. Generation, scoring and embeddings go through it (``Serving.prepare``),
 and so do plugins (``host.engine_slot(model)``): nothing copies the sequence.
 
-A request for the model that is serving takes the two in the other order
-(``admit_leased``): the lease first (it cannot wait or load), then its text work,
-then the queue place, so that validating and tokenizing share one hop.
+A live request for the model that is serving takes the two in the other order
+(``admit_leased``): the lease first (it cannot wait or load), then the queue place,
+then validating and tokenizing in one hop.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ async def admit(host: AdmissionHost, entry: ModelEntry, cancel: threading.Event 
 
 async def admit_leased(host: AdmissionHost, lease: Lease) -> Admission:
     """The admission of a request that took its lease first (``ModelRegistry.lease_if_serving``): its
-    queue place now (``queue_full`` releases the lease)."""
+    queue place now (a refusal, ``queue_full``, releases the lease)."""
     try:
         return Admission(host.scheduler, await queue_place(host.scheduler), lease)
     except BaseException:

@@ -250,8 +250,7 @@ def validate_request(ctx: RequestView) -> None:
     when the model is serving (keep it short: other requests' tokenizing waits
     behind it; a database read is fine), else on a worker thread before the model
     loads. Raise a ``MillmError`` (400 with the field as ``param``) to refuse; return
-    nothing otherwise. ``ctx.engine`` is not set. A refused request never takes a
-    queue place.
+    nothing otherwise. ``ctx.engine`` is not set.
 
     Policy: request (``millm_host.hookcalls``): the first error propagates as the
     request's error.

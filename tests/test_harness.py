@@ -248,3 +248,39 @@ def test_hooks_before_generation_read_the_request_but_cannot_rebind_it(app_facto
             assert response.status_code == 500, response.text
             plugin.hook = "none"
             assert chat(http, "echo", max_tokens=2).status_code == 200
+
+
+class CountedValidation(HeldEngine):
+    """``HeldEngine`` that also counts ``validate_request`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated = 0
+
+    @hookimpl
+    def validate_request(self, ctx):
+        self.validated += 1
+
+
+def test_a_full_queue_refuses_before_any_validation_or_tokenizing(app_factory, monkeypatch):
+    """On the serving model the queue place comes before the text hop: a request the queue cannot take
+    is refused (503 queue_full) without a plugin validating it or the tokenizer seeing it; the place is
+    free again once the running request ends."""
+    monkeypatch.setattr(EchoEngine, "concurrent_text", True)  # the serving model's path, as transformers takes it
+    plugin = CountedValidation()
+    app = app_factory(register=[plugin], env={"MILLM_QUEUE_MAX": "0"})
+    first: list[int] = []
+    runner = threading.Thread(target=lambda: first.append(chat(app.http(), "echo").status_code))
+    runner.start()
+    try:
+        assert plugin.entered.wait(30)  # the one place is taken, its generation running
+        with app.http() as http:
+            assert_error(chat(http, "echo"), 503, "queue_full")
+        assert plugin.validated == 1
+    finally:
+        plugin.release.set()
+        runner.join(60)
+    assert first == [200]
+    with app.http() as http:
+        assert chat(http, "echo").status_code == 200
+    assert plugin.validated == 2 and app.host.scheduler.admitted == 0

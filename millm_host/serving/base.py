@@ -259,21 +259,25 @@ class Serving:
         releases it when the request ends.
         """
         host = self.host
-        lease = host.registry.lease_if_serving(ctx.entry)
+        lease = None if BACKGROUND.get() else host.registry.lease_if_serving(ctx.entry)
         if lease is not None and lease.engine.concurrent_text:
-            # The model serves and its tokenizer runs beside generation: one hop to the text thread
-            # validates, renders, tokenizes and checks. The queue place comes after, so a refused
-            # request never holds one; the lease, held meanwhile, only keeps the model from unloading.
+            # The model serves and its tokenizer runs beside generation: the queue place at once (a full
+            # queue refuses before any work), then one hop to the text thread validates, renders,
+            # tokenizes and checks.
+            admission = await admit_leased(host, lease)
             try:
-                await host.scheduler.run_text(self._validate_and_tokenize, ctx, lease.engine, cancel=ctx.cancel_event)
+                await host.scheduler.run_text(
+                    self._validate_and_tokenize, ctx, admission.engine, cancel=ctx.cancel_event
+                )
             except BaseException:
-                lease.release()
+                admission.release()
                 raise
-            return await admit_leased(host, lease)
+            return admission
         if lease is not None:
             lease.release()
-        # A model to load (a refused request must not start one), or an engine whose text work runs on its
-        # own thread: validate first, on a worker.
+        # A model to load (a refused request must not start one), an engine whose text work runs on its
+        # own thread, or background work (a batch line waits for its place without holding the model):
+        # validate first, on a worker.
         await asyncio.to_thread(self.validate, ctx)
         if ctx.cancel_event.is_set():  # its client has gone: it never takes a queue place
             raise RequestCancelled()
