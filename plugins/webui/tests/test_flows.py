@@ -17,7 +17,6 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from millm_host.testing import default_checkpoint_dir
 from millm_host.testing.hub import LocalHub
 
 from .conftest import probe_lab
@@ -72,9 +71,9 @@ def identity(server) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lab(identity):
+def lab(identity, default_checkpoint_dir):
     """The reference on the float32 checkpoint the server converted the bundled GGUF into."""
-    return probe_lab(default_checkpoint_dir())
+    return probe_lab(default_checkpoint_dir)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,6 @@ import json
 import httpx
 import pytest
 
-from millm_host.testing import default_checkpoint_dir
-
 from .conftest import SCREENSHOTS, probe_lab
 
 SAE = "pg-sae"
@@ -27,9 +25,9 @@ LABELS = [  # Neuronpedia's export: feature 5 is found by its label
 
 
 @pytest.fixture(scope="module")
-def lab():
+def lab(default_checkpoint_dir):
     """The reference on the float32 checkpoint the server loads the bundled GGUF from."""
-    return probe_lab(default_checkpoint_dir())
+    return probe_lab(default_checkpoint_dir)
 
 
 @pytest.fixture(scope="module")
