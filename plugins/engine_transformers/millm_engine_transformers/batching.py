@@ -524,7 +524,8 @@ class BatchScheduler:
         row.cached = 0
         if self.prefix_cache is None or row.forced:  # a replay measures live shapes: it computes everything
             return None
-        row.cache_key = prompt_key(row)
+        # its key as admission just computed it (``twin``), not worked out again
+        row.cache_key = row.twin[0] if isinstance(row.twin, tuple) else prompt_key(row)
         if row.cache_key is None:
             return None
         key, taps = row.cache_key
