@@ -175,8 +175,11 @@ class Row:
     cached: int | None = None
     #: Its prefix cache key and the taps its reads need, when it may reuse and store a prompt.
     cache_key: tuple[Any, frozenset[Tap]] | None = None
-    #: Its prompt and prefix cache key (``_twin_key``), set when it is admitted: a twin waits for its prefill.
+    #: Its prefix cache key and prompt digest (``_twin_key``), set when it is admitted: a twin waits for its prefill.
     twin: Hashable | None = None
+    #: ``hash`` of its prompt, taken once where it is made (its consumer's thread), so that admission
+    #: compares prompts in O(1) however long they are and however often a twin is looked at again.
+    prompt_digest: int = 0
     #: What its reads saw over its prompt so far, by tap (while it prefills, to store with its prompt).
     captured: dict[Tap, list[torch.Tensor]] = field(default_factory=dict)
     #: A replay's given tokens (``replay``): fed in order instead of sampled, EOS among them ignored.
@@ -276,6 +279,7 @@ class BatchScheduler:
             position=len(prompt_ids),
             cancel=generation_cancel(),
             adapter=adapter,
+            prompt_digest=hash(tuple(prompt_ids)),
         )
         return RowTokens(row, self._stream(row))
 
@@ -517,7 +521,12 @@ class BatchScheduler:
         if self.prefix_cache is None or row.forced:
             return None
         key = prompt_key(row)
-        return None if key is None else (key, tuple(row.prompt))
+        if key is None:
+            return None
+        if not self.prefix_cache.fits(len(row.prompt)):  # its twin's prefill would not be kept: nothing to wait for
+            return None
+        # Equal digests of unequal prompts only make one wait: the reuse compares the tokens themselves.
+        return (key, len(row.prompt), row.prompt_digest)
 
     def _reuse(self, row: Row) -> Hit | None:
         """The cached prefix ``row`` reuses (None: it computes its whole prompt); readies it to store its own."""

@@ -114,6 +114,8 @@ def load_model(
     model.eval()
     if device.type == "cpu" and dtype == torch.float32 and settings["MILLM_CPU_SMALL_BATCH_TUNING"]:
         progress("timing the weights' products for a few rows (MILLM_CPU_SMALL_BATCH_TUNING)")
-        for line in small_batch.describe(small_batch.tune(model, settings["MILLM_BATCH_MAX_ROWS"])):
+        for line in small_batch.describe(
+            small_batch.tune(model, settings["MILLM_BATCH_MAX_ROWS"], settings.cache_dir / "small-batch.json")
+        ):
             progress(line)
     return model, tokenizer, device, dtype

@@ -98,6 +98,8 @@ class PrefixCache:
         self.hits = self.misses = 0  # lookups that reused a prefix, and those that did not
         self.hit_tokens = 0  # prompt tokens not computed again
         self.evictions = 0
+        #: The most bytes a stored token has taken (keys, values and residuals), learned as prompts are stored.
+        self.token_bytes = 0
 
     def find(self, key: Hashable, prompt: Sequence[int], taps: frozenset[Tap]) -> Hit | None:
         """The longest stored prefix of ``prompt`` under ``key`` that has the residuals ``taps`` need.
@@ -140,6 +142,7 @@ class PrefixCache:
             [v.clone() for _, v in layers],
             {tap: residual.clone() for tap, residual in residuals.items()},
         )
+        self.token_bytes = max(self.token_bytes, -(-entry.nbytes // len(tokens)))
         if entry.nbytes > self.capacity:
             return
         entry.hashes = chained(tokens, len(tokens) // BLOCK)
@@ -156,6 +159,10 @@ class PrefixCache:
         while self.used > self.capacity:
             self.evictions += 1
             self._remove(next(iter(self._lru.values())))
+
+    def fits(self, length: int) -> bool:
+        """Whether a prompt of ``length`` tokens would be stored, as far as the stores so far tell."""
+        return length >= BLOCK and length * self.token_bytes <= self.capacity
 
     def _remove(self, entry: Stored) -> None:
         del self._lru[id(entry)]

@@ -10,7 +10,8 @@ path of 10 ms, and 3.3 ms as two equal columns). A second row of the batch then 
 Which is faster depends on the CPU, the library and the shape, so nothing is assumed:
 ``tune`` times both for each weight shape and row count when the model loads (a
 fraction of a second), and a layer takes the column form only where it won by
-``MARGIN``. The two forms add the same products in another order: results agree to
+``MARGIN``. What was chosen is kept per machine (CPU, torch, threads) in a file of the
+model cache, so later loads on the machine skip the timing and agree with the first. The two forms add the same products in another order: results agree to
 float32 rounding, as the batch's own shapes already make them (one row and two rows
 never ran the same kernel).
 """
@@ -18,9 +19,14 @@ never ran the same kernel).
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -77,20 +83,65 @@ def faster_as_columns(weight: torch.Tensor, max_rows: int) -> frozenset[int]:
     return frozenset(won)
 
 
-def tune(model: torch.nn.Module, max_rows: int) -> dict[tuple[int, ...], frozenset[int]]:
+def tune(model: torch.nn.Module, max_rows: int, kept: Path | None = None) -> dict[tuple[int, ...], frozenset[int]]:
     """Give every float32 CPU ``nn.Linear`` of ``model`` the column form for the row counts it wins;
-    returns what was chosen per weight shape ``(out, in)``."""
+    returns what was chosen per weight shape ``(out, in)``. ``kept``: a JSON file of earlier choices on
+    this machine, read first and written with what had to be timed."""
     layers = [m for m in model.modules() if _tunable(m)]
-    chosen: dict[tuple[int, ...], frozenset[int]] = {}
-    for shape in {tuple(layer.weight.shape) for layer in layers}:
+    shapes = {tuple(layer.weight.shape) for layer in layers}
+    machine = f"{machine_key()} rows {max_rows}"
+    earlier = _read(kept)
+    known = earlier.get(machine, {})
+    chosen = {shape: frozenset(known[_name(shape)]) for shape in shapes if _name(shape) in known}
+    timed = shapes - chosen.keys()
+    for shape in timed:
         weight = next(layer.weight for layer in layers if tuple(layer.weight.shape) == shape)
         chosen[shape] = faster_as_columns(weight.detach(), max_rows)
+    if kept is not None and timed:
+        earlier[machine] = {**known, **{_name(shape): sorted(chosen[shape]) for shape in timed}}
+        _write(kept, earlier)
     for layer in layers:
         columns = chosen[tuple(layer.weight.shape)]
         if columns:
             layer.__class__ = SmallBatchLinear
             layer.columns = columns
     return chosen
+
+
+def machine_key() -> str:
+    """What the timings depend on besides the shape: the CPU, torch (and its BLAS) and its threads."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}; torch {torch.__version__}; {torch.get_num_threads()} threads"
+
+
+def _name(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
+def _read(path: Path | None) -> dict[str, dict[str, list[int]]]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # none yet, or torn by a crash: timed again
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict[str, dict[str, list[int]]]) -> None:
+    """Whole or not at all: servers that start together each replace the file, none sees half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(data, out, indent=1, sort_keys=True)
+    os.replace(temporary, path)
 
 
 def _tunable(module: torch.nn.Module) -> bool:

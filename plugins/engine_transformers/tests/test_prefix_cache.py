@@ -156,30 +156,54 @@ def test_rows_reusing_prefixes_beside_cold_rows_compute_what_they_would_alone(wa
         assert max(abs(a - b) for a, b in zip(logprobs, cold_logprobs, strict=True)) < 1e-4
 
 
+def together(engine, prompt, count):
+    """``count`` generations of ``prompt`` started at once, each with its own read: (results, reads)."""
+    reads = [Reads() for _ in range(count)]
+    results: list = [None] * count
+    start = threading.Barrier(count)
+
+    def work(index):
+        start.wait()
+        results[index] = generate(engine, prompt, hooks=[reads[index].hook])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, reads
+
+
 def test_twins_arriving_together_compute_their_prompt_once(warm, cold):
     """Four generations of one new prompt under one key (``n`` choices; both replies of ``with_unsteered``
     where nothing steers) start together: one prefills, the others wait for it and reuse all of its
     prompt but the last token, and each computes what it would alone. A read's key is shared too."""
     prompt = warm.tokenize(BASE + "twins share this prompt, which nothing before has started with")
-    reads = [Reads() for _ in range(4)]
-    results: list = [None] * 4
-    start = threading.Barrier(4)
-
-    def work(index):
-        start.wait()
-        results[index] = generate(warm, prompt, hooks=[reads[index].hook])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results, reads = together(warm, prompt, 4)
     cold_tokens, cold_logprobs, _ = generate(cold, prompt)
     assert sorted(cached for _, _, cached in results) == [0, *[len(prompt) - 1] * 3]
     for read, (tokens, logprobs, _) in zip(reads, results, strict=True):
         assert tokens == cold_tokens
         assert max(abs(a - b) for a, b in zip(logprobs, cold_logprobs, strict=True)) < 1e-4
         assert set(read.counts) >= set(range(len(prompt))) and all(read.counts[i] == 1 for i in range(len(prompt)))
+
+
+def test_twins_whose_prompt_the_cache_cannot_keep_prefill_together(tiny_model_dir, cold):
+    """A twin waits only for a prefill it can reuse: a prompt larger than the cache is not kept, so
+    twins of it share one prefill instead of computing it one after the other."""
+    engine = load(tiny_model_dir, MILLM_BATCHING="continuous", MILLM_PREFILL_CHUNK="16", MILLM_PREFIX_CACHE_MB="1")
+    try:
+        generate(engine, engine.tokenize(BASE))  # a stored prompt tells the cache what a token takes
+        prompt = engine.tokenize(BASE + "too long for the cache now")
+        cache = engine.batch.prefix_cache
+        cache.capacity = cache.token_bytes * (len(prompt) - 1)
+        before = engine.batch.prefills
+        results, _ = together(engine, prompt, 2)
+        assert engine.batch.prefills == before + 1
+        assert [cached for _, _, cached in results] == [0, 0]
+        assert all(tokens == generate(cold, prompt)[0] for tokens, _, _ in results)
+    finally:
+        engine.close()
 
 
 def test_the_engine_reports_hits_misses_and_memory(warm):
@@ -206,3 +230,13 @@ def test_least_recently_used_prompts_leave_first():
     assert cache.find("k", prompts[1] + [9], frozenset()) is None  # the least recently used left
     assert cache.find("k", prompts[0] + [9], frozenset()).length == 2 * BLOCK
     assert cache.find("other", prompts[0] + [9], frozenset()) is None
+
+
+def test_the_cache_says_which_prompts_it_would_keep():
+    from millm_engine_transformers.prefix_cache import BLOCK, PrefixCache
+
+    cache = PrefixCache(capacity=1 << 20)
+    assert cache.fits(BLOCK) and not cache.fits(BLOCK - 1)  # shorter than a block: nothing to find later
+    cache.store("k", [1] * BLOCK, [(torch.zeros(1, 1, BLOCK, 4), torch.zeros(1, 1, BLOCK, 4))], {})
+    assert cache.token_bytes == 2 * 4 * 4  # a key and a value of 4 floats
+    assert cache.fits((1 << 20) // 32) and not cache.fits((1 << 20) // 32 + 1)

@@ -4,6 +4,7 @@ for every row count, and only where the load's timing chose them."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -59,3 +60,35 @@ def test_the_timing_chooses_a_clear_win_only(monkeypatch):
 def test_only_float32_cpu_layers_are_tuned():
     layers = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).to(torch.bfloat16)]
     assert [small_batch._tunable(layer) for layer in layers] == [True, False]
+
+
+def test_the_choice_is_kept_per_machine(monkeypatch, tmp_path):
+    """A later load on the machine reads what the first timed (no timing, the same choice); another
+    machine (CPU, torch or threads) times its own and both are kept."""
+    kept = tmp_path / "cache" / "small-batch.json"
+    timed = []
+
+    def timing(weight, max_rows):
+        timed.append(tuple(weight.shape))
+        return frozenset({2}) if weight.shape[0] > 16 else frozenset()
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 16))
+
+    monkeypatch.setattr(small_batch, "faster_as_columns", timing)
+    first = small_batch.tune(model(), max_rows=4, kept=kept)
+    assert sorted(timed) == [(16, 64), (64, 32)]
+    again = model()
+    assert small_batch.tune(again, max_rows=4, kept=kept) == first and len(timed) == 2
+    assert type(again[0]) is small_batch.SmallBatchLinear and again[0].columns == {2}
+    monkeypatch.setattr(small_batch, "machine_key", lambda: "another CPU")
+    small_batch.tune(model(), max_rows=4, kept=kept)
+    assert len(timed) == 4 and len(json.loads(kept.read_text())) == 2
+
+
+def test_a_torn_file_of_choices_is_timed_again(monkeypatch, tmp_path):
+    kept = tmp_path / "small-batch.json"
+    kept.write_text('{"half')
+    monkeypatch.setattr(small_batch, "faster_as_columns", lambda weight, max_rows: frozenset({3}))
+    assert small_batch.tune(torch.nn.Linear(8, 8), max_rows=4, kept=kept) == {(8, 8): frozenset({3})}
+    assert json.loads(kept.read_text())
