@@ -33,14 +33,14 @@ def parse(text: str):
     return jsonslices.loads_in_slices(text, json.JSONDecoder(), max_depth=1000)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(value=JSON, ascii_only=st.booleans(), indent=st.sampled_from([None, 0, 1]))
 def test_valid_text_gives_what_json_loads_gives(value, ascii_only, indent):
     text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
     assert parse(text) == json.loads(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(value=JSON, cut=st.integers(min_value=0), junk=st.sampled_from(["", ",", "]", "}", '"', "\\", "x", " 1"]))
 def test_broken_text_is_refused_as_json_loads_refuses_it(value, cut, junk):
     text = json.dumps(value)
@@ -62,7 +62,7 @@ def count_containers(value) -> int:
     return 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(value=JSON, most=st.integers(min_value=0, max_value=40), brackets_in_strings=st.booleans())
 def test_containers_past_the_bound_are_refused_and_no_others(value, most, brackets_in_strings):
     """Exactly the texts of more than ``max_containers`` objects and arrays are refused (brackets in strings are text)."""
@@ -88,7 +88,7 @@ def _bounded(text: str) -> int:
     return value
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(ints=st.lists(st.integers(min_value=-(10**22), max_value=10**22), min_size=1, max_size=40), floats=st.booleans())
 def test_runs_without_long_integers_give_what_the_hooked_decoder_gives(ints, floats):
     """``short_ints`` (the decoder less its parse_int hook) scans only runs whose integers are short."""
@@ -102,7 +102,7 @@ def test_runs_without_long_integers_give_what_the_hooked_decoder_gives(ints, flo
         assert jsonslices.loads_in_slices(text, hooked, max_depth=10, short_ints=plain) == json.loads(text)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=75, deadline=None)
 @given(value=JSON)
 def test_long_lists_are_reported_and_plain_is_never_wrongly_true(value):
     """``long_list`` sees each long array once parsed; ``plain`` (no object or array inside) is never wrong
@@ -151,7 +151,7 @@ def test_a_refused_parse_leaves_its_partial_lists_empty(monkeypatch):
 KEYS = st.sampled_from(["custom_id", "body", "x", 'c"q', "é"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     value=st.dictionaries(KEYS, JSON, max_size=6),
     ascii_only=st.booleans(),

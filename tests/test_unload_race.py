@@ -24,8 +24,8 @@ from .test_batch_api import CHAT, chat_line, jsonl, read_jsonl, wait_for
 
 pytestmark = pytest.mark.storage
 
-GRACE_S = 1.0
-HOLD_S = 2.5
+GRACE_S = 0.5
+HOLD_S = 1.5
 
 
 @pytest.fixture(scope="module")

@@ -138,9 +138,10 @@ def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServerProcess]:
-    """One ``millm serve`` per test module, on the tiny model, scripted output enabled."""
+    """One ``millm serve`` for every client module, on the tiny model, scripted output enabled (a start
+    costs about 7 s on 2 cores; the modules only send requests, none changes what the server holds)."""
     process = ServerProcess(
         tmp_path_factory.mktemp("clients"), model=str(tiny_model_dir), env={"SCRIPTED_OUTPUT_ENABLED": "true"}
     )
