@@ -41,6 +41,7 @@ class _Grave:
 
 _lock = threading.Lock()
 _graves: list[_Grave] = []
+_freeing = 0  # taken from ``_graves`` and being emptied: still pending
 _wake = threading.Event()
 _thread: threading.Thread | None = None
 
@@ -65,7 +66,7 @@ def keep_if_long(obj: Any) -> None:
 def pending() -> int:
     """Objects kept and not yet freed (for tests)."""
     with _lock:
-        return len(_graves)
+        return len(_graves) + _freeing
 
 
 def keeps(obj: Any) -> bool:
@@ -90,18 +91,24 @@ def _run() -> None:
 
 def _sweep() -> tuple[bool, bool]:
     """Free what only the graveyard holds; (whether anything was freed, whether anything is left to watch)."""
+    global _freeing
     now = time.monotonic()
     with _lock:
         # 2: the grave's reference and getrefcount's own argument
         free = [g for g in _graves if sys.getrefcount(g.obj) <= 2 or g.until < now]
         if free:
             _graves[:] = [g for g in _graves if g not in free]
+            _freeing += len(free)
         left = bool(_graves)
     for grave in free:
         obj, grave.obj = grave.obj, None
-        if sys.getrefcount(obj) <= 2:  # this local and the argument: nobody else can see it emptied
-            _empty(obj)
-        del obj
+        try:
+            if sys.getrefcount(obj) <= 2:  # this local and the argument: nobody else can see it emptied
+                _empty(obj)
+            del obj
+        finally:
+            with _lock:
+                _freeing -= 1
     return bool(free), left
 
 
