@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from .test_batching import load
@@ -13,3 +15,10 @@ def serial(tiny_model_dir):
     engine = load(tiny_model_dir, MILLM_BATCHING="serial")
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_app(app_factory, tiny_model_dir) -> Callable[..., object]:
+    """``tiny_app(**env)``: the app in this process serving the tiny random Llama with this engine (real
+    HTTP on a loopback port, no process to start), its settings from ``env``."""
+    return lambda **env: app_factory(plugins=["engine_transformers"], models={}, model=str(tiny_model_dir), env=env)

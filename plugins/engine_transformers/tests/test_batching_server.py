@@ -1,4 +1,4 @@
-"""Continuous batching through a real ``millm serve`` (``MILLM_BATCHING=continuous``), with concurrent clients.
+"""Continuous batching through the app's HTTP API, in-process (``MILLM_BATCHING=continuous``), with concurrent clients.
 
 Answers equal the serial server's, streamed or not; a request that arrives while
 others stream joins them; a client that leaves mid-stream leaves the batch and the
@@ -17,14 +17,14 @@ PROMPTS = ["hi", "tell me a story about " * 3, "one two three four five six seve
 
 
 @pytest.fixture(scope="module")
-def batching_server(server_factory, tiny_model_dir):
-    return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "continuous", "MILLM_PREFILL_CHUNK": "16"})
+def batching_server(tiny_app):
+    return tiny_app(MILLM_BATCHING="continuous", MILLM_PREFILL_CHUNK="16")
 
 
 @pytest.fixture(scope="module")
-def serial_server(server_factory, tiny_model_dir):
+def serial_server(tiny_app):
     """What each batched answer is compared against."""
-    return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "serial"})
+    return tiny_app(MILLM_BATCHING="serial")
 
 
 def completion(server, prompt, max_tokens, stream=False) -> str:

@@ -1,4 +1,4 @@
-"""Prefix caching through a real ``millm serve``: what a client sees and what an operator counts.
+"""Prefix caching through the app's HTTP API (in-process): what a client sees and what an operator counts.
 
 A second turn of a chat reuses the first's prompt (``usage.prompt_tokens_details.cached_tokens``
 through the ``openai`` SDK; the Messages API's ``cache_read_input_tokens``) and answers what a
@@ -17,13 +17,13 @@ SYSTEM = "You are a patient assistant who explains things about lighthouses in p
 
 
 @pytest.fixture(scope="module")
-def warm_server(server_factory, tiny_model_dir):
-    return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "continuous", "MILLM_PREFIX_CACHE_MB": "32"})
+def warm_server(tiny_app):
+    return tiny_app(MILLM_BATCHING="continuous", MILLM_PREFIX_CACHE_MB="32")
 
 
 @pytest.fixture(scope="module")
-def cold_server(server_factory, tiny_model_dir):
-    return server_factory(tiny_model_dir, env={"MILLM_BATCHING": "continuous", "MILLM_PREFIX_CACHE_MB": "0"})
+def cold_server(tiny_app):
+    return tiny_app(MILLM_BATCHING="continuous", MILLM_PREFIX_CACHE_MB="0")
 
 
 def turns() -> list[list[dict]]:
