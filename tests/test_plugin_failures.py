@@ -9,8 +9,8 @@ from millm_host.testing import chat_body, stream_post
 
 
 @pytest.fixture(scope="module")
-def faulty(server_factory, tiny_model_dir):
-    return server_factory(tiny_model_dir, env={"FAULT_INJECTION": "rendering"})
+def faulty(app_factory):
+    return app_factory(plugins=["fault_injection"], env={"FAULT_INJECTION": "rendering"})
 
 
 def _named(header: str) -> list[str]:

@@ -19,6 +19,10 @@ def serial(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_app(app_factory, tiny_model_dir) -> Callable[..., object]:
-    """``tiny_app(**env)``: the app in this process serving the tiny random Llama with this engine (real
-    HTTP on a loopback port, no process to start), its settings from ``env``."""
-    return lambda **env: app_factory(plugins=["engine_transformers"], models={}, model=str(tiny_model_dir), env=env)
+    """``tiny_app(plugins=(...), **env)``: the app in this process serving the tiny random Llama with this
+    engine and ``plugins`` besides (real HTTP on a loopback port, no process to start), its settings from ``env``."""
+
+    def start(plugins: tuple[str, ...] = (), **env: str) -> object:
+        return app_factory(plugins=["engine_transformers", *plugins], models={}, model=str(tiny_model_dir), env=env)
+
+    return start

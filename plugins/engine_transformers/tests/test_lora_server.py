@@ -1,4 +1,4 @@
-"""LoRA adapters through a real ``millm serve``: ``MILLM_LORA_DIRS``, ``"<base>:<adapter>"``, the routes.
+"""LoRA adapters through the app's HTTP API, in-process: ``MILLM_LORA_DIRS``, ``"<base>:<adapter>"``, the routes.
 
 The adapters are built with ``peft`` on the tiny random Llama (``test_lora.make_adapter``);
 answers are checked against ``PeftModel``'s own forward, base answers against the plain model.
@@ -26,8 +26,8 @@ def lora_roots(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, tiny_model_dir, lora_roots):
-    return server_factory(tiny_model_dir, env={"MILLM_LORA_DIRS": os.pathsep.join(str(r) for r in lora_roots)})
+def server(tiny_app, lora_roots):
+    return tiny_app(plugins=("webui",), MILLM_LORA_DIRS=os.pathsep.join(str(r) for r in lora_roots))
 
 
 @pytest.fixture(scope="module")
