@@ -11,8 +11,8 @@ Which is faster depends on the CPU, the library and the shape, so nothing is ass
 ``tune`` times both for each weight shape and row count when the model loads (a
 fraction of a second), and a layer takes the column form only where it won by
 ``MARGIN``. What was chosen is kept per machine (CPU, torch, threads) in a file of the
-model cache, so later loads on the machine skip the timing and agree with the first. The two forms add the same products in another order: results agree to
-float32 rounding, as the batch's own shapes already make them (one row and two rows
+model cache, so later loads on the machine skip the timing and agree with the first.
+The two forms add the same products in another order: results agree to float32 rounding, as the batch's own shapes already make them (one row and two rows
 never ran the same kernel).
 """
 
@@ -91,7 +91,11 @@ def tune(model: torch.nn.Module, max_rows: int, kept: Path | None = None) -> dic
     shapes = {tuple(layer.weight.shape) for layer in layers}
     machine = f"{machine_key()} rows {max_rows}"
     earlier = _read(kept)
-    known = earlier.get(machine, {})
+    known = earlier.get(machine)
+    if not isinstance(known, dict) or not all(
+        isinstance(rows, list) and all(isinstance(r, int) for r in rows) for rows in known.values()
+    ):
+        known = {}  # none yet, or not what this module writes: timed again
     chosen = {shape: frozenset(known[_name(shape)]) for shape in shapes if _name(shape) in known}
     timed = shapes - chosen.keys()
     for shape in timed:

@@ -86,9 +86,10 @@ def test_the_choice_is_kept_per_machine(monkeypatch, tmp_path):
     assert len(timed) == 4 and len(json.loads(kept.read_text())) == 2
 
 
-def test_a_torn_file_of_choices_is_timed_again(monkeypatch, tmp_path):
+@pytest.mark.parametrize("text", ['{"half', "[1, 2]", '{"MACHINE": {"8x8": "not rows"}}', '{"MACHINE": [3]}'])
+def test_a_torn_or_foreign_file_of_choices_is_timed_again(monkeypatch, tmp_path, text):
     kept = tmp_path / "small-batch.json"
-    kept.write_text('{"half')
+    kept.write_text(text.replace("MACHINE", f"{small_batch.machine_key()} rows 4"))
     monkeypatch.setattr(small_batch, "faster_as_columns", lambda weight, max_rows: frozenset({3}))
     assert small_batch.tune(torch.nn.Linear(8, 8), max_rows=4, kept=kept) == {(8, 8): frozenset({3})}
-    assert json.loads(kept.read_text())
+    assert json.loads(kept.read_text())[f"{small_batch.machine_key()} rows 4"] == {"8x8": [3]}
