@@ -13,7 +13,7 @@ import copy
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -329,6 +329,13 @@ def lab(probe_model_dir) -> Lab:
 def sae_dir(tmp_path_factory) -> Path:
     """Where the shared server reads k-sparse probes' SAEs (tests write them as they need them)."""
     return tmp_path_factory.mktemp("saes")
+
+
+@pytest.fixture(scope="session")
+def probe_app(app_factory, probe_model_dir) -> Callable[..., Any]:
+    """``probe_app(**env)``: an app of a test module's own, in-process, as ``probes_server`` is (every
+    installed plugin, the transformers engine, the probe model), with the settings ``env`` gives."""
+    return lambda **env: app_factory(plugins="all", models={}, model=str(probe_model_dir), env=env)
 
 
 @pytest.fixture(scope="session")

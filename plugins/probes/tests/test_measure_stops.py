@@ -1,4 +1,4 @@
-"""A real server of its own: a probe-capacity measurement never holds the model hostage.
+"""An app of its own: a probe-capacity measurement never holds the model hostage.
 
 It stops between two of its runs when it is cancelled, when it passes ``PROBE_MEASURE_TIMEOUT_S``,
 or when its model begins to unload; it answers 409 ``PROBE_CAPACITY_MEASURE_STOPPED`` and stores
@@ -17,8 +17,8 @@ from millm_host.testing import assert_error
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, probe_model_dir):
-    return server_factory(probe_model_dir, env={"GRACEFUL_UNLOAD_TIMEOUT": "120"})
+def server(probe_app):
+    return probe_app(GRACEFUL_UNLOAD_TIMEOUT="120")
 
 
 def start_measure(server, model_id: str) -> tuple[threading.Thread, dict]:
@@ -82,8 +82,8 @@ def test_an_unload_stops_a_measurement_and_finishes_at_once(server):
         assert reply.status_code == 200, reply.text
 
 
-def test_a_measurement_past_its_time_bound_stops(server_factory, probe_model_dir):
-    bounded = server_factory(probe_model_dir, env={"PROBE_MEASURE_TIMEOUT_S": "1"})
+def test_a_measurement_past_its_time_bound_stops(probe_app):
+    bounded = probe_app(PROBE_MEASURE_TIMEOUT_S="1")
     with bounded.http(timeout=120) as http:
         began = time.monotonic()
         response = http.post(f"/api/models/{bounded.model_id}/probe-capacity/measure")

@@ -1,4 +1,4 @@
-"""A real server of its own (PROBE_MAX_ARMED 400): a behaviour of hundreds of probes arms in one call.
+"""An app of its own (PROBE_MAX_ARMED 400): a behaviour of hundreds of probes arms in one call.
 
 Parity for the set shares each distinct test vector's forward pass; a monitored request then reads
 one layer hook per hooked point and makes one device-to-host copy, however many probes are armed.
@@ -15,8 +15,8 @@ CHAT = [{"role": "user", "content": "Count the gulls on the harbour wall."}]
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, probe_model_dir):
-    return server_factory(probe_model_dir, env={"PROBE_MAX_ARMED": "400"})
+def server(probe_app):
+    return probe_app(PROBE_MAX_ARMED="400")
 
 
 @pytest.fixture(scope="module")
