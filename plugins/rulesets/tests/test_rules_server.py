@@ -1,6 +1,7 @@
-"""Rule signals on one real ``millm serve`` (a tiny model, the real engine): the PII set attached to an armed
-probe's behaviour reports beside the probe on a chat, on ``POST /api/probes/score`` and on Batch lines (the
-openai SDK's files and batches), and ``evaluate`` gives the set's dataset view (its veto and output columns)."""
+"""Rule signals on an app of their own, in-process (a tiny model, the real engine): the PII set attached to
+an armed probe's behaviour reports beside the probe on a chat, on ``POST /api/probes/score`` and on Batch
+lines (the openai SDK's files and batches), and ``evaluate`` gives the set's dataset view (its veto and
+output columns)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ WINDOWS = ["all", "prompt", "response"]
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, probe_model_dir, rulesets_env):
+def server(app_factory, probe_model_dir, rulesets_env):
     # a generous rule budget: on a loaded test machine a 20 ms budget can run out (rule_timeout) on one
     # request and not on the next, and these tests compare two requests' rule results
     env = {"MILLM_BATCH_CONCURRENCY": "1", "RULE_TIME_BUDGET_MS": "10000"}
-    return server_factory(probe_model_dir, env=rulesets_env(env))
+    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env=rulesets_env(env))
 
 
 @pytest.fixture(scope="module")
