@@ -57,8 +57,11 @@ class Stored:
     refs: int = 0  # index entries that lead here: none left, nothing can find it
 
     def __post_init__(self) -> None:
-        tensors = [*self.keys, *self.values, *self.residuals.values()]
-        self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.nbytes = _nbytes([*self.keys, *self.values, *self.residuals.values()])
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,10 @@ class PrefixCache:
         """Keep ``tokens``' keys and values (cloned: the batch goes on writing its own) under ``key``."""
         if len(tokens) < BLOCK:  # nothing a later lookup could find
             return
+        nbytes = _nbytes([*(k for k, _ in layers), *(v for _, v in layers), *residuals.values()])
+        self.token_bytes = max(self.token_bytes, -(-nbytes // len(tokens)))
+        if nbytes > self.capacity:  # measured before anything is cloned: a prompt too large costs no copy
+            return
         entry = Stored(
             key,
             tuple(tokens),
@@ -142,9 +149,6 @@ class PrefixCache:
             [v.clone() for _, v in layers],
             {tap: residual.clone() for tap, residual in residuals.items()},
         )
-        self.token_bytes = max(self.token_bytes, -(-entry.nbytes // len(tokens)))
-        if entry.nbytes > self.capacity:
-            return
         entry.hashes = chained(tokens, len(tokens) // BLOCK)
         self._lru[id(entry)] = entry
         self.used += entry.nbytes

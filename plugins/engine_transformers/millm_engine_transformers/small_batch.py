@@ -12,8 +12,8 @@ Which is faster depends on the CPU, the library and the shape, so nothing is ass
 fraction of a second), and a layer takes the column form only where it won by
 ``MARGIN``. What was chosen is kept per machine (CPU, torch, threads) in a file of the
 model cache, so later loads on the machine skip the timing and agree with the first.
-The two forms add the same products in another order: results agree to float32 rounding, as the batch's own shapes already make them (one row and two rows
-never ran the same kernel).
+The two forms add the same products in another order: results agree to float32 rounding,
+as the batch's own shapes already make them (one row and two rows never ran the same kernel).
 """
 
 from __future__ import annotations
@@ -91,11 +91,7 @@ def tune(model: torch.nn.Module, max_rows: int, kept: Path | None = None) -> dic
     shapes = {tuple(layer.weight.shape) for layer in layers}
     machine = f"{machine_key()} rows {max_rows}"
     earlier = _read(kept)
-    known = earlier.get(machine)
-    if not isinstance(known, dict) or not all(
-        isinstance(rows, list) and all(isinstance(r, int) for r in rows) for rows in known.values()
-    ):
-        known = {}  # none yet, or not what this module writes: timed again
+    known = earlier.get(machine, {})
     chosen = {shape: frozenset(known[_name(shape)]) for shape in shapes if _name(shape) in known}
     timed = shapes - chosen.keys()
     for shape in timed:
@@ -130,13 +126,22 @@ def _name(shape: tuple[int, ...]) -> str:
 
 
 def _read(path: Path | None) -> dict[str, dict[str, list[int]]]:
+    """The earlier choices by machine, those in the form ``tune`` writes (others are timed again)."""
     if path is None:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}  # none yet, or torn by a crash: timed again
-    return data if isinstance(data, dict) else {}
+        return {}  # none yet, or torn by a crash
+    if not isinstance(data, dict):
+        return {}
+    return {machine: known for machine, known in data.items() if _well_formed(known)}
+
+
+def _well_formed(known: object) -> bool:
+    return isinstance(known, dict) and all(
+        isinstance(rows, list) and all(isinstance(r, int) for r in rows) for rows in known.values()
+    )
 
 
 def _write(path: Path, data: dict[str, dict[str, list[int]]]) -> None:

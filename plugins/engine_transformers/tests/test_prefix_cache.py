@@ -10,6 +10,7 @@ within its bound, least recently used out first.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -157,18 +158,20 @@ def test_rows_reusing_prefixes_beside_cold_rows_compute_what_they_would_alone(wa
 
 
 def together(engine, prompt, count):
-    """``count`` generations of ``prompt`` started at once, each with its own read: (results, reads)."""
+    """``count`` generations of ``prompt``, each with its own read, admitted in one step (the model is
+    held until all of them wait): (results, reads)."""
     reads = [Reads() for _ in range(count)]
     results: list = [None] * count
-    start = threading.Barrier(count)
 
     def work(index):
-        start.wait()
         results[index] = generate(engine, prompt, hooks=[reads[index].hook])
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
+    with engine.batch.held():
+        for thread in threads:
+            thread.start()
+        while engine.batch.waiting < count:
+            time.sleep(0.01)
     for thread in threads:
         thread.join()
     return results, reads
