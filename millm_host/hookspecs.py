@@ -16,10 +16,10 @@ rendering, monitor); each spec ends with the policy it is called under.
 
 Threads: startup hooks run on the main thread before the server accepts
 connections. On the request path, ``validate_request``, ``before_tokenize`` and
-``after_tokenize`` run off the event loop in one hop to the text thread, around
-tokenizing, when the request's model is serving and its engine's ``concurrent_text``
-allows it; otherwise ``validate_request`` runs on a worker thread before any load,
-and the other two on the text thread (or the engine thread and a worker thread),
+``after_tokenize`` run off the event loop in one hop around tokenizing: on the text
+thread, or the engine thread for an engine without ``concurrent_text``. When the
+request's model is still to load, ``validate_request`` runs on a worker thread
+before the load and the other two in that hop after it.
 ``before_forward`` and ``after_generate`` run on the engine thread, and
 ``render_headers`` and ``response_extras`` run on the event loop and must not block.
 When the engine batches generations (``Engine.concurrent_generation``: continuous
@@ -246,10 +246,10 @@ def validate_request(ctx: RequestView) -> None:
     """Refuse what this plugin cannot honour, before any model load.
 
     Called once per request off the event loop after the host validated the
-    protocol and the fields: on the text thread, just before ``before_tokenize``,
-    when the model is serving (keep it short: other requests' tokenizing waits
-    behind it; a database read is fine), else on a worker thread before the model
-    loads. Raise a ``MillmError`` (400 with the field as ``param``) to refuse; return
+    protocol and the fields: on the text thread (the engine thread for an engine
+    without ``concurrent_text``), just before ``before_tokenize``, when the model is
+    serving (keep it short: other requests' tokenizing waits behind it; a database
+    read is fine), else on a worker thread before the model loads. Raise a ``MillmError`` (400 with the field as ``param``) to refuse; return
     nothing otherwise. ``ctx.engine`` is not set.
 
     Policy: request (``millm_host.hookcalls``): the first error propagates as the
@@ -280,8 +280,8 @@ def after_tokenize(ctx: RequestView) -> None:
     """The model is resident, ``ctx.prompts`` holds the token ids and ``ctx.sampling`` is settled.
 
     Called once per request right after tokenizing, in the same hop: on the text
-    thread (another request's tokenizing waits behind it: keep it short), or on a
-    worker thread for an engine without ``concurrent_text``; before the request
+    thread (another request's tokenizing waits behind it: keep it short), or on the
+    engine thread for an engine without ``concurrent_text``; before the request
     queues and before a stream's ``200``: the last point to refuse with an HTTP status.
 
     Policy: request (``millm_host.hookcalls``): the first error propagates as the

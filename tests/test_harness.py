@@ -13,6 +13,7 @@ from millm_host.hookspecs import hookimpl
 from millm_host.testing import AppServer, assert_error, chat, chat_body, stream_post
 from millm_host.testing.conformance import EngineConformance
 from millm_host.testing.echo import SPEC, EchoEngine, describe, echo_model_dir
+from millm_host.testing.hops import Recorder, count_dispatches
 
 
 class TestEchoEngine(EngineConformance):
@@ -67,45 +68,6 @@ def test_log_lines_are_collected(echo_app):
     with echo_app.http() as http:
         chat(http, "echo", max_tokens=1, harness_marker_field=1)
     assert "harness_marker_field" in echo_app.log()
-
-
-class Recorder:
-    """A plugin object that records which request-path hooks ran, in order, on which thread."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def _seen(self, name: str) -> None:
-        self.calls.append((name, threading.current_thread().name))
-
-    @hookimpl
-    def validate_request(self, ctx):
-        self._seen("validate_request")
-
-    @hookimpl
-    def before_tokenize(self, ctx):
-        self._seen("before_tokenize")
-
-    @hookimpl
-    def after_tokenize(self, ctx):
-        self._seen("after_tokenize")
-
-    @hookimpl
-    def before_forward(self, ctx):
-        self._seen("before_forward")
-
-    @hookimpl
-    def after_generate(self, ctx):
-        self._seen("after_generate")
-
-    @hookimpl
-    def render_headers(self, ctx):
-        self._seen("render_headers")
-        return {"X-Recorded": str(len(self.calls))}
-
-    @hookimpl
-    def response_extras(self, ctx):
-        self._seen("response_extras")
 
 
 def test_a_registered_plugin_object_sees_the_request_path_in_order(app_factory):
@@ -186,24 +148,37 @@ def test_requests_waiting_on_the_engine_leave_the_event_loop_idle(app_factory):
     assert spent < 0.2, f"the event loop thread used {spent:.2f} s of CPU in 1 s while every request waited"
 
 
-@pytest.mark.parametrize("concurrent_text, expected", [(True, 2), (False, 4)])
-def test_one_chat_s_hand_offs_are_counted(app_factory, monkeypatch, concurrent_text, expected):
+@pytest.mark.parametrize("concurrent_text", [True, False])
+def test_one_chat_s_hand_offs_are_counted(app_factory, monkeypatch, concurrent_text):
     """How many times one small chat's work leaves the event loop before its answer is rendered
-    (docs/ARCHITECTURE.md draws them): validate_request on a worker, the template, the tokenizer and
-    after_tokenize in one hop to the text thread, the generation on the engine's. An engine without
-    ``concurrent_text`` tokenizes on its engine thread and runs after_tokenize on a worker: one more.
-    Issue 37 asks for two; this keeps the count honest."""
+    (docs/ARCHITECTURE.md draws them): validate_request, the template, the tokenizer and after_tokenize
+    in one hop to the text thread (the engine thread for an engine without ``concurrent_text``), the
+    generation on the engine's. Issue 37 asks for two; this keeps the count honest, from both the
+    threads the hooks ran on and the work the scheduler was handed."""
     monkeypatch.setattr(EchoEngine, "concurrent_text", concurrent_text)
     recorder = Recorder()
     app = app_factory(register=[recorder])
+    dispatched = count_dispatches(monkeypatch, app.host.scheduler)
     with app.http() as http:
         assert chat(http, "echo", max_tokens=2).status_code == 200
-    loop = "millm-test-loop"
-    hand_offs, previous = 0, loop
-    for _, thread in recorder.calls:  # the hooks of one hop run on one thread; the next hop's on another
-        hand_offs += thread not in (previous, loop)
-        previous = thread
-    assert hand_offs == expected, recorder.calls
+    text_hop = "run_text" if concurrent_text else "run"
+    assert dispatched == [text_hop, "submit"], dispatched
+    expected = ["millm-text", "millm-engine"] if concurrent_text else ["millm-engine"]
+    assert recorder.threads_off_the_loop() == expected, recorder.calls
+
+
+def test_a_chat_that_loads_its_model_takes_one_hand_off_more(app_factory, monkeypatch):
+    """A model to load: validate_request first, on a worker (a refused request never starts a load), then
+    the load, then the same two hops as on the serving model."""
+    monkeypatch.setattr(EchoEngine, "concurrent_text", True)
+    recorder = Recorder()
+    app = app_factory(register=[recorder])
+    with app.http() as http:
+        assert http.post("/api/models/echo/unload").status_code == 200
+        dispatched = count_dispatches(monkeypatch, app.host.scheduler)
+        assert chat(http, "echo", max_tokens=2).status_code == 200
+    assert dispatched == ["run", "run_text", "submit"], dispatched  # the load, the text hop, the generation
+    assert recorder.threads_off_the_loop() == ["asyncio", "millm-text", "millm-engine"], recorder.calls
 
 
 class Rebinder:

@@ -11,13 +11,12 @@ Batch API) can call ``handle`` the same way.
 Threads: the context is built on the event loop for a body of at most
 ``INLINE_BODY_BYTES`` (a larger one on a worker thread: work in proportion to the
 body never blocks the event loop). For the model that is serving, one hop to the
-text thread runs ``validate_request``, the render, tokenizing, the checks and
-``after_tokenize``; the engine work is the second hop (two hand-offs per request,
-``tests/test_harness.py`` counts them). A model still to load, or an engine without
-``concurrent_text``, takes more: ``validate_request`` on a worker first (a refused
-request starts no load), then tokenizing on the text thread (or the engine thread,
-the checks on the event loop, ``after_tokenize`` on a worker). Everything else runs
-on the event loop.
+text thread (the engine thread for an engine without ``concurrent_text``) runs
+``validate_request``, the render, tokenizing, the checks and ``after_tokenize``;
+the engine work is the second hop (two hand-offs per request,
+``tests/test_harness.py`` counts them). A model still to load takes one more:
+``validate_request`` on a worker first (a refused request starts no load), then
+the same hop without it. Everything else runs on the event loop.
 """
 
 from __future__ import annotations
@@ -261,42 +260,36 @@ class Serving:
         """
         host = self.host
         lease = None if BACKGROUND.get() else host.registry.lease_if_serving(ctx.entry)
-        if lease is not None and lease.engine.concurrent_text:
-            # The model serves and its tokenizer runs beside generation: the queue place at once (a full
-            # queue refuses before any work), then one hop to the text thread validates, renders,
-            # tokenizes and checks.
+        if lease is not None:
+            # The model serves: the queue place at once (a full queue refuses before any work), then one
+            # hop validates, renders, tokenizes and checks.
             admission = await admit_leased(host, lease)
             try:
-                await host.scheduler.run_text(
-                    self._validate_and_tokenize, ctx, admission.engine, cancel=ctx.cancel_event
-                )
+                await self._text_hop(admission, self._validate_and_tokenize, ctx, admission.engine)
             except BaseException:
                 admission.release()
                 raise
             return admission
-        if lease is not None:
-            lease.release()
-        # A model to load (a refused request must not start one), an engine whose text work runs on its
-        # own thread, or background work (a batch line waits for its place without holding the model):
-        # validate first, on a worker.
+        # A model to load (a refused request must not start one), or background work (a batch line waits
+        # for its place without holding the model): validate first, on a worker.
         await asyncio.to_thread(self.validate, ctx)
         if ctx.cancel_event.is_set():  # its client has gone: it never takes a queue place
             raise RequestCancelled()
         admission = await admit(host, ctx.entry, ctx.cancel_event)  # a client that leaves stops waiting for a load
         try:
             ctx.engine = admission.engine
-            if ctx.engine.concurrent_text:
-                # One hop to the text thread: a refusal that needs only the tokenizer (context_length_exceeded)
-                # never waits behind a running generation, and the checks after it cost no hop of their own.
-                await host.scheduler.run_text(self._tokenize_and_check, ctx, cancel=ctx.cancel_event)
-            else:  # the engine thread tokenizes; after_tokenize may touch the database: not on the model's thread
-                await admission.run(self._render_and_tokenize, ctx, cancel=ctx.cancel_event)
-                self.check(ctx)
-                await asyncio.to_thread(hookcalls.request, host.pm, "after_tokenize", ctx=ctx)
+            await self._text_hop(admission, self._tokenize_and_check, ctx)
         except BaseException:
             admission.release()
             raise
         return admission
+
+    async def _text_hop(self, admission: Admission, fn: Callable[..., None], ctx: RequestContext, *args: Any) -> None:
+        """``fn(ctx, *args)`` in one hop: on the text thread when the engine's text methods may run beside a
+        generation (a refusal that needs only the tokenizer never waits behind one), else on its engine
+        thread, the plugin hooks of the hop with it."""
+        run = self.host.scheduler.run_text if admission.engine.concurrent_text else admission.run
+        await run(fn, ctx, *args, cancel=ctx.cancel_event)
 
     def _validate_and_tokenize(self, ctx: RequestContext, engine: Engine) -> None:
         """On the text thread, for the serving model: plugins' ``validate_request`` (which sees no engine,
@@ -306,7 +299,7 @@ class Serving:
         self._tokenize_and_check(ctx)
 
     def _tokenize_and_check(self, ctx: RequestContext) -> None:
-        """On the text thread: render and tokenize, the host's checks, then plugins' ``after_tokenize``."""
+        """On the text (or engine) thread: render and tokenize, the host's checks, then plugins' ``after_tokenize``."""
         self._render_and_tokenize(ctx)
         self.check(ctx)
         hookcalls.request(self.host.pm, "after_tokenize", ctx=ctx)

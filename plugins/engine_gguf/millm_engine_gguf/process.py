@@ -155,6 +155,10 @@ def _child_environment() -> dict[str, str]:
 class ProcessEngine(GGUFTextEngine):
     """A GGUF model whose llama.cpp lives in a child process (see the module docstring)."""
 
+    #: The text methods read the vocabulary loaded here, never the child: the host tokenizes on its
+    #: text thread while a generation runs (one hop before the generation, not three).
+    concurrent_text = True
+
     def __init__(
         self,
         descriptor: ModelDescriptor,

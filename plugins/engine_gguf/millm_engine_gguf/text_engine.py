@@ -58,7 +58,8 @@ class GGUFTextEngine(Engine):
         """From the longest piece in the vocabulary (``token_floor``), found on the first call (reading every
         piece of a 150,000-token vocabulary takes about a tenth of a second: not at load)."""
         if not self._token_floor_read:
-            self._token_floor, self._token_floor_read = TokenFloor.of(self.vocab.vocab, self.vocab.size), True
+            with self.vocab.in_use():
+                self._token_floor, self._token_floor_read = TokenFloor.of(self.vocab.vocab, self.vocab.size), True
         floor = self._token_floor
         return 0 if floor is None else floor.tokens(texts)
 
@@ -107,5 +108,6 @@ class GGUFTextEngine(Engine):
         return list(prompt_ids), vectors
 
     def close_text(self) -> None:
-        """Free the vocabulary's model (after everything else)."""
+        """Free the vocabulary's model (after everything else, and once no thread reads it)."""
+        self.vocab.retire()
         self._text_model.close()

@@ -3,25 +3,57 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import llama_cpp
 
-from millm_host.api import InvalidParameter, free_later
+from millm_host.api import InvalidParameter, ModelNotLoaded, free_later
 
 #: Ids one C call copies out of llama.cpp's buffer (about a quarter of a millisecond).
 COPY_SLICE = 16384
 
 
 class Vocab:
-    """One model's vocabulary: each token's bytes, read once and kept."""
+    """One model's vocabulary: each token's bytes, read once and kept.
+
+    Its C calls may run on several threads at once (the text thread tokenizes while a
+    generation decodes), as llama-server's HTTP threads tokenize beside its decode loop.
+    ``retire`` waits for the calls under way before the model that owns the vocabulary is
+    freed, and refuses later ones: an unload must not free it under a request's tokenizing.
+    """
 
     def __init__(self, model: llama_cpp.llama_model_p) -> None:
         self._vocab = self.vocab = llama_cpp.llama_model_get_vocab(model)
         self.size = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
         self._special: dict[int, bytes] = {}
+        self._calls = threading.Condition()
+        self._in_use = 0
+        self._retired = False
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While the caller reads llama.cpp's vocabulary: ``retire`` waits for it to end."""
+        with self._calls:
+            if self._retired:
+                raise ModelNotLoaded("the model was unloaded while this request read its vocabulary")
+            self._in_use += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._in_use -= 1
+                if not self._in_use:
+                    self._calls.notify_all()
+
+    def retire(self) -> None:
+        """Refuse new calls and wait for those under way: the vocabulary's model may then be freed."""
+        with self._calls:
+            self._retired = True
+            self._calls.wait_for(lambda: not self._in_use)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes ``token`` stands for; a control token is empty unless ``special``."""
@@ -37,7 +69,8 @@ class Vocab:
         capacity = len(data) + 8  # a token covers at least one byte, beside the few specials added
         while True:
             buffer = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
+            with self.in_use():
+                n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, True)
             if n >= 0:
                 return _copied(buffer, n)
             capacity = -n  # too small: llama.cpp says how much it needs
@@ -52,7 +85,8 @@ class Vocab:
         size = 32
         while True:
             buffer = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, size, 0, special)
+            with self.in_use():
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, size, 0, special)
             if n >= 0:
                 return buffer.raw[:n]
             size = -n  # too small: llama.cpp says how much it needs
