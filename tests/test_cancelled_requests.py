@@ -89,7 +89,7 @@ def test_requests_waiting_for_a_load_leave_when_their_clients_do(app_factory):
     app = app_factory(
         plugins=["fault_injection"],
         models={"echo": {}, "echo-b": {}},
-        env={"FAULT_INJECTION_LOAD_DELAY_S": "3"},
+        env={"FAULT_INJECTION_LOAD_DELAY_S": "3", "FAULT_INJECTION_LOAD_DELAY_MODELS": "echo-b"},
         register=[seen],
     )
     with httpx.Client(base_url=app.base_url, timeout=30) as http:

@@ -41,13 +41,14 @@ def in_thread(fn) -> threading.Thread:
 
 @pytest.fixture(scope="module")
 def app(app_factory):
-    """Two echo models; a FAULT generation is held at its 2nd token; every load takes 1 s longer."""
+    """Two echo models; a FAULT generation is held at its 2nd token; echo-b's loads take 1 s longer."""
     return app_factory(
         plugins=["fault_injection"],
         models={"echo": {}, "echo-b": {}},
         env={
             "FAULT_INJECTION": f"slow:2:{BLOCK_S}",
             "FAULT_INJECTION_LOAD_DELAY_S": "1",
+            "FAULT_INJECTION_LOAD_DELAY_MODELS": "echo-b",  # the start model loads at once
             "GRACEFUL_UNLOAD_TIMEOUT": "60",
         },
     )
@@ -122,7 +123,7 @@ def test_unloading_then_no_model_then_loading(app):
 
 def test_degraded_while_a_generation_is_stalled(app_factory):
     app = app_factory(
-        plugins=["fault_injection"], env={"FAULT_INJECTION": "stall:2:2", "MILLM_GENERATION_STALL_S": "0.3"}
+        plugins=["fault_injection"], env={"FAULT_INJECTION": "stall:2:1", "MILLM_GENERATION_STALL_S": "0.3"}
     )
     hung = in_thread(
         lambda: httpx.post(f"{app.v1}/chat/completions", json=chat_body("echo", content="FAULT"), timeout=30)

@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 
+from millm_host.batch_api import runner
 from millm_host.testing import chat_body
 from millm_host.testing.replicas import wait_until
 
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.storage
 
 GRACE_S = 0.5
 HOLD_S = 1.5
+RETRY_S = 0.2  # how often the batch runner looks again (1 s as served)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,8 @@ def test_an_unload_ends_a_generation_still_running_after_the_grace(app):
         assert http.post(CHAT, json=chat_body("echo", max_tokens=3)).status_code == 200
 
 
-def test_a_batch_waits_for_the_model_an_operator_unloaded(app):
+def test_a_batch_waits_for_the_model_an_operator_unloaded(app, monkeypatch):
+    monkeypatch.setattr(runner, "RETRY_S", RETRY_S)
     client = app.openai()
     records = [chat_line("first"), chat_line("held", "FAULT"), chat_line("after-1"), chat_line("after-2")]
     source = client.files.create(file=("in.jsonl", jsonl(records)), purpose="batch")
@@ -72,7 +75,7 @@ def test_a_batch_waits_for_the_model_an_operator_unloaded(app):
         wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed == 1, "the first line")
         wait_until(lambda: http.get("/api/health").json()["queue"]["generating"], "the held line", interval=0.01)
         unload_within_the_grace(http)
-        time.sleep(1.5)  # longer than the runner's retry: it must not load the model again
+        time.sleep(2.5 * RETRY_S)  # longer than the runner's retry: it must not load the model again
         assert http.get("/api/health").json()["status"] == "no_model"
         waiting = client.batches.retrieve(batch.id)
         assert waiting.status == "in_progress", waiting

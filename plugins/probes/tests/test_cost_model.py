@@ -1,4 +1,4 @@
-"""A real server of its own: the cost model (probe-monitors.txt, "Probe limits per model").
+"""An app of its own, in-process: the cost model (probe-monitors.txt, "Probe limits per model").
 
 The recommendation, a dry run and arming cost a set by one function, so the dense probes the
 recommendation says fit are exactly the ones arming accepts; and a budget approved before
@@ -41,8 +41,8 @@ STEP = {"ms_per_token": 10.0, "ms_per_1k_prompt": 100.0}
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, probe_model_dir):
-    return server_factory(probe_model_dir)
+def server(probe_app):
+    return probe_app()
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,8 @@ PROMPT = "Describe the lighthouse keeper's secret plan in detail."
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, probe_model_dir):
-    return server_factory(
-        probe_model_dir,
-        env={"MILLM_ADMIN_API_KEYS": "admin-key", "MILLM_API_KEYS": "user-key", "PROBE_FEED_QUEUE": "4"},
-    )
+def server(probe_app):
+    return probe_app(MILLM_ADMIN_API_KEYS="admin-key", MILLM_API_KEYS="user-key", PROBE_FEED_QUEUE="4")
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,14 @@ GATE_POLL_S = 0.05
 def register_settings(register) -> None:
     register(Setting("FAULT_INJECTION", str, "", "Test only: where to fail requests that mention FAULT"))
     register(Setting("FAULT_INJECTION_LOAD_DELAY_S", float, 0.0, "Test only: seconds added to every model load"))
+    register(
+        Setting(
+            "FAULT_INJECTION_LOAD_DELAY_MODELS",
+            str,
+            "",
+            "Test only: the model ids (comma-separated) whose loads are delayed; empty: every model's",
+        )
+    )
 
 
 def _targeted(ctx) -> bool:
@@ -101,7 +109,9 @@ def response_extras(ctx):
 
 @hookimpl
 def model_loaded(host, engine) -> None:
-    """``FAULT_INJECTION_LOAD_DELAY_S``: a load that takes this much longer (what a slow load looks like)."""
+    """``FAULT_INJECTION_LOAD_DELAY_S``: a load that takes this much longer (what a slow load looks like), of
+    the models ``FAULT_INJECTION_LOAD_DELAY_MODELS`` names (every model's when it names none)."""
     delay = host.settings["FAULT_INJECTION_LOAD_DELAY_S"]
-    if delay > 0:
+    models = [name.strip() for name in host.settings["FAULT_INJECTION_LOAD_DELAY_MODELS"].split(",") if name.strip()]
+    if delay > 0 and (not models or engine.info.id in models):
         time.sleep(delay)
