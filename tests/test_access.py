@@ -27,10 +27,13 @@ def sae_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def guarded(server_factory, tiny_model_dir, sae_root):
-    """A server with both kinds of keys, one CORS origin and its own SAE directory."""
-    return server_factory(
-        tiny_model_dir,
+def guarded(app_factory, tiny_model_dir, sae_root):
+    """An app with every installed plugin on the tiny model, in-process, with both kinds of keys, one CORS
+    origin and its own SAE directory."""
+    return app_factory(
+        plugins="all",
+        models={},
+        model=str(tiny_model_dir),
         env={
             "MILLM_API_KEYS": f"{USER_KEY},second-user-key",
             "MILLM_ADMIN_API_KEYS": ADMIN_KEY,

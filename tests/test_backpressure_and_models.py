@@ -1,8 +1,8 @@
 """The bounded queue, disconnects, and model management (load on demand, graceful unload, refusals).
 
 Loads, refusals and listings run in-process on echo models; the queue, disconnects
-and the graceful unload, which need a request that runs for a long time, on tiny
-models in a real server.
+and the graceful unload, which need a request that runs for a long time, in-process
+on tiny models with the transformers engine.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ def models_dir(tmp_path_factory, long_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, long_model, models_dir):
-    return server_factory(
-        long_model, env={"MILLM_QUEUE_MAX": "0", "MILLM_MODELS_DIR": str(models_dir), "GRACEFUL_UNLOAD_TIMEOUT": "60"}
-    )
+def server(app_factory, long_model, models_dir):
+    env = {"MILLM_QUEUE_MAX": "0", "MILLM_MODELS_DIR": str(models_dir), "GRACEFUL_UNLOAD_TIMEOUT": "60"}
+    return app_factory(plugins=["engine_transformers"], models={}, model=str(long_model), env=env)
 
 
 class LongStream:

@@ -1,6 +1,6 @@
 """Requests whose clients leave while they wait for the batch never enter it (issue 35 §2).
 
-A real ``millm serve`` on the tiny model, continuous batching, with the fault-injection
+The tiny model served in-process (``tiny_app``), continuous batching, with the fault-injection
 plugin: a FAULT stream holds the batch thread at its 2nd token (one very long step).
 Streams opened behind it, and non-streamed requests, wait for the batch; their clients
 leave. They leave the queue at once, though the batch thread is still held, and when it
@@ -23,9 +23,9 @@ DROPS = 6
 
 
 @pytest.fixture(scope="module")
-def server(server_factory, tiny_model_dir):
+def server(tiny_app):
     env = {"MILLM_BATCHING": "continuous", "FAULT_INJECTION": f"slow:2:{BLOCK_S}", "MILLM_QUEUE_MAX": "16"}
-    return server_factory(tiny_model_dir, env=env)
+    return tiny_app(("fault_injection",), **env)
 
 
 def inference(server) -> dict:
