@@ -36,7 +36,7 @@ def models_dir(tmp_path_factory, long_model) -> Path:
 @pytest.fixture(scope="module")
 def server(app_factory, long_model, models_dir):
     env = {"MILLM_QUEUE_MAX": "0", "MILLM_MODELS_DIR": str(models_dir), "GRACEFUL_UNLOAD_TIMEOUT": "60"}
-    return app_factory(plugins=["engine_transformers"], models={}, model=str(long_model), env=env)
+    return app_factory(plugins=["engine_transformers"], checkpoint=long_model, env=env)
 
 
 class LongStream:

@@ -27,7 +27,7 @@ def bos_model():
 
 def transformers_app(app_factory, model):
     """The app in this process, serving ``model`` with the transformers engine."""
-    return app_factory(plugins=["engine_transformers"], models={}, model=str(model))
+    return app_factory(plugins=["engine_transformers"], checkpoint=model)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ ENV = {"DETECTOR_EXAMPLE_ENABLED": "true", "DETECTOR_EXAMPLE_LAYER": "1"}
 @pytest.fixture(scope="module")
 def servers(app_factory, tiny_model_dir):
     plugins = ["engine_transformers", "detector_example"]
-    serial = app_factory(plugins=plugins, models={}, model=str(tiny_model_dir), env=ENV)
+    serial = app_factory(plugins=plugins, checkpoint=tiny_model_dir, env=ENV)
     batched = app_factory(
         plugins=plugins,
         models={},

@@ -182,7 +182,7 @@ def default_server(server_factory) -> ServerProcess:
 def app_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., AppServer]]:
     """Start in-process apps (``AppServer``) on the echo engine; all are stopped at the end of the session.
 
-    ``app_factory(env={...}, plugins=[...], models={...})`` returns a started app
+    ``app_factory(env={...}, plugins=[...], models={...})`` (or ``checkpoint=<model dir>``) returns a started app
     with its own data directory; see ``AppServer`` for the arguments.
     """
     started: list[AppServer] = []

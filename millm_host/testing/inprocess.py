@@ -64,11 +64,15 @@ class AppServer(LoopbackClients):
         model: str | None = ECHO_MODEL,
         wait_for: str | None = "ok",
         register: Iterable[object] = (),
+        checkpoint: Path | None = None,
     ) -> None:
         """``models`` maps echo model names to ``echo_model_dir`` options (default: one ``echo``);
-        ``model`` is the start model, an id or a path (a tiny checkpoint directory with
-        ``plugins=["engine_transformers"]`` serves it with the real engine, in-process);
+        ``model`` is the start model, an id or a path; ``checkpoint``, a model directory, serves it
+        instead of any echo model (a tiny checkpoint with ``plugins=["engine_transformers"]`` or
+        ``"all"``: the real engine, in-process);
         ``register`` adds plugin objects (modules, classes or instances with hookimpls) for this app only."""
+        if checkpoint is not None:
+            models, model = {}, str(checkpoint)
         self.data_dir = Path(data_dir)
         self.models_dir = self.data_dir / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,7 @@ def refused(reply, reason: str) -> None:
 
 
 def in_process(app_factory, model_dir, env):
-    return app_factory(plugins=["engine_transformers"], models={}, model=str(model_dir), env=env)
+    return app_factory(plugins=["engine_transformers"], checkpoint=model_dir, env=env)
 
 
 def test_a_gpu_copy_of_a_cpu_model_is_refused_with_device(app_factory, bf16_model_dir):

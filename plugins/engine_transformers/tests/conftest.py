@@ -23,6 +23,6 @@ def tiny_app(app_factory, tiny_model_dir) -> Callable[..., object]:
     engine and ``plugins`` besides (real HTTP on a loopback port, no process to start), its settings from ``env``."""
 
     def start(plugins: tuple[str, ...] = (), **env: str) -> object:
-        return app_factory(plugins=["engine_transformers", *plugins], models={}, model=str(tiny_model_dir), env=env)
+        return app_factory(plugins=["engine_transformers", *plugins], checkpoint=tiny_model_dir, env=env)
 
     return start

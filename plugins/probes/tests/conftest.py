@@ -335,7 +335,7 @@ def sae_dir(tmp_path_factory) -> Path:
 def probe_app(app_factory, probe_model_dir) -> Callable[..., Any]:
     """``probe_app(**env)``: an app of a test module's own, in-process, as ``probes_server`` is (every
     installed plugin, the transformers engine, the probe model), with the settings ``env`` gives."""
-    return lambda **env: app_factory(plugins="all", models={}, model=str(probe_model_dir), env=env)
+    return lambda **env: app_factory(plugins="all", checkpoint=probe_model_dir, env=env)
 
 
 @pytest.fixture(scope="session")

@@ -190,7 +190,7 @@ def test_session_list_pages_and_filters(probes_server, armed, model_id):
 @pytest.fixture(scope="module")
 def ungrouped(app_factory, probe_model_dir, identity, lab, helpers):
     """An app with sessions off (PROBE_SESSIONS=false) and one armed probe."""
-    app = app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"PROBE_SESSIONS": "false"})
+    app = app_factory(plugins="all", checkpoint=probe_model_dir, env={"PROBE_SESSIONS": "false"})
     with app.http() as http:
         probe = helpers.import_probe(http, lab.definition(identity, name="ungrouped", threshold=-1e9, seed=9))
         helpers.arm(http, probe["id"])

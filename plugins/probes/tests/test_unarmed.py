@@ -12,7 +12,7 @@ CHAT = [{"role": "user", "content": "Tell me a short story about a lighthouse ke
 @pytest.fixture(scope="module")
 def plain_server(app_factory, probe_model_dir):
     """The same model in an app without the probes plugin (in-process, like ``probes_server``)."""
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env={"MILLM_DISABLE_PLUGINS": "probes"})
+    return app_factory(plugins="all", checkpoint=probe_model_dir, env={"MILLM_DISABLE_PLUGINS": "probes"})
 
 
 def exchange(server, model_id: str, **extra) -> tuple[str, dict[str, str]]:

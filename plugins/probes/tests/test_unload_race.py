@@ -30,7 +30,7 @@ VECTOR_S = 0.3  # each vector's check, held on the engine thread
 def server(app_factory, probe_model_dir):
     """Every installed plugin on the transformers engine, in-process (the test reaches into parity)."""
     env = {"GRACEFUL_UNLOAD_TIMEOUT": str(GRACE_S)}
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env=env)
+    return app_factory(plugins="all", checkpoint=probe_model_dir, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ WINDOWS = ["all", "prompt", "response"]
 
 @pytest.fixture(scope="module")
 def server(app_factory, probe_model_dir, rulesets_env):
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env=rulesets_env())
+    return app_factory(plugins="all", checkpoint=probe_model_dir, env=rulesets_env())
 
 
 @pytest.fixture(scope="module")

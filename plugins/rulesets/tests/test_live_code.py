@@ -43,7 +43,7 @@ def server(app_factory, probe_model_dir, rulesets_env):
     # little fuel, a long wall time: the loop runs out of fuel (rule_resource_limit) well before its wall time,
     # even on a loaded machine (with the defaults, 200 ms of wall could end it first: rule_timeout)
     env = rulesets_env({"RULE_CODE_FUEL": "2000000", "RULE_CODE_CALL_WALL_MS": "5000"})
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env=env)
+    return app_factory(plugins="all", checkpoint=probe_model_dir, env=env)
 
 
 @pytest.fixture(scope="module")

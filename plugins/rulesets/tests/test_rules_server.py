@@ -23,7 +23,7 @@ def server(app_factory, probe_model_dir, rulesets_env):
     # a generous rule budget: on a loaded test machine a 20 ms budget can run out (rule_timeout) on one
     # request and not on the next, and these tests compare two requests' rule results
     env = {"MILLM_BATCH_CONCURRENCY": "1", "RULE_TIME_BUDGET_MS": "10000"}
-    return app_factory(plugins="all", models={}, model=str(probe_model_dir), env=rulesets_env(env))
+    return app_factory(plugins="all", checkpoint=probe_model_dir, env=rulesets_env(env))
 
 
 @pytest.fixture(scope="module")

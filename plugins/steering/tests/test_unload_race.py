@@ -25,7 +25,7 @@ CONVERT_S = 1.5
 @pytest.fixture(scope="module")
 def server(app_factory, tiny_model_dir, sae_root):
     env = {"MILLM_SAE_DIRS": str(sae_root), "GRACEFUL_UNLOAD_TIMEOUT": str(GRACE_S)}
-    return app_factory(plugins="all", models={}, model=str(tiny_model_dir), env=env)
+    return app_factory(plugins="all", checkpoint=tiny_model_dir, env=env)
 
 
 def test_an_unload_while_an_sae_attaches(server, sae_dir, monkeypatch):
