@@ -52,12 +52,9 @@ class Stored:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     residuals: Mapping[Tap, torch.Tensor]  # tap -> [n, d_model]
-    nbytes: int = 0
+    nbytes: int  # of the tensors above, measured once before they were cloned
     hashes: list[int] = field(default_factory=list)  # the chained hash after each whole block
     refs: int = 0  # index entries that lead here: none left, nothing can find it
-
-    def __post_init__(self) -> None:
-        self.nbytes = _nbytes([*self.keys, *self.values, *self.residuals.values()])
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -148,8 +145,9 @@ class PrefixCache:
             [k.clone() for k, _ in layers],
             [v.clone() for _, v in layers],
             {tap: residual.clone() for tap, residual in residuals.items()},
+            nbytes,
+            chained(tokens, len(tokens) // BLOCK),
         )
-        entry.hashes = chained(tokens, len(tokens) // BLOCK)
         self._lru[id(entry)] = entry
         self.used += entry.nbytes
         for running in entry.hashes:  # the newest leads: it has the residuals its own reads needed
