@@ -9,6 +9,8 @@ Runs in-process on the echo engine.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -97,3 +99,23 @@ def test_a_client_that_is_gone_cancels_the_request_on_every_endpoint(echo_app, e
     with pytest.raises(ClientDisconnected):
         handle(echo_app, endpoint, body, gone=gone)
     assert echo_app.host.scheduler.admitted == 0, "the queue place is freed"
+
+
+def test_a_client_that_leaves_while_its_prompt_is_tokenized_never_reaches_the_engine(echo_app, monkeypatch):
+    serving = echo_app.host.serving["completions"]
+    tokenizing, ran = threading.Event(), []
+    tokenize = serving._tokenize_and_check
+
+    def slow_tokenize(ctx):  # the client leaves during the text hop; the hop itself still ends normally
+        tokenizing.set()
+        assert ctx.cancel_event.wait(5)
+        tokenize(ctx)
+
+    async def gone() -> None:
+        await asyncio.to_thread(tokenizing.wait, 5)
+
+    monkeypatch.setattr(serving, "_tokenize_and_check", slow_tokenize)
+    monkeypatch.setattr(serving, "run", lambda ctx: ran.append(ctx))
+    with pytest.raises(ClientDisconnected):
+        handle(echo_app, "completions", {"prompt": "hello", "max_tokens": 3}, gone=gone)
+    assert ran == [] and echo_app.host.scheduler.admitted == 0

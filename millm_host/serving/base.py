@@ -290,6 +290,8 @@ class Serving:
         thread, the plugin hooks of the hop with it."""
         run = self.host.scheduler.run_text if admission.engine.concurrent_text else admission.run
         await run(fn, ctx, *args, cancel=ctx.cancel_event)
+        if ctx.cancel_event.is_set():  # its client left while the hop ran: nothing more is done for it
+            raise RequestCancelled()
 
     def _validate_and_tokenize(self, ctx: RequestContext, engine: Engine) -> None:
         """On the text thread, for the serving model: plugins' ``validate_request`` (which sees no engine,
