@@ -28,8 +28,11 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one module. Playwright's sync API runs an event loop on this thread while it is
+    open, so any later ``asyncio.run`` here fails: the loop must end with the module, not hold the
+    rest of the session (where another test file runs after this one on the same process)."""
     executable = chromium_path()
     if executable is None:
         pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does it)")
