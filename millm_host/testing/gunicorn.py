@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -54,6 +56,24 @@ def wait_ready(base: str, in_a_row: int = 8, attempts: int = 1200) -> str:
             ready = 0
             time.sleep(0.1)
     raise AssertionError("the workers never became ready")
+
+
+def until_every_worker(base: str, count: int, ok: Callable[[dict[str, Any]], bool], timeout: float = 60) -> None:
+    """Wait until ``count`` workers, told apart by their replica id, have each answered an ``/api/health``
+    that ``ok`` accepts. Eight new connections at once, so the kernel spreads them over the workers: one at
+    a time, one idle worker may take every connection while the other has not caught up."""
+
+    def health(_: int) -> dict[str, Any]:
+        return httpx.get(f"{base}/api/health", timeout=10).json()
+
+    good: set[str] = set()
+    deadline = time.monotonic() + timeout
+    with ThreadPoolExecutor(8) as pool:
+        while len(good) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {len(good)} of {count} workers got there in {timeout:g} s")
+            good |= {report["replica"]["id"] for report in pool.map(health, range(8)) if ok(report)}
+            time.sleep(0.1)
 
 
 @contextmanager

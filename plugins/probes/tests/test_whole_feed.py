@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from websockets.sync.client import connect
 
-from millm_host.testing.gunicorn import workers
+from millm_host.testing.gunicorn import until_every_worker, workers
 from millm_host.testing.helpers import post_retrying_busy
 from millm_host.testing.replicas import FAST_CONVERGE, shared_database_url, wait_until
 
@@ -107,13 +107,17 @@ def test_a_feed_on_one_gunicorn_worker_sees_every_workers_traffic_once(probe_mod
             probe_id = arm(http, lab, helpers)
             model = http.get("/api/health").json()["model"]
 
-        def armed_everywhere() -> bool:  # every worker (new connections land on either) has armed it
-            return all(
-                [p["probe_id"] for p in httpx.get(f"{base}/api/probes/status").json()["armed"]] == [probe_id]
-                for _ in range(8)
-            )
+        armed_at = time.time()
 
-        wait_until(armed_everywhere, "both workers to arm")
+        def armed_here(health: dict) -> bool:
+            # A convergence pass that ended well after the arm has armed it (a pass that read the state
+            # before the arm and ended after it is a few milliseconds of reading, far under a second)
+            replica = health["replica"]
+            converged = replica["convergers"].get("probes", {}).get("converged")
+            return bool(converged) and (replica["checked_at"] or 0) > armed_at + 1.0
+
+        until_every_worker(base, 2, armed_here)
+        assert [p["probe_id"] for p in httpx.get(f"{base}/api/probes/status").json()["armed"]] == [probe_id]
         reader = FeedReader(base)
         try:
             bodies: list = [None] * 12  # at once, on new connections: the kernel spreads them over the workers
