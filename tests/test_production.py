@@ -81,7 +81,7 @@ def test_gunicorn_workers_share_their_metrics(tmp_path, tiny_model_dir):
     proc = gunicorn(args, env, tmp_path / "gunicorn.log")
     try:
         base = f"http://127.0.0.1:{port}"
-        model = wait_ready(base)
+        model = wait_ready(base, 2)
         sent = 8
         for _ in range(sent):  # new connections: the kernel spreads them over the workers
             for _attempt in range(100):  # a worker still loading answers 503 with Retry-After: retry, as clients do

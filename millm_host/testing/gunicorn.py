@@ -40,40 +40,40 @@ def stop(proc: subprocess.Popen, log: Path) -> None:
         raise AssertionError("gunicorn did not stop within 30 s of SIGTERM:\n" + log.read_text()[-4000:]) from None
 
 
-def wait_ready(base: str, in_a_row: int = 8, attempts: int = 1200) -> str:
-    """Every worker ready (``in_a_row`` new connections in a row answer 200); the model's id."""
-    ready, model = 0, None
-    for _ in range(attempts):
+def until_every_worker(
+    base: str, count: int, accepted: Callable[[httpx.Response], str | None], path: str, timeout: float = 300
+) -> dict[str, Any]:
+    """Ask ``path`` until ``count`` workers have each given a reply that ``accepted`` takes (it returns the
+    reply's replica id, or None); those replies' bodies by replica id.
+
+    Eight new connections at once, so the kernel spreads them over the workers: asked one at a time, one
+    idle worker may take every connection while the other is still loading or has not caught up."""
+
+    def ask(_: int) -> tuple[str, Any] | None:
         try:
-            answer = httpx.get(f"{base}/api/health/ready", timeout=2)
-        except httpx.HTTPError:
-            answer = None
-        if answer is not None and answer.status_code == 200:
-            ready, model = ready + 1, answer.json()["model"]
-            if ready == in_a_row:
-                return model
-        else:
-            ready = 0
-            time.sleep(0.1)
-    raise AssertionError("the workers never became ready")
+            reply = httpx.get(base + path, timeout=10)
+        except httpx.HTTPError:  # gunicorn is not listening yet
+            return None
+        replica = accepted(reply)
+        return None if replica is None else (replica, reply.json())
 
-
-def until_every_worker(base: str, count: int, ok: Callable[[dict[str, Any]], bool], timeout: float = 60) -> None:
-    """Wait until ``count`` workers, told apart by their replica id, have each answered an ``/api/health``
-    that ``ok`` accepts. Eight new connections at once, so the kernel spreads them over the workers: one at
-    a time, one idle worker may take every connection while the other has not caught up."""
-
-    def health(_: int) -> dict[str, Any]:
-        return httpx.get(f"{base}/api/health", timeout=10).json()
-
-    good: set[str] = set()
+    good: dict[str, Any] = {}
     deadline = time.monotonic() + timeout
     with ThreadPoolExecutor(8) as pool:
         while len(good) < count:
             if time.monotonic() > deadline:
-                raise AssertionError(f"only {len(good)} of {count} workers got there in {timeout:g} s")
-            good |= {report["replica"]["id"] for report in pool.map(health, range(8)) if ok(report)}
+                raise AssertionError(f"only {len(good)} of {count} workers answered {path} as wanted in {timeout:g} s")
+            good |= dict(found for found in pool.map(ask, range(8)) if found is not None)
             time.sleep(0.1)
+    return good
+
+
+def wait_ready(base: str, count: int) -> str:
+    """Every one of ``count`` workers ready (``/api/health/ready`` answered 200); the model's id."""
+    ready = until_every_worker(
+        base, count, lambda reply: reply.json()["replica"] if reply.status_code == 200 else None, "/api/health/ready"
+    )
+    return next(iter(ready.values()))["model"]
 
 
 @contextmanager
@@ -103,7 +103,7 @@ def workers(model_dir: Path, data_dir: Path, count: int = 2, env: dict[str, str]
     proc = gunicorn(args, full, log)
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_ready(base)
+        wait_ready(base, count)
         yield base
     finally:
         stop(proc, log)

@@ -109,14 +109,14 @@ def test_a_feed_on_one_gunicorn_worker_sees_every_workers_traffic_once(probe_mod
 
         armed_at = time.time()
 
-        def armed_here(health: dict) -> bool:
-            # A convergence pass that ended well after the arm has armed it (a pass that read the state
-            # before the arm and ended after it is a few milliseconds of reading, far under a second)
-            replica = health["replica"]
+        def armed_here(reply: httpx.Response) -> str | None:
+            # A convergence pass that ended well after the arm has armed it (a pass reads the stored state
+            # first: one that read it before the arm would have to run on for a second past it)
+            replica = reply.json()["replica"]
             converged = replica["convergers"].get("probes", {}).get("converged")
-            return bool(converged) and (replica["checked_at"] or 0) > armed_at + 1.0
+            return replica["id"] if converged and (replica["checked_at"] or 0) > armed_at + 1.0 else None
 
-        until_every_worker(base, 2, armed_here)
+        until_every_worker(base, 2, armed_here, "/api/health", timeout=60)
         assert [p["probe_id"] for p in httpx.get(f"{base}/api/probes/status").json()["armed"]] == [probe_id]
         reader = FeedReader(base)
         try:
