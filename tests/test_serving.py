@@ -17,6 +17,7 @@ import pytest
 
 from millm_host.errors import ClientDisconnected
 from millm_host.serving.base import Result
+from millm_host.testing.hops import count_dispatches
 
 
 def handle(app, endpoint: str, body: dict[str, Any], **kwargs: Any) -> Result:
@@ -103,7 +104,7 @@ def test_a_client_that_is_gone_cancels_the_request_on_every_endpoint(echo_app, e
 
 def test_a_client_that_leaves_while_its_prompt_is_tokenized_never_reaches_the_engine(echo_app, monkeypatch):
     serving = echo_app.host.serving["completions"]
-    tokenizing, ran = threading.Event(), []
+    tokenizing = threading.Event()
     tokenize = serving._tokenize_and_check
 
     def slow_tokenize(ctx):  # the client leaves during the text hop; the hop itself still ends normally
@@ -115,7 +116,8 @@ def test_a_client_that_leaves_while_its_prompt_is_tokenized_never_reaches_the_en
         await asyncio.to_thread(tokenizing.wait, 5)
 
     monkeypatch.setattr(serving, "_tokenize_and_check", slow_tokenize)
-    monkeypatch.setattr(serving, "run", lambda ctx: ran.append(ctx))
+    dispatched = count_dispatches(monkeypatch, echo_app.host.scheduler)
     with pytest.raises(ClientDisconnected):
         handle(echo_app, "completions", {"prompt": "hello", "max_tokens": 3}, gone=gone)
-    assert ran == [] and echo_app.host.scheduler.admitted == 0
+    assert len(dispatched) == 1, dispatched  # the text hop; the engine work was never handed over
+    assert echo_app.host.scheduler.admitted == 0
