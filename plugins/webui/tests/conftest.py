@@ -49,6 +49,7 @@ class Watched:
     def __init__(self, page: Any, base_url: str, name: str) -> None:
         self.page, self.base_url, self.name = page, base_url, name
         self.problems: list[str] = []
+        self.unexpected: list[Any] = []  # responses with an HTTP error the test did not expect
         self.expected_statuses: set[int] = set()
         self.shots = 0
         page.on("console", self._console)
@@ -75,7 +76,7 @@ class Watched:
 
     def _response(self, response: Any) -> None:
         if response.status >= 400 and response.status not in self.expected_statuses:
-            self.problems.append(f"HTTP {response.status}: {response.request.method} {response.url}")
+            self.unexpected.append(response)  # its body is read in check(): not from an event handler
 
     def goto(self, path: str) -> Any:
         response = self.page.goto(self.base_url + path)
@@ -97,7 +98,16 @@ class Watched:
         return path
 
     def check(self) -> None:
-        assert not self.problems, "\n".join(self.problems)
+        problems = [self._http_error(response) for response in self.unexpected] + self.problems
+        assert not problems, "\n".join(problems)
+
+    @staticmethod
+    def _http_error(response: Any) -> str:
+        try:  # the server's error body says which check refused
+            body = response.text()[:1000]
+        except Exception as exc:  # the page went away before the body was read
+            body = f"(body not read: {exc})"
+        return f"HTTP {response.status}: {response.request.method} {response.url}: {body}"
 
 
 @pytest.fixture

@@ -341,7 +341,8 @@ def test_register_an_sae_and_dial_a_cluster(server, ui_page, saes):
     page.goto("/ui/clusters")  # the stored dial, after a reload
     assert page.page.locator('section.cluster[data-cluster="cl_ui"] input[data-dial]').input_value() == "1.4"
     page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Deactivate").click()
-    page.page.locator('section.cluster[data-cluster="cl_ui"] button', has_text="Activate").wait_for()
+    # :text-is, not has_text: "Activate" is a substring of "Deactivate", which is there before the reload
+    page.settled(page.page.locator('section.cluster[data-cluster="cl_ui"] button:text-is("Activate")'))
 
 
 def test_import_a_circuit_and_read_its_rung(server, ui_page, saes):
