@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from . import databases
+from . import databases, zygote
 from .inprocess import AppServer
 from .server import ServerProcess
 
@@ -67,8 +67,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"database: {databases.backend()}"
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if zygote.launches:
+        how = ", ".join(f"{count} {way}" for way, count in sorted(zygote.launches.items()))
+        terminalreporter.write_line(f"test processes (millm serve): {how} (millm_host/testing/zygote.py)")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     databases.drop_made()
+    zygote.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from . import databases
+from . import databases, zygote
 from .clients import LoopbackClients
 from .extra_plugins import with_test_plugins
 
@@ -77,7 +77,7 @@ class ServerProcess(LoopbackClients):
                 **(env or {}),
             }
         )
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | zygote.ForkedProcess | None = None
 
     def start(self, timeout: float = 300) -> ServerProcess:
         return self.launch().ready(timeout)
@@ -85,9 +85,7 @@ class ServerProcess(LoopbackClients):
     def launch(self) -> ServerProcess:
         """Start the process; ``ready()`` waits for it."""
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.proc = zygote.popen(self.cmd, self.env, self._log)
         return self
 
     def ready(self, timeout: float = 300) -> ServerProcess:
