@@ -104,6 +104,15 @@ def test_a_variable_a_library_set_since_gets_a_zygote_of_its_own(launch, monkeyp
         started = [z for z in zygote._zygotes if z not in session]
         assert len(started) == 1 and started[0].env["KMP_DUPLICATE_LIB_OK"] == "TRUE"
         assert after.wait(60) == 0 and before.wait(60) == 0
+
+        # A zygote that goes away leaves its children running, their status unknown: wait still ends.
+        orphan, _ = launch("sleep", KMP_DUPLICATE_LIB_OK="TRUE")
+        assert isinstance(orphan, zygote.ForkedProcess)
+        started[0].proc.kill()
+        started[0].proc.wait(10)
+        assert orphan.poll() is None
+        os.kill(orphan.pid, signal.SIGKILL)
+        assert orphan.wait(30) == -signal.SIGKILL
     finally:
         for made in [z for z in zygote._zygotes if z not in session]:
             made.stop()

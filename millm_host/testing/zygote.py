@@ -1,7 +1,7 @@
 """Test servers forked from a process that has already imported torch and transformers.
 
 Every ``millm serve`` a test starts spends about two seconds importing torch and transformers
-before it reads a byte of its model, and the suite starts about a hundred of them. The zygote
+before it reads a byte of its model, and the suite starts about seventy of them. The zygote
 is one process per test session that imports those libraries once, then forks a child per
 server: the child takes the server's environment, working directory and log file, and runs
 ``python -m millm_host.cli`` as a new interpreter would (``runpy``, its own session, exit code
